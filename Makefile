@@ -1,0 +1,36 @@
+# Every target installs what it needs into .venv first (a fresh machine needs only python3).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: install test lint demo stop bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m ruff check prefect_dask_profiling flows tasks tests benchmarks
+	$(PY) -m pytest -q -ra --durations=20 $(PYTEST_ARGS) tests
+
+lint: $(STAMP)
+	$(PY) -m ruff check prefect_dask_profiling flows tasks tests benchmarks
+
+demo: $(STAMP)
+	$(PY) -m flows.demo
+
+stop: $(STAMP)
+	$(PY) -m flows.demo --stop
+
+bench: $(STAMP)
+	$(PY) benchmarks/plugin_overhead.py
+
+clean:
+	rm -rf $(VENV) .dask-profiling .demo

@@ -1,0 +1,474 @@
+"""Scheduler-side task timings: the ``TaskTimings`` scheduler plugin.
+
+This module runs inside someone else's scheduler, so it imports nothing but the standard
+library and ``distributed``; it is registered by value, so the scheduler does not need this
+package installed. Its memory is bounded by stages x prefixes (plus a bounded ring of worker
+samples), never by the number of tasks, and no hook ever raises into the scheduler: internal
+errors are counted and reported with the snapshot.
+
+Three streams are recorded, as in the seed document:
+
+1. tasks, aggregated per ``(stage, prefix)``: counts, errors, reruns, compute / transfer /
+   disk seconds from ``startstops``, bytes out, and a quantile sketch of compute seconds;
+2. workers: periodic samples of managed / unmanaged / spilled memory and CPU;
+3. transfers: count and seconds per ``(source, destination)`` pair (bytes are collected
+   worker-side, see :mod:`prefect_dask_profiling.collect`).
+
+Tasks that secede while they wait for other work (a Prefect task that computes a Dask
+collection, ``worker_client``) are *orchestration* tasks: their compute interval covers the
+work they wait on, so they are aggregated apart and kept out of compute totals.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+import traceback
+from typing import Any
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from prefect_dask_profiling.sketch import QuantileSketch
+
+logger = logging.getLogger(__name__)
+
+STAGE_ANNOTATION = "stage"
+RUN_ANNOTATION = "profiling_run"
+DEFAULT_STAGE = "default"
+MAX_TIMELINE = 10_000
+_LONG_RUNNING_HOOK = "_dask_profiling_long_running_listeners"
+
+
+class PrefixStats:
+    """Running aggregates of one ``(stage, prefix)``."""
+
+    __slots__ = ("tasks", "errors", "reruns", "compute_s", "max_s", "nbytes", "transfer_s",
+                 "disk_read_s", "disk_write_s", "sketch", "first_start", "last_stop")
+
+    def __init__(self) -> None:
+        self.tasks = 0
+        self.errors = 0
+        self.reruns = 0
+        self.compute_s = 0.0
+        self.max_s = 0.0
+        self.nbytes = 0
+        self.transfer_s = 0.0
+        self.disk_read_s = 0.0
+        self.disk_write_s = 0.0
+        self.sketch = QuantileSketch()
+        self.first_start = float("inf")
+        self.last_stop = float("-inf")
+
+    def to_dict(self) -> dict[str, Any]:
+        seen = self.first_start != float("inf")
+        return {
+            "tasks": self.tasks, "errors": self.errors, "reruns": self.reruns,
+            "compute_s": self.compute_s,
+            "p50_s": self.sketch.quantile(0.5) if self.sketch.n else None,
+            "p95_s": self.sketch.quantile(0.95) if self.sketch.n else None,
+            "max_s": self.max_s, "nbytes": self.nbytes, "transfer_s": self.transfer_s,
+            "disk_read_s": self.disk_read_s, "disk_write_s": self.disk_write_s,
+            "first_start": self.first_start if seen else None,
+            "last_stop": self.last_stop if seen else None,
+            "sketch": self.sketch.to_dict(),
+        }
+
+
+class TaskTimings(SchedulerPlugin):
+    """Record per-(stage, prefix) task timings, worker samples and transfers.
+
+    Parameters
+    ----------
+    name
+        Unique plugin name; one per run, so runs sharing a cluster never mix.
+    owner_client
+        Id of the client that owns this run. Graphs submitted by it are tagged with the
+        run, tasks of other runs are ignored, and the plugin removes itself when this
+        client disconnects. ``None`` records every task on the scheduler.
+    sample_interval
+        Seconds between worker memory / CPU samples; ``0`` disables sampling.
+    max_samples
+        Size of the ring of raw worker samples kept for per-stage summaries.
+    """
+
+    idempotent = False
+
+    def __init__(self, name: str = "task-timings", owner_client: str | None = None,
+                 sample_interval: float = 1.0, max_samples: int = 20_000) -> None:
+        self.name = name
+        self.owner_client = owner_client
+        self.sample_interval = sample_interval
+        self.max_samples = max_samples
+        self._reset()
+        self.scheduler = None
+        self._pc = None
+
+    def _reset(self) -> None:
+        self.stats: dict[tuple[str, str], PrefixStats] = {}
+        self.orchestration: dict[tuple[str, str], PrefixStats] = {}
+        self.transfers: dict[tuple[str, str], list[float]] = {}
+        self.workers: dict[str, dict[str, float]] = {}
+        self.samples: collections.deque = collections.deque(maxlen=self.max_samples)
+        self.samples_taken = 0
+        self.timeline: list[tuple[float, int]] = []
+        self.warnings: list[str] = []
+        self.internal_errors = 0
+        self.last_error: str | None = None
+        self.seceded: set = set()
+        self.started = time.time()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["scheduler"] = None
+        state["_pc"] = None
+        return state
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self, scheduler) -> None:
+        self.scheduler = scheduler
+        self.started = time.time()
+        try:
+            self._record_threads()
+            self._check_late_registration()
+            self._listen_long_running()
+            if self.sample_interval and self.sample_interval > 0:
+                from tornado.ioloop import PeriodicCallback
+
+                self._pc = PeriodicCallback(self._sample_workers, self.sample_interval * 1000)
+                self._pc.start()
+                self._sample_workers()
+        except Exception:
+            self._fail()
+
+    async def close(self) -> None:
+        self._stop()
+
+    def _stop(self) -> None:
+        if self._pc is not None:
+            self._pc.stop()
+            self._pc = None
+        listeners = getattr(self.scheduler, _LONG_RUNNING_HOOK, None)
+        if listeners is not None:
+            listeners.pop(self.name, None)
+
+    def remove_client(self, scheduler, client: str) -> None:
+        if self.owner_client is None or client != self.owner_client:
+            return
+        try:
+            self._stop()
+            if scheduler.plugins.get(self.name) is self:
+                del scheduler.plugins[self.name]
+        except Exception:
+            self._fail()
+
+    # -- hooks -----------------------------------------------------------------------------
+
+    def update_graph(self, scheduler, *, client: str = "", tasks=(), **kwargs: Any) -> None:
+        if self.owner_client is None or client != self.owner_client:
+            return
+        try:
+            all_tasks = scheduler.tasks
+            for key in tasks:
+                ts = all_tasks.get(key)
+                if ts is None:
+                    continue
+                if ts.annotations is None:
+                    ts.annotations = {RUN_ANNOTATION: self.name}
+                else:
+                    ts.annotations.setdefault(RUN_ANNOTATION, self.name)
+        except Exception:
+            self._fail()
+
+    def transition(self, key, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        if start != "processing":
+            return
+        try:
+            if finish == "memory":
+                self._finished(key, kwargs, erred=False)
+            elif finish == "erred":
+                self._finished(key, kwargs, erred=True)
+            elif finish == "released":
+                stats = self._stats_for(key, self.stats)
+                if stats is not None:
+                    stats.reruns += 1
+                self.seceded.discard(key)
+        except Exception:
+            self._fail()
+
+    def add_worker(self, scheduler=None, worker: str | None = None) -> None:
+        try:
+            self._record_threads()
+        except Exception:
+            self._fail()
+
+    def remove_worker(self, scheduler=None, worker: str | None = None, **kwargs: Any) -> None:
+        try:
+            self._record_threads()
+        except Exception:
+            self._fail()
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _fail(self) -> None:
+        self.internal_errors += 1
+        self.last_error = traceback.format_exc(limit=3)
+        logger.debug("TaskTimings internal error", exc_info=True)
+
+    def _owner_stage(self, key) -> str | None:
+        """The task's stage, or ``None`` when the task belongs to another run."""
+        ts = self.scheduler.tasks.get(key) if self.scheduler is not None else None
+        annotations = (ts.annotations if ts is not None else None) or {}
+        if self.owner_client is not None and annotations.get(RUN_ANNOTATION) != self.name:
+            return None
+        return annotations.get(STAGE_ANNOTATION) or DEFAULT_STAGE
+
+    def _prefix(self, key) -> str:
+        ts = self.scheduler.tasks.get(key) if self.scheduler is not None else None
+        if ts is not None:
+            return ts.prefix.name
+        from dask.utils import key_split
+
+        return key_split(key)
+
+    def _stats_for(self, key, table: dict) -> PrefixStats | None:
+        stage = self._owner_stage(key)
+        if stage is None:
+            return None
+        ident = (stage, self._prefix(key))
+        stats = table.get(ident)
+        if stats is None:
+            stats = table[ident] = PrefixStats()
+        return stats
+
+    def _finished(self, key, kwargs: dict, erred: bool) -> None:
+        orchestration = key in self.seceded
+        if orchestration:
+            self.seceded.discard(key)
+        stats = self._stats_for(key, self.orchestration if orchestration else self.stats)
+        if stats is None:
+            return
+        compute = 0.0
+        worker = kwargs.get("worker")
+        for ss in kwargs.get("startstops") or ():
+            action = ss.get("action")
+            duration = ss["stop"] - ss["start"]
+            if action == "compute":
+                compute += duration
+                if ss["start"] < stats.first_start:
+                    stats.first_start = ss["start"]
+                if ss["stop"] > stats.last_stop:
+                    stats.last_stop = ss["stop"]
+            elif action == "transfer":
+                stats.transfer_s += duration
+                pair = (ss.get("source") or "?", worker or "?")
+                entry = self.transfers.get(pair)
+                if entry is None:
+                    self.transfers[pair] = [1, duration]
+                else:
+                    entry[0] += 1
+                    entry[1] += duration
+            elif action == "disk-read":
+                stats.disk_read_s += duration
+            elif action == "disk-write":
+                stats.disk_write_s += duration
+        if erred:
+            stats.errors += 1
+        else:
+            stats.tasks += 1
+            stats.nbytes += kwargs.get("nbytes") or 0
+        stats.compute_s += compute
+        if compute > stats.max_s:
+            stats.max_s = compute
+        stats.sketch.add(compute)
+
+    def _record_threads(self) -> None:
+        if self.scheduler is None:
+            return
+        nthreads = sum(ws.nthreads for ws in self.scheduler.workers.values())
+        if len(self.timeline) >= MAX_TIMELINE:
+            self.timeline.pop(1)
+        self.timeline.append((time.time(), nthreads))
+
+    def _check_late_registration(self) -> None:
+        busy = 0
+        for ts in self.scheduler.tasks.values():
+            if ts.state not in ("processing", "memory"):
+                continue
+            if self.owner_client is not None and not any(
+                    cs.client_key == self.owner_client for cs in ts.who_wants or ()):
+                continue
+            busy += 1
+        if busy:
+            self.warnings.append(
+                f"plugin registered after work started: {busy} task(s) were already processing "
+                "or in memory and their timings are missing; register before submitting work")
+
+    def _listen_long_running(self) -> None:
+        """Learn which tasks secede (orchestration tasks) from the scheduler's handler."""
+        scheduler = self.scheduler
+        listeners = getattr(scheduler, _LONG_RUNNING_HOOK, None)
+        if listeners is None:
+            handler = scheduler.stream_handlers.get("long-running")
+            if handler is None:
+                self.warnings.append("scheduler has no long-running handler: seceding tasks "
+                                     "cannot be told apart from compute")
+                return
+            listeners = {}
+            setattr(scheduler, _LONG_RUNNING_HOOK, listeners)
+
+            def long_running(*args: Any, key=None, **kwargs: Any):
+                for plugin in list(listeners.values()):
+                    try:
+                        plugin.seceded.add(key)
+                    except Exception:  # never break the scheduler's handler
+                        pass
+                return handler(*args, key=key, **kwargs)
+
+            scheduler.stream_handlers["long-running"] = long_running
+        listeners[self.name] = self
+
+    def _sample_workers(self) -> None:
+        try:
+            now = time.time()
+            for addr, ws in self.scheduler.workers.items():
+                mem = ws.memory
+                cpu = float((ws.metrics or {}).get("cpu") or 0.0)
+                managed, unmanaged, spilled = mem.managed, mem.unmanaged, mem.spilled
+                self.samples.append((now, addr, managed, unmanaged, spilled, cpu))
+                agg = self.workers.get(addr)
+                if agg is None:
+                    agg = self.workers[addr] = {
+                        "host": ws.host, "nthreads": ws.nthreads, "samples": 0,
+                        "peak_managed": 0, "sum_managed": 0.0, "peak_unmanaged": 0,
+                        "sum_unmanaged": 0.0, "peak_spilled": 0, "peak_cpu": 0.0,
+                        "sum_cpu": 0.0, "memory_limit": ws.memory_limit or 0}
+                agg["samples"] += 1
+                agg["peak_managed"] = max(agg["peak_managed"], managed)
+                agg["sum_managed"] += managed
+                agg["peak_unmanaged"] = max(agg["peak_unmanaged"], unmanaged)
+                agg["sum_unmanaged"] += unmanaged
+                agg["peak_spilled"] = max(agg["peak_spilled"], spilled)
+                agg["peak_cpu"] = max(agg["peak_cpu"], cpu)
+                agg["sum_cpu"] += cpu
+                self.samples_taken += 1
+        except Exception:
+            self._fail()
+
+    # -- read-out --------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """Everything recorded so far, as plain data (cheap: O(stages x prefixes))."""
+        def rows(table: dict) -> list[dict[str, Any]]:
+            return [{"stage": s, "prefix": p, **st.to_dict()} for (s, p), st in table.items()]
+
+        return {
+            "name": self.name, "started": self.started, "collected": time.time(),
+            "tasks": rows(self.stats), "orchestration": rows(self.orchestration),
+            "transfers": [{"source": a, "destination": b, "count": int(c), "seconds": s}
+                          for (a, b), (c, s) in self.transfers.items()],
+            "workers": {a: dict(v) for a, v in self.workers.items()},
+            "samples": list(self.samples),
+            "samples_dropped": max(0, self.samples_taken - len(self.samples)),
+            "timeline": list(self.timeline),
+            "warnings": list(self.warnings),
+            "internal_errors": self.internal_errors, "last_error": self.last_error,
+        }
+
+
+# -- client API ------------------------------------------------------------------------------
+
+
+def _register_by_value() -> None:
+    """Send this module (and the sketch) by value: the scheduler need not have us installed."""
+    import cloudpickle
+
+    import prefect_dask_profiling.sketch as sketch_module
+
+    for module in (sketch_module, __import__(__name__, fromlist=["_"])):
+        if module.__name__ not in cloudpickle.list_registry_pickle_by_value():
+            cloudpickle.register_pickle_by_value(module)
+
+
+def install(client, name: str | None = None, *, scope: str = "cluster",
+            sample_interval: float = 1.0, max_samples: int = 20_000) -> str:
+    """Register a fresh :class:`TaskTimings` on the client's scheduler.
+
+    Parameters
+    ----------
+    client
+        A connected synchronous ``distributed.Client``.
+    name
+        Plugin name; a unique ``task-timings-<hex>`` by default.
+    scope
+        ``"cluster"`` records every task on the scheduler (a cluster of your own);
+        ``"run"`` records only this client's graphs and work tagged with the run (a
+        shared cluster, see :func:`prefect_dask_profiling.stage.stage`).
+    sample_interval
+        Seconds between worker samples.
+
+    Returns
+    -------
+    The plugin name, for :func:`collect` and :func:`uninstall`.
+    """
+    import uuid
+
+    if scope not in ("cluster", "run"):
+        raise ValueError(f"scope must be 'cluster' or 'run', got {scope!r}")
+    if sample_interval < 0:
+        raise ValueError(f"sample_interval must be >= 0, got {sample_interval!r}")
+    name = name or f"task-timings-{uuid.uuid4().hex[:12]}"
+    owner = client.id if scope == "run" else None
+    _register_by_value()
+    client.register_plugin(TaskTimings(name, owner, sample_interval, max_samples), name=name)
+    return name
+
+
+def _snapshot(dask_scheduler, name: str) -> dict[str, Any] | None:
+    plugin = dask_scheduler.plugins.get(name)
+    return None if plugin is None else plugin.snapshot()
+
+
+def _incoming_transfers(dask_worker, since: float) -> dict[str, Any]:
+    log = dask_worker.transfer_incoming_log
+    entries = [(e.get("who"), e.get("total", 0), e.get("duration", 0.0))
+               for e in log if e.get("start", 0) >= since]
+    overflowed = log.maxlen is not None and len(log) == log.maxlen and (
+        len(log) > 0 and log[0].get("start", 0) > since)
+    return {"entries": entries, "overflowed": overflowed}
+
+
+def snapshot(client, name: str) -> dict[str, Any]:
+    """The raw snapshot of plugin ``name`` (plain data), with worker-side transfer bytes."""
+    snap = client.run_on_scheduler(_snapshot, name=name)
+    if snap is None:
+        raise KeyError(f"no TaskTimings plugin named {name!r} on the scheduler "
+                       "(never installed, or removed when its client disconnected)")
+    try:
+        snap["transfer_bytes"] = client.run(_incoming_transfers, since=snap["started"])
+    except Exception as exc:  # a dying worker must not cost the summary
+        snap["transfer_bytes"] = {}
+        snap["warnings"].append(f"transfer bytes not collected from workers: {exc!r}")
+    return snap
+
+
+def collect(client, name: str):
+    """Collect plugin ``name`` into a :class:`~prefect_dask_profiling.record.RunRecord`."""
+    from prefect_dask_profiling.record import RunRecord
+
+    threads = client.nthreads()
+    return RunRecord.from_snapshot(snapshot(client, name), workers=len(threads),
+                                   threads=sum(threads.values()))
+
+
+def _remove(dask_scheduler, name: str) -> bool:
+    plugin = dask_scheduler.plugins.pop(name, None)
+    if plugin is not None:
+        plugin._stop()
+    return plugin is not None
+
+
+def uninstall(client, name: str) -> bool:
+    """Stop and remove plugin ``name`` (``unregister`` alone would not stop its sampler)."""
+    return client.run_on_scheduler(_remove, name=name)

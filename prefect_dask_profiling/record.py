@@ -1,0 +1,155 @@
+"""The run record: what one run's :class:`~prefect_dask_profiling.plugin.TaskTimings` saw.
+
+A :class:`RunRecord` is built from the plugin's plain-data snapshot on the client side and
+holds pandas tables: per-(stage, prefix) task stats, orchestration (wrapper) tasks, workers,
+worker samples and transfers, plus the thread-count timeline used for utilisation.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from prefect_dask_profiling.sketch import QuantileSketch
+
+TASK_COLUMNS = ["stage", "prefix", "tasks", "errors", "reruns", "compute_s", "p50_s", "p95_s",
+                "max_s", "nbytes", "transfer_s", "disk_read_s", "disk_write_s",
+                "first_start", "last_stop"]
+WORKER_COLUMNS = ["worker", "host", "nthreads", "samples", "peak_managed", "mean_managed",
+                  "peak_unmanaged", "mean_unmanaged", "peak_spilled", "peak_cpu", "mean_cpu",
+                  "memory_limit"]
+SAMPLE_COLUMNS = ["time", "worker", "managed", "unmanaged", "spilled", "cpu"]
+TRANSFER_COLUMNS = ["source", "destination", "count", "seconds", "bytes"]
+
+
+@dataclass
+class RunRecord:
+    """Everything one run recorded, as tables.
+
+    Attributes
+    ----------
+    tasks
+        One row per (stage, prefix) of compute tasks (``TASK_COLUMNS``).
+    orchestration
+        The same for tasks that seceded while waiting on other work (wrappers).
+    workers, samples, transfers
+        Per-worker aggregates, raw worker samples, per-pair transfers.
+    timeline
+        ``(time, total threads)`` changes, for thread-seconds over any window.
+    """
+
+    name: str
+    started: float
+    collected: float
+    tasks: pd.DataFrame
+    orchestration: pd.DataFrame
+    workers: pd.DataFrame
+    samples: pd.DataFrame
+    transfers: pd.DataFrame
+    timeline: list[tuple[float, int]]
+    n_workers: int = 0
+    threads: int = 0
+    warnings: list[str] = field(default_factory=list)
+    internal_errors: int = 0
+    sketches: dict[tuple[str, str], QuantileSketch] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_snapshot(cls, snap: dict[str, Any], workers: int = 0,
+                      threads: int = 0) -> RunRecord:
+        """Build a record from :func:`prefect_dask_profiling.plugin.snapshot` output."""
+        warnings = list(snap.get("warnings", []))
+        if snap.get("internal_errors"):
+            warnings.append(f"plugin hit {snap['internal_errors']} internal error(s); last: "
+                            f"{(snap.get('last_error') or '').strip().splitlines()[-1:]}")
+        if snap.get("samples_dropped"):
+            warnings.append(f"{snap['samples_dropped']} early worker samples dropped from the "
+                            "ring (per-worker peaks and means still cover the whole run)")
+        sketches = {(r["stage"], r["prefix"]): QuantileSketch.from_dict(r["sketch"])
+                    for r in snap.get("tasks", []) if r.get("sketch")}
+        transfers, overflowed = _transfers(snap)
+        if overflowed:
+            warnings.append("transfer log overflowed on " + ", ".join(sorted(overflowed)) +
+                            ": transfer bytes are a lower bound")
+        return cls(
+            name=snap["name"], started=snap["started"], collected=snap["collected"],
+            tasks=_task_frame(snap.get("tasks", [])),
+            orchestration=_task_frame(snap.get("orchestration", [])),
+            workers=_worker_frame(snap.get("workers", {})),
+            samples=pd.DataFrame(snap.get("samples", []), columns=SAMPLE_COLUMNS),
+            transfers=transfers,
+            timeline=[(float(t), int(n)) for t, n in snap.get("timeline", [])],
+            n_workers=workers, threads=threads, warnings=warnings,
+            internal_errors=int(snap.get("internal_errors", 0)), sketches=sketches)
+
+    # -- windows -------------------------------------------------------------------------
+
+    def window(self, stage: str | None = None) -> tuple[float, float] | None:
+        """First compute start and last compute stop (of one stage, or of the run)."""
+        t = self.tasks if stage is None else self.tasks[self.tasks["stage"] == stage]
+        t = t.dropna(subset=["first_start", "last_stop"])
+        if t.empty:
+            return None
+        return float(t["first_start"].min()), float(t["last_stop"].max())
+
+    def thread_seconds(self, start: float, stop: float) -> float:
+        """Thread-seconds available between ``start`` and ``stop``, as workers came and went."""
+        if stop <= start or not self.timeline:
+            return 0.0
+        times = [t for t, _ in self.timeline]
+        i = max(bisect.bisect_right(times, start) - 1, 0)
+        total, t0 = 0.0, start
+        for j in range(i, len(self.timeline)):
+            t_next = self.timeline[j + 1][0] if j + 1 < len(self.timeline) else stop
+            t1 = min(max(t_next, t0), stop)
+            total += (t1 - t0) * self.timeline[j][1]
+            t0 = t1
+            if t0 >= stop:
+                break
+        return total
+
+    @property
+    def stages(self) -> list[str]:
+        """Stage names in order of first execution."""
+        t = self.tasks.sort_values("first_start", na_position="last")
+        return list(dict.fromkeys(t["stage"]))
+
+
+def _task_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    frame = pd.DataFrame(rows, columns=TASK_COLUMNS)
+    for col in TASK_COLUMNS[2:]:
+        frame[col] = pd.to_numeric(frame[col], errors="coerce")
+    return frame
+
+
+def _worker_frame(workers: dict[str, dict[str, Any]]) -> pd.DataFrame:
+    rows = []
+    for addr, w in workers.items():
+        n = max(w.get("samples", 0), 1)
+        rows.append({"worker": addr, "host": w.get("host"), "nthreads": w.get("nthreads"),
+                     "samples": w.get("samples", 0), "peak_managed": w.get("peak_managed", 0),
+                     "mean_managed": w.get("sum_managed", 0) / n,
+                     "peak_unmanaged": w.get("peak_unmanaged", 0),
+                     "mean_unmanaged": w.get("sum_unmanaged", 0) / n,
+                     "peak_spilled": w.get("peak_spilled", 0), "peak_cpu": w.get("peak_cpu", 0),
+                     "mean_cpu": w.get("sum_cpu", 0) / n,
+                     "memory_limit": w.get("memory_limit", 0)})
+    return pd.DataFrame(rows, columns=WORKER_COLUMNS)
+
+
+def _transfers(snap: dict[str, Any]) -> tuple[pd.DataFrame, list[str]]:
+    pairs: dict[tuple[str, str], dict[str, float]] = {}
+    for row in snap.get("transfers", []):
+        pairs[(row["source"], row["destination"])] = {
+            "count": row["count"], "seconds": row["seconds"], "bytes": 0}
+    overflowed = []
+    for worker, info in (snap.get("transfer_bytes") or {}).items():
+        if info.get("overflowed"):
+            overflowed.append(worker)
+        for who, total, _duration in info.get("entries", []):
+            entry = pairs.setdefault((who, worker), {"count": 0, "seconds": 0.0, "bytes": 0})
+            entry["bytes"] += total or 0
+    rows = [{"source": a, "destination": b, **v} for (a, b), v in pairs.items()]
+    return pd.DataFrame(rows, columns=TRANSFER_COLUMNS), overflowed

@@ -1,0 +1,139 @@
+"""Stages: named windows in which work actually runs.
+
+What is computed, persisted or written inside ``with stage("reduce"):`` belongs to
+``"reduce"``. Attribution happens at execution: the annotation is active when the graph is
+*submitted* (``compute``, ``persist``, ``to_zarr``, ``client.submit``), which survives graph
+optimisation and fusion, whereas annotations set while a lazy graph is *built* are dropped
+by the optimiser. So a graph built lazily in one stage and computed in the next belongs to
+the next::
+
+    with stage("read"):
+        cube = xr.open_zarr(url)            # lazy: nothing runs here
+    with stage("ndvi"):
+        ndvi = ((cube.nir - cube.red) / (cube.nir + cube.red)).persist()   # runs here
+    with stage("reduce"):
+        median = ndvi.median("time").compute()
+
+A stage opens Dask's own :func:`distributed.span` as well (for Dask's per-span fine
+metrics), but attribution uses a ``stage`` annotation: spans attach per TaskGroup and the
+first span wins, so they can misattribute repeated functions.
+
+Inside a Dask worker task (e.g. a Prefect task that computes a collection) a stage inherits
+the run tag of the task it runs in, so its work is counted for the right run on a shared
+cluster. Listeners (the Prefect task runner) are told when a stage opens and closes: that is
+how per-stage performance reports are cut and submitted futures awaited.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import dask
+
+from prefect_dask_profiling.names import validate_name
+from prefect_dask_profiling.plugin import DEFAULT_STAGE, RUN_ANNOTATION, STAGE_ANNOTATION
+
+
+class StageListener(Protocol):
+    """Told when a stage opens and closes (implemented by the task runner)."""
+
+    def stage_opened(self, name: str) -> Any: ...
+
+    def stage_closed(self, name: str, token: Any, error: BaseException | None) -> None: ...
+
+
+_listener: contextvars.ContextVar[StageListener | None] = contextvars.ContextVar(
+    "dask_profiling_stage_listener", default=None)
+_current: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "dask_profiling_stage", default=None)
+
+
+def current_stage() -> str:
+    """The innermost open stage, or ``"default"``."""
+    return _current.get() or dask.get_annotations().get(STAGE_ANNOTATION) or DEFAULT_STAGE
+
+
+def running_task_annotations() -> dict[str, Any]:
+    """Annotations of the Dask task running in this thread (``{}`` outside a worker task)."""
+    try:
+        from distributed.worker import get_worker, thread_state
+
+        key = getattr(thread_state, "key", None)
+        if key is None:
+            return {}
+        ts = get_worker().state.tasks.get(key)
+        return dict(ts.annotations or {}) if ts is not None else {}
+    except (ValueError, AttributeError):
+        return {}
+
+
+@contextlib.contextmanager
+def use_listener(listener: StageListener | None) -> Iterator[None]:
+    """Make ``listener`` receive the stages opened in this context."""
+    token = _listener.set(listener)
+    try:
+        yield
+    finally:
+        _listener.reset(token)
+
+
+def set_listener(listener: StageListener | None) -> contextvars.Token:
+    """Set the listener for the current context; reset it with :func:`reset_listener`."""
+    return _listener.set(listener)
+
+
+def reset_listener(token: contextvars.Token) -> None:
+    _listener.reset(token)
+
+
+@contextlib.contextmanager
+def stage(name: str) -> Iterator[str]:
+    """Attribute the work that runs inside this block to stage ``name``.
+
+    Parameters
+    ----------
+    name
+        Stage name: non-empty, no path separators, ``..`` or control characters.
+
+    Yields
+    ------
+    The stage name.
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is not a valid stage name.
+    """
+    validate_name(name, "stage")
+    annotations: dict[str, Any] = {STAGE_ANNOTATION: name}
+    run = dask.get_annotations().get(RUN_ANNOTATION) or running_task_annotations().get(
+        RUN_ANNOTATION)
+    if run:
+        annotations[RUN_ANNOTATION] = run
+    listener = _listener.get()
+    current_token = _current.set(name)
+    with contextlib.ExitStack() as stack:
+        stack.callback(_current.reset, current_token)
+        stack.enter_context(_span(name))
+        stack.enter_context(dask.annotate(**annotations))
+        token = listener.stage_opened(name) if listener is not None else None
+        error: BaseException | None = None
+        try:
+            yield name
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            if listener is not None:
+                listener.stage_closed(name, token, error)
+
+
+def _span(name: str) -> contextlib.AbstractContextManager:
+    try:
+        from distributed import span
+    except ImportError:  # pragma: no cover - distributed is a dependency
+        return contextlib.nullcontext()
+    return span(name)

@@ -1,0 +1,113 @@
+"""Compact tables from a run record: the per-prefix summary and utilisation.
+
+``summarise`` turns tens of thousands of tasks into a short table of where the time went
+(the seed's ``tasks, total_s, p50_s, p95_s, gb_out`` columns first); ``utilisation``
+divides task seconds by the thread-seconds that were available, per run and per stage.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from prefect_dask_profiling.record import RunRecord
+from prefect_dask_profiling.sketch import QuantileSketch
+
+SUMMARY_COLUMNS = ["tasks", "total_s", "p50_s", "p95_s", "gb_out", "max_s", "errors",
+                   "reruns", "transfer_s", "disk_read_s", "disk_write_s", "share"]
+UTILISATION_HIGH = 1.05
+UTILISATION_LOW = 0.40
+
+
+def summarise(record: RunRecord, by: str = "stage") -> pd.DataFrame:
+    """Per-prefix summary, sorted by ``total_s`` descending.
+
+    Parameters
+    ----------
+    record
+        The run's record.
+    by
+        ``"stage"`` for one row per (stage, prefix) or ``"prefix"`` to merge stages.
+
+    Returns
+    -------
+    A DataFrame with columns ``stage`` (when ``by="stage"``), ``prefix`` and
+    ``SUMMARY_COLUMNS``. Orchestration (wrapper) tasks are not included.
+    """
+    if by not in ("stage", "prefix"):
+        raise ValueError(f"by must be 'stage' or 'prefix', got {by!r}")
+    keys = ["stage", "prefix"] if by == "stage" else ["prefix"]
+    t = record.tasks
+    if t.empty:
+        return pd.DataFrame(columns=keys + SUMMARY_COLUMNS)
+    g = t.groupby(keys, sort=False)
+    out = pd.DataFrame({
+        "tasks": g["tasks"].sum(),
+        "total_s": g["compute_s"].sum(),
+        "gb_out": g["nbytes"].sum() / 1e9,
+        "max_s": g["max_s"].max(),
+        "errors": g["errors"].sum(),
+        "reruns": g["reruns"].sum(),
+        "transfer_s": g["transfer_s"].sum(),
+        "disk_read_s": g["disk_read_s"].sum(),
+        "disk_write_s": g["disk_write_s"].sum(),
+    })
+    p50, p95 = {}, {}
+    for ident, rows in g:
+        sketch = _merged_sketch(record, rows)
+        p50[ident] = sketch.quantile(0.5) if sketch.n else float("nan")
+        p95[ident] = sketch.quantile(0.95) if sketch.n else float("nan")
+    out["p50_s"] = pd.Series(p50)
+    out["p95_s"] = pd.Series(p95)
+    total = out["total_s"].sum()
+    out["share"] = out["total_s"] / total if total > 0 else 0.0
+    out = out.reset_index()[keys + SUMMARY_COLUMNS]
+    out["tasks"] = out["tasks"].astype(int)
+    return out.sort_values("total_s", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def _merged_sketch(record: RunRecord, rows: pd.DataFrame) -> QuantileSketch:
+    merged = QuantileSketch()
+    for stage, prefix in zip(rows["stage"], rows["prefix"], strict=True):
+        sketch = record.sketches.get((stage, prefix))
+        if sketch is not None:
+            merged.merge(sketch)
+    return merged
+
+
+def reading(value: float | None) -> str:
+    """The seed's reading of a utilisation value."""
+    if value is None or value != value:
+        return "no tasks"
+    if value > UTILISATION_HIGH:
+        return "over 1.05: the timings do not account for the run"
+    if value < UTILISATION_LOW:
+        return "below 0.40: cluster oversized or starved of input"
+    return "ok: timings account for the run"
+
+
+def utilisation(record: RunRecord) -> pd.DataFrame:
+    """Task seconds / thread-seconds available, for the run and for each stage.
+
+    The window of a stage is its execution window (first compute start to last compute
+    stop of its tasks); thread-seconds are integrated over it as workers join and leave.
+
+    Returns
+    -------
+    A DataFrame indexed by scope (``"run"``, then the stage names) with columns
+    ``task_s, wall_s, thread_s, utilisation, reading``.
+    """
+    rows = []
+    for scope in ["run", *record.stages]:
+        stage = None if scope == "run" else scope
+        window = record.window(stage)
+        t = record.tasks if stage is None else record.tasks[record.tasks["stage"] == stage]
+        task_s = float(t["compute_s"].sum())
+        if window is None:
+            rows.append({"scope": scope, "task_s": task_s, "wall_s": 0.0, "thread_s": 0.0,
+                         "utilisation": None, "reading": reading(None)})
+            continue
+        thread_s = record.thread_seconds(*window)
+        value = task_s / thread_s if thread_s > 0 else None
+        rows.append({"scope": scope, "task_s": task_s, "wall_s": window[1] - window[0],
+                     "thread_s": thread_s, "utilisation": value, "reading": reading(value)})
+    return pd.DataFrame(rows).set_index("scope")
