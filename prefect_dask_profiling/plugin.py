@@ -90,19 +90,26 @@ class TaskTimings(SchedulerPlugin):
         Seconds between worker memory / CPU samples; ``0`` disables sampling.
     max_samples
         Size of the ring of raw worker samples kept for per-stage summaries.
+    installer
+        Id of the client that installed the plugin: when it disconnects the plugin stops
+        and removes itself. Defaults to ``owner_client``; ``None`` keeps the plugin until
+        it is uninstalled or the scheduler closes.
     """
 
     idempotent = False
 
     def __init__(self, name: str = "task-timings", owner_client: str | None = None,
-                 sample_interval: float = 1.0, max_samples: int = 20_000) -> None:
+                 sample_interval: float = 1.0, max_samples: int = 20_000, *,
+                 installer: str | None = None) -> None:
         self.name = name
         self.owner_client = owner_client
+        self.installer = installer or owner_client
         self.sample_interval = sample_interval
         self.max_samples = max_samples
         self._reset()
         self.scheduler = None
         self._pc = None
+        self._key_split = None
 
     def _reset(self) -> None:
         self.stats: dict[tuple[str, str], PrefixStats] = {}
@@ -122,6 +129,7 @@ class TaskTimings(SchedulerPlugin):
         state = self.__dict__.copy()
         state["scheduler"] = None
         state["_pc"] = None
+        state["_key_split"] = None
         return state
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -154,7 +162,7 @@ class TaskTimings(SchedulerPlugin):
             listeners.pop(self.name, None)
 
     def remove_client(self, scheduler, client: str) -> None:
-        if self.owner_client is None or client != self.owner_client:
+        if self.installer is None or client != self.installer:
             return
         try:
             self._stop()
@@ -182,20 +190,22 @@ class TaskTimings(SchedulerPlugin):
             self._fail()
 
     def transition(self, key, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
-        if start != "processing":
-            return
-        try:
-            if finish == "memory":
-                self._finished(key, kwargs, erred=False)
-            elif finish == "erred":
-                self._finished(key, kwargs, erred=True)
-            elif finish == "released":
-                stats = self._stats_for(key, self.stats)
-                if stats is not None:
-                    stats.reruns += 1
-                self.seceded.discard(key)
-        except Exception:
-            self._fail()
+        if start == "processing":
+            try:
+                if finish == "memory":
+                    self._finished(key, kwargs, erred=False)
+                elif finish == "erred":
+                    self._finished(key, kwargs, erred=True)
+                elif finish == "released":
+                    self.seceded.discard(key)
+                    self._released(key)
+            except Exception:
+                self._fail()
+        elif start == "memory" and finish == "released":
+            try:
+                self._released(key)
+            except Exception:
+                self._fail()
 
     def add_worker(self, scheduler=None, worker: str | None = None) -> None:
         try:
@@ -216,50 +226,74 @@ class TaskTimings(SchedulerPlugin):
         self.last_error = traceback.format_exc(limit=3)
         logger.debug("TaskTimings internal error", exc_info=True)
 
-    def _owner_stage(self, key) -> str | None:
+    def _task(self, key):
+        """The scheduler's ``TaskState`` of ``key``, or ``None`` (no scheduler, unknown key)."""
+        return self.scheduler.tasks.get(key) if self.scheduler is not None else None
+
+    def _owner_stage(self, ts) -> str | None:
         """The task's stage, or ``None`` when the task belongs to another run."""
-        ts = self.scheduler.tasks.get(key) if self.scheduler is not None else None
         annotations = (ts.annotations if ts is not None else None) or {}
         if self.owner_client is not None and annotations.get(RUN_ANNOTATION) != self.name:
             return None
         return annotations.get(STAGE_ANNOTATION) or DEFAULT_STAGE
 
-    def _prefix(self, key) -> str:
-        ts = self.scheduler.tasks.get(key) if self.scheduler is not None else None
+    def _prefix(self, key, ts) -> str:
         if ts is not None:
             return ts.prefix.name
-        from dask.utils import key_split
+        split = self._key_split
+        if split is None:
+            # dask's key_split is lru-cached over 100k keys: tens of MiB that would grow
+            # with the task count up to that bound, so use the uncached function.
+            from dask.utils import key_split
 
-        return key_split(key)
+            split = self._key_split = getattr(key_split, "__wrapped__", key_split)
+        return split(key)
 
-    def _stats_for(self, key, table: dict) -> PrefixStats | None:
-        stage = self._owner_stage(key)
+    def _stats_for(self, key, ts, table: dict) -> PrefixStats | None:
+        """The aggregates ``key`` adds to (``ts`` is its TaskState or ``None``)."""
+        stage = self._owner_stage(ts)
         if stage is None:
             return None
-        ident = (stage, self._prefix(key))
+        ident = (stage, self._prefix(key, ts))
         stats = table.get(ident)
         if stats is None:
             stats = table[ident] = PrefixStats()
         return stats
 
+    def _released(self, key) -> None:
+        """Count a rerun when a running or finished task is released but still wanted.
+
+        That is what a worker death (or a retry) does: the task is still wanted by a
+        client or a dependent, so it will run again. Tasks released because nobody needs
+        them any more (intermediates, cancelled futures) are not reruns.
+        """
+        ts = self._task(key)
+        if ts is None or not (ts.who_wants or ts.waiters):
+            return
+        stats = self._stats_for(key, ts, self.stats)
+        if stats is not None:
+            stats.reruns += 1
+
     def _finished(self, key, kwargs: dict, erred: bool) -> None:
         orchestration = key in self.seceded
         if orchestration:
             self.seceded.discard(key)
-        stats = self._stats_for(key, self.orchestration if orchestration else self.stats)
+        table = self.orchestration if orchestration else self.stats
+        stats = self._stats_for(key, self._task(key), table)
         if stats is None:
             return
         compute = 0.0
         worker = kwargs.get("worker")
         for ss in kwargs.get("startstops") or ():
             action = ss.get("action")
-            duration = ss["stop"] - ss["start"]
+            start, stop = ss["start"], ss["stop"]
+            duration = stop - start
             if action == "compute":
                 compute += duration
-                if ss["start"] < stats.first_start:
-                    stats.first_start = ss["start"]
-                if ss["stop"] > stats.last_stop:
-                    stats.last_stop = ss["stop"]
+                if start < stats.first_start:
+                    stats.first_start = start
+                if stop > stats.last_stop:
+                    stats.last_stop = stop
             elif action == "transfer":
                 stats.transfer_s += duration
                 pair = (ss.get("source") or "?", worker or "?")
@@ -359,7 +393,7 @@ class TaskTimings(SchedulerPlugin):
     # -- read-out --------------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
-        """Everything recorded so far, as plain data (cheap: O(stages x prefixes))."""
+        """Everything recorded so far, as plain data (cheap: O(stages x prefixes + samples))."""
         def rows(table: dict) -> list[dict[str, Any]]:
             return [{"stage": s, "prefix": p, **st.to_dict()} for (s, p), st in table.items()]
 
@@ -410,7 +444,8 @@ def install(client, name: str | None = None, *, scope: str = "cluster",
 
     Returns
     -------
-    The plugin name, for :func:`collect` and :func:`uninstall`.
+    The plugin name, for :func:`collect` and :func:`uninstall`. The plugin stops and
+    removes itself when ``client`` disconnects, so collect before closing the client.
     """
     import uuid
 
@@ -421,7 +456,8 @@ def install(client, name: str | None = None, *, scope: str = "cluster",
     name = name or f"task-timings-{uuid.uuid4().hex[:12]}"
     owner = client.id if scope == "run" else None
     _register_by_value()
-    client.register_plugin(TaskTimings(name, owner, sample_interval, max_samples), name=name)
+    plugin = TaskTimings(name, owner, sample_interval, max_samples, installer=client.id)
+    client.register_plugin(plugin, name=name)
     return name
 
 
@@ -441,6 +477,7 @@ def _incoming_transfers(dask_worker, since: float) -> dict[str, Any]:
 
 def snapshot(client, name: str) -> dict[str, Any]:
     """The raw snapshot of plugin ``name`` (plain data), with worker-side transfer bytes."""
+    _register_by_value()
     snap = client.run_on_scheduler(_snapshot, name=name)
     if snap is None:
         raise KeyError(f"no TaskTimings plugin named {name!r} on the scheduler "
@@ -471,4 +508,5 @@ def _remove(dask_scheduler, name: str) -> bool:
 
 def uninstall(client, name: str) -> bool:
     """Stop and remove plugin ``name`` (``unregister`` alone would not stop its sampler)."""
+    _register_by_value()
     return client.run_on_scheduler(_remove, name=name)

@@ -62,8 +62,9 @@ class RunRecord:
         """Build a record from :func:`prefect_dask_profiling.plugin.snapshot` output."""
         warnings = list(snap.get("warnings", []))
         if snap.get("internal_errors"):
-            warnings.append(f"plugin hit {snap['internal_errors']} internal error(s); last: "
-                            f"{(snap.get('last_error') or '').strip().splitlines()[-1:]}")
+            last = (snap.get("last_error") or "").strip().splitlines()[-1:] or ["unknown"]
+            warnings.append(f"plugin hit {snap['internal_errors']} internal error(s) and "
+                            f"skipped those events; last: {last[0]}")
         if snap.get("samples_dropped"):
             warnings.append(f"{snap['samples_dropped']} early worker samples dropped from the "
                             "ring (per-worker peaks and means still cover the whole run)")

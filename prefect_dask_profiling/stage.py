@@ -45,6 +45,8 @@ class StageListener(Protocol):
     def stage_closed(self, name: str, token: Any, error: BaseException | None) -> None: ...
 
 
+RESERVED_STAGE = "run"  # utilisation() reports the whole run under this scope
+
 _listener: contextvars.ContextVar[StageListener | None] = contextvars.ContextVar(
     "dask_profiling_stage_listener", default=None)
 _current: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -54,6 +56,11 @@ _current: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 def current_stage() -> str:
     """The innermost open stage, or ``"default"``."""
     return _current.get() or dask.get_annotations().get(STAGE_ANNOTATION) or DEFAULT_STAGE
+
+
+def open_stage_name() -> str | None:
+    """The innermost stage opened in this context with :func:`stage`, if any."""
+    return _current.get()
 
 
 def running_task_annotations() -> dict[str, Any]:
@@ -105,9 +112,12 @@ def stage(name: str) -> Iterator[str]:
     Raises
     ------
     ValueError
-        If ``name`` is not a valid stage name.
+        If ``name`` is not a valid stage name or is the reserved ``"run"``.
     """
     validate_name(name, "stage")
+    if name == RESERVED_STAGE:
+        raise ValueError(f"stage must not be {RESERVED_STAGE!r}: that name is the whole-run row "
+                         "of utilisation()")
     annotations: dict[str, Any] = {STAGE_ANNOTATION: name}
     run = dask.get_annotations().get(RUN_ANNOTATION) or running_task_annotations().get(
         RUN_ANNOTATION)

@@ -53,11 +53,13 @@ def summarise(record: RunRecord, by: str = "stage") -> pd.DataFrame:
     })
     p50, p95 = {}, {}
     for ident, rows in g:
+        # groupby over a one-key list yields 1-tuples, while out's index is flat
+        label = ident[0] if len(keys) == 1 else ident
         sketch = _merged_sketch(record, rows)
-        p50[ident] = sketch.quantile(0.5) if sketch.n else float("nan")
-        p95[ident] = sketch.quantile(0.95) if sketch.n else float("nan")
-    out["p50_s"] = pd.Series(p50)
-    out["p95_s"] = pd.Series(p95)
+        p50[label] = sketch.quantile(0.5) if sketch.n else float("nan")
+        p95[label] = sketch.quantile(0.95) if sketch.n else float("nan")
+    out["p50_s"] = pd.Series(p50, dtype=float)
+    out["p95_s"] = pd.Series(p95, dtype=float)
     total = out["total_s"].sum()
     out["share"] = out["total_s"] / total if total > 0 else 0.0
     out = out.reset_index()[keys + SUMMARY_COLUMNS]

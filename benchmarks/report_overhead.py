@@ -1,0 +1,85 @@
+"""What a per-stage performance report costs: wall time, size, upload time.
+
+Runs, on one LocalCluster in one process, a 10k-task stage with and without its report
+(alternating, repeated) and prints the median wall ratio (target: the report adds <= 10%),
+the report's size plain and gzipped, and the time to upload it to a local store and to a
+moto S3 server on 127.0.0.1.
+
+    .venv/bin/python benchmarks/report_overhead.py [--tasks 10000] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import statistics
+import tempfile
+import time
+
+import dask.array as da
+from distributed import Client, LocalCluster
+
+from prefect_dask_profiling import reports
+from prefect_dask_profiling.store import RunStore, new_run_id
+
+
+def stage_once(client: Client, tasks: int, with_report: bool) -> tuple[float, str | None]:
+    """Run a stage of ``tasks`` tiny tasks; render its report when asked."""
+    t0 = time.perf_counter()
+    window = reports.open_window(client) if with_report else None
+    x = da.ones(tasks, chunks=1)
+    client.compute((x + 1).sum()).result()
+    html = reports.render(client, window).html if window is not None else None
+    return time.perf_counter() - t0, html
+
+
+def upload_seconds(store: RunStore, html: str) -> float:
+    t0 = time.perf_counter()
+    result = store.write_report("bench", new_run_id(), "stage", html)
+    assert not result.spooled, result.warnings
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=10_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        stage_once(client, 1000, True)  # warm-up: imports, task-stream recorder
+        plain, reported, html = [], [], ""
+        for i in range(args.repeats):
+            order = (False, True) if i % 2 == 0 else (True, False)
+            for with_report in order:
+                wall, out = stage_once(client, args.tasks, with_report)
+                (reported if with_report else plain).append(wall)
+                html = out or html
+    ratio = statistics.median(reported) / statistics.median(plain)
+    raw = html.encode()
+    print(f"stage of {args.tasks} tasks, {args.repeats} repeats, 2 workers x 1 thread")
+    print(f"  without report: median {statistics.median(plain):.2f} s")
+    print(f"  with report:    median {statistics.median(reported):.2f} s  "
+          f"(ratio {ratio:.3f}; target <= 1.10)")
+    print(f"  report size: {len(raw) / 1e6:.2f} MB plain, "
+          f"{len(gzip.compress(raw)) / 1e6:.3f} MB gzip")
+    with tempfile.TemporaryDirectory() as tmp:
+        print(f"  upload to local store: {upload_seconds(RunStore(tmp), html):.3f} s")
+    try:
+        from moto.server import ThreadedMotoServer
+    except ImportError:
+        return
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        options = {"key": "bench", "secret": "bench", "endpoint_url": f"http://{host}:{port}"}
+        store = RunStore("s3://bench-reports", options)
+        store.fs.call_s3("create_bucket", Bucket="bench-reports")
+        print(f"  upload to moto S3:     {upload_seconds(store, html):.3f} s")
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

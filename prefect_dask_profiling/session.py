@@ -1,0 +1,431 @@
+"""The flow-side profiling session of one run: plugin, stages, reports, and ``finish()``.
+
+Created by :class:`~prefect_dask_profiling.runner.ProfiledDaskTaskRunner` when Prefect
+enters it in the flow process. Everything here degrades to a warning (and a spool) when
+storage or artifacts fail — except the regression verdict, which fails the flow on purpose.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+import dask
+import distributed
+import pandas as pd
+
+from prefect_dask_profiling import plugin, reports
+from prefect_dask_profiling.manifest import RunContext, StageInfo, build_manifest, environment
+from prefect_dask_profiling.names import validate_name
+from prefect_dask_profiling.record import RunRecord
+from prefect_dask_profiling.regression import RegressionDetected, detect_regressions
+from prefect_dask_profiling.stage import open_stage_name, reset_listener, set_listener
+from prefect_dask_profiling.summary import summarise, utilisation
+
+logger = logging.getLogger("prefect_dask_profiling")
+
+MAX_LINK_SECONDS = 7 * 24 * 3600
+FORGOT_FINISH = ("finish() was never called in the flow body: summaries were stored from the "
+                 "task runner's exit, but no artifacts were published and no regression verdict "
+                 "was applied; decorate the flow function with @profiled or call finish() at "
+                 "the end of the flow")
+
+
+@dataclass
+class OpenStage:
+    """A stage block that is open in the flow body."""
+
+    name: str
+    window: reports.ReportWindow | None
+    futures: list = field(default_factory=list)
+
+
+@dataclass
+class FinishResult:
+    """What ``finish()`` produced for the run."""
+
+    run_id: str
+    pipeline: str
+    version: str
+    summary: pd.DataFrame
+    utilisation: pd.DataFrame
+    verdicts: pd.DataFrame
+    manifest: dict[str, Any]
+    location: str | None
+    regressed: bool
+    warnings: list[str]
+
+
+class Session:
+    """Flow-side state of one profiled run."""
+
+    def __init__(self, runner, client, plugin_name: str, scope: str) -> None:
+        from prefect_dask_profiling.store import new_run_id
+
+        self.runner = runner
+        self.options = runner.profiling
+        self.client = client
+        self.plugin_name = plugin_name
+        self.scope = scope
+        self.ctx = RunContext(run_id=new_run_id(), pipeline="", version="")
+        self.open_stages: dict[str, OpenStage] = {}
+        self.stages: list[StageInfo] = []
+        self.warnings: list[str] = []
+        self.last_snapshot: dict[str, Any] | None = None
+        self.finished = False
+        self.result: FinishResult | None = None
+        self._captured = False
+        self._checked_workers = False
+        self._installed_stream = False
+        self._store = None
+        self._store_url: str | None = None
+
+    # -- start / stop ----------------------------------------------------------------------
+
+    @classmethod
+    def start(cls, runner, exit_stack: ExitStack) -> Session:
+        """Create the cluster/client, register the plugin, listen to stages."""
+        client = runner.client
+        scope = "run" if runner.address else "cluster"
+        name = plugin.install(client, scope=scope,
+                              sample_interval=runner.profiling.sample_interval)
+        session = cls(runner, client, name, scope)
+        exit_stack.callback(session.close)  # LIFO: runs before the client closes
+        token = set_listener(session)
+        exit_stack.callback(_reset_quietly, token)
+        if scope == "run":  # graphs from other clients in the flow body belong to this run
+            exit_stack.enter_context(dask.annotate(**{plugin.RUN_ANNOTATION: name}))
+        return session
+
+    def close(self) -> None:
+        """Remove the plugin and the task-stream recorder we caused (before client close)."""
+        try:
+            plugin.uninstall(self.client, self.plugin_name)
+            if self._installed_stream:
+                reports.release_task_stream(self.client)
+        except Exception:
+            logger.debug("dask-profiling cleanup failed", exc_info=True)
+
+    @property
+    def store(self):
+        from prefect_dask_profiling.store import RunStore
+
+        if self._store is None or self._store_url != self.options.store:
+            self._store = RunStore(self.options.store, self.options.storage_options)
+            self._store_url = self.options.store
+        return self._store
+
+    # -- flow context and preflight ----------------------------------------------------------
+
+    def capture(self) -> None:
+        """Read the flow run's identity (once, from inside the flow run)."""
+        if self._captured:
+            return
+        from prefect.context import FlowRunContext
+
+        ctx = FlowRunContext.get()
+        if ctx is None:
+            return
+        self._captured = True
+        flow, flow_run = ctx.flow, ctx.flow_run
+        self.ctx.pipeline = validate_name(self.options.pipeline or flow.name, "pipeline")
+        source_hash = _source_hash(flow)
+        explicit = flow.version if flow.version and flow.version != source_hash else None
+        self.ctx.version = validate_name(self.options.version or explicit or "unversioned",
+                                         "version")
+        self.ctx.source_hash = source_hash
+        if flow_run is not None:
+            self.ctx.flow_run_id = str(flow_run.id)
+            self.ctx.flow_run_name = flow_run.name
+            self.ctx.deployment = str(flow_run.deployment_id) if flow_run.deployment_id else None
+
+    def preflight(self) -> None:
+        """Check (once) that the workers can load what Prefect will send them.
+
+        Raises
+        ------
+        RuntimeError
+            Naming the workers and the fix, from the flow body, where it fails the run
+            cleanly (a worker that cannot unpickle a task hangs the flow silently).
+        """
+        self.capture()
+        if self._checked_workers:
+            return
+        from prefect.context import FlowRunContext
+
+        ctx = FlowRunContext.get()
+        if ctx is None:
+            return
+        self._checked_workers = True
+        payload = distributed.protocol.pickle.dumps(ctx.flow)
+
+        def can_load(blob: bytes) -> str | None:  # local: travels by value
+            import pickle
+
+            try:
+                pickle.loads(blob)
+            except Exception as exc:
+                return f"{type(exc).__name__}: {exc}"
+            return None
+
+        problems = {w: e for w, e in self.client.run(can_load, payload).items() if e}
+        if problems:
+            detail = "; ".join(f"{w}: {e}" for w, e in sorted(problems.items()))
+            raise RuntimeError(
+                f"Dask workers cannot load this flow ({detail}). Install the flow's code and "
+                "prefect-dask-profiling (same versions as the flow process) on every worker, "
+                "or start the workers from a directory/PYTHONPATH where the flow's module "
+                "imports.")
+
+    # -- stages ----------------------------------------------------------------------------
+
+    def track(self, future) -> None:
+        """Remember a Dask future submitted inside the current stage."""
+        name = open_stage_name()
+        if name is not None and name in self.open_stages:
+            self.open_stages[name].futures.append(future)
+
+    def stage_opened(self, name: str) -> OpenStage:
+        try:
+            self.preflight()
+        except RuntimeError:
+            raise
+        except Exception:  # identity is best effort; the stage must still open
+            logger.debug("capture failed", exc_info=True)
+        window = None
+        if self.options.stage_reports:
+            try:
+                window = reports.open_window(self.client)
+                self._installed_stream |= window.installed_stream
+            except Exception as exc:
+                self.warnings.append(f"stage {name!r}: report not started: {exc!r}")
+        opened = OpenStage(name=name, window=window)
+        self.open_stages[name] = opened
+        return opened
+
+    def stage_closed(self, name: str, token: OpenStage, error: BaseException | None) -> None:
+        self.open_stages.pop(name, None)
+        if token.futures:
+            with self.client.as_current():
+                distributed.wait(token.futures)
+        info = StageInfo(name=name)
+        try:
+            self.last_snapshot = plugin.snapshot(self.client, self.plugin_name)
+        except Exception as exc:
+            self.warnings.append(f"stage {name!r}: snapshot failed: {exc!r}")
+        if token.window is not None:
+            self._store_report(info, token.window)
+        self.stages.append(info)
+
+    def _store_report(self, info: StageInfo, window: reports.ReportWindow) -> None:
+        try:
+            rendered = reports.render(self.client, window)
+        except Exception as exc:
+            info.note = f"report not rendered: {exc!r}"
+            return
+        if rendered.tasks == 0:
+            info.note = "no tasks ran in this stage: no report"
+            return
+        self.capture()
+        if not self.ctx.pipeline:
+            info.note = "report not stored: stage opened outside a flow run"
+            return
+        result = self.store.write_report(self.ctx.pipeline, self.ctx.run_id, info.name,
+                                         rendered.html)
+        self.warnings.extend(result.warnings)
+        info.report = {"location": result.location, "size": len(rendered.html.encode()),
+                       "tasks": rendered.tasks, "truncated": rendered.truncated,
+                       "spooled": result.spooled}
+        if rendered.truncated:
+            info.note = (f"report truncated: {rendered.tasks} tasks ran but Dask's task stream "
+                         f"keeps the last {window.stream_limit}")
+
+    # -- finish ----------------------------------------------------------------------------
+
+    def finish(self, error: BaseException | None = None, *, state: str | None = None,
+               publish: bool = True, extra_warning: str | None = None) -> FinishResult:
+        """Collect, store, publish and judge the run; idempotent.
+
+        Raises
+        ------
+        RegressionDetected
+            On a regression in ``"fail"`` mode (only when ``error`` is None and ``publish``).
+        """
+        if self.finished:
+            if self.result is not None and self.result.regressed and error is None and (
+                    publish and self.options.on_regression == "fail"):
+                raise RegressionDetected(self.result.verdicts)
+            return self.result
+        self.finished = True
+        try:
+            self.result = self._finish(error, state, publish, extra_warning)
+        except Exception as exc:  # never lose the flow's own outcome to our bookkeeping
+            logger.warning("dask-profiling finish failed: %s", exc, exc_info=True)
+            if error is None and isinstance(exc, RegressionDetected):
+                raise
+            return None
+        if (self.result.regressed and error is None and publish
+                and self.options.on_regression == "fail"):
+            raise RegressionDetected(self.result.verdicts)
+        return self.result
+
+    def finish_unattended(self, error: BaseException | None) -> None:
+        """From the runner's ``__exit__``: store the summaries, say finish() was missed."""
+        logger.warning("dask-profiling: %s", FORGOT_FINISH)
+        self.finish(error, state=self._final_state(error), publish=False,
+                    extra_warning=FORGOT_FINISH)
+
+    def _final_state(self, error: BaseException | None) -> str:
+        if self.ctx.flow_run_id is None:
+            return "FAILED" if error is not None else "UNKNOWN"
+        try:
+            from prefect.client.orchestration import get_client
+
+            with get_client(sync_client=True) as client:
+                run = client.read_flow_run(self.ctx.flow_run_id)
+            return run.state.type.value if run.state is not None else "UNKNOWN"
+        except Exception:
+            return "FAILED" if error is not None else "UNKNOWN"
+
+    def _collect(self) -> RunRecord:
+        try:
+            snap = plugin.snapshot(self.client, self.plugin_name)
+        except Exception as exc:
+            if self.last_snapshot is None:
+                raise
+            self.warnings.append(f"final collection failed ({exc!r}): the summary holds what "
+                                 "was collected at the last stage boundary; run incomplete")
+            snap = self.last_snapshot
+            snap["incomplete"] = True
+        try:
+            nthreads = self.client.nthreads()
+        except Exception:
+            nthreads = {}
+        record = RunRecord.from_snapshot(snap, workers=len(nthreads),
+                                         threads=sum(nthreads.values()))
+        record.incomplete = bool(snap.get("incomplete"))
+        return record
+
+    def _finish(self, error: BaseException | None, state: str | None, publish: bool,
+                extra_warning: str | None) -> FinishResult:
+        from prefect_dask_profiling.history import load_baseline
+        from prefect_dask_profiling.trend import trend_html
+
+        self.capture()
+        if not self.ctx.pipeline:  # no flow context ever seen: name after the runner
+            self.ctx.pipeline = self.options.pipeline or "unnamed"
+            self.ctx.version = self.options.version or "unversioned"
+        warnings = list(self.warnings)
+        if extra_warning:
+            warnings.append(extra_warning)
+        record = self._collect()
+        warnings.extend(record.warnings)
+        summary = summarise(record)
+        util = utilisation(record)
+        stage_infos = self._stage_infos(record, util)
+        store = self.store
+        warning = store.ensure_lifecycle(self.options.report_retention_days)
+        if warning:
+            warnings.append(warning)
+
+        baseline = load_baseline(store, self.ctx.pipeline, self.ctx.version,
+                                 n=self.options.history, exclude_run_id=self.ctx.run_id)
+        warnings.extend(f"baseline: skipped run {r}: {why}" for r, why in baseline.skipped)
+        verdicts = detect_regressions(baseline.history, summary, threshold=self.options.threshold,
+                                      **self.options.check_options)
+        failed_otherwise = error is not None or getattr(record, "incomplete", False)
+        regressed = bool((verdicts["verdict"] == "regression").any()) and not failed_otherwise
+        if state is None:
+            fails = error is not None or (regressed and self.options.on_regression == "fail")
+            state = "FAILED" if fails else "COMPLETED"
+        if getattr(record, "incomplete", False):
+            state = "CRASHED" if state == "COMPLETED" else state
+        env = environment(self.client) if _alive(self.client) else environment()
+        manifest = build_manifest(
+            self.ctx, state=state, regressed=regressed, utilisation=util, stages=stage_infos,
+            workers=record.n_workers, threads=record.threads, env=env, warnings=warnings,
+            baseline={"runs": baseline.runs, "version": baseline.version, "note": baseline.note})
+        tables = {"tasks": summary, "orchestration": record.orchestration.drop(
+                      columns=["first_start", "last_stop"]),
+                  "workers": record.workers, "transfers": record.transfers,
+                  "utilisation": util.reset_index(), "regression": verdicts}
+        title = f"{self.ctx.pipeline} {self.ctx.version}: total seconds per prefix"
+        trend = trend_html(baseline.history, summary, verdicts, title=title)
+        written = store.write_run(self.ctx.pipeline, self.ctx.run_id, tables, manifest,
+                                  extra_files={"trend.html": trend.encode()})
+        for w in written.warnings:
+            logger.warning("dask-profiling: %s", w)
+        result = FinishResult(
+            run_id=self.ctx.run_id, pipeline=self.ctx.pipeline, version=self.ctx.version,
+            summary=summary, utilisation=util, verdicts=verdicts, manifest=manifest,
+            location=written.location, regressed=regressed,
+            warnings=warnings + list(written.warnings))
+        if publish:
+            from prefect_dask_profiling.artifacts import publish as publish_artifacts
+
+            links = self._report_links(stage_infos)
+            for w in publish_artifacts(result, links, trend_location=_join(written.location,
+                                                                          "trend.html")):
+                logger.warning("dask-profiling: %s", w)
+        return result
+
+    def _stage_infos(self, record: RunRecord, util: pd.DataFrame) -> list[StageInfo]:
+        by_name = {s.name: s for s in self.stages}
+        infos = []
+        for name in dict.fromkeys([*record.stages, *by_name]):
+            info = by_name.get(name) or StageInfo(name=name)
+            t = record.tasks[record.tasks["stage"] == name]
+            info.tasks = int(t["tasks"].sum())
+            info.task_s = float(t["compute_s"].sum())
+            info.wall_s = float(util.loc[name, "wall_s"]) if name in util.index else 0.0
+            if info.tasks == 0 and info.note is None:
+                info.note = "no tasks ran in this stage"
+            infos.append(info)
+        return infos
+
+    def _report_links(self, infos: list[StageInfo]) -> dict[str, str]:
+        links = {}
+        expires = min(MAX_LINK_SECONDS, self.options.report_retention_days * 86400)
+        for info in infos:
+            location = (info.report or {}).get("location")
+            if not location:
+                continue
+            link = None
+            try:
+                link = self.store.presign(location, expires)
+            except Exception as exc:
+                logger.debug("presign failed: %r", exc)
+            links[info.name] = link or location
+        return links
+
+
+def _source_hash(flow) -> str | None:
+    import inspect
+
+    from prefect.utilities.hashing import file_hash
+
+    try:
+        return file_hash(inspect.getsourcefile(inspect.unwrap(flow.fn)))
+    except (TypeError, OSError):
+        return None
+
+
+def _alive(client) -> bool:
+    try:
+        return client.status == "running"
+    except Exception:
+        return False
+
+
+def _join(location: str | None, name: str) -> str | None:
+    return None if location is None else location.rstrip("/") + "/" + name
+
+
+def _reset_quietly(token) -> None:
+    try:
+        reset_listener(token)
+    except ValueError:  # reset from another context: harmless, the var dies with it
+        pass
+

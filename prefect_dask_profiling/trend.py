@@ -1,0 +1,109 @@
+"""A standalone HTML trend page: each prefix's total seconds across the baseline and the latest run.
+
+One line per (stage, prefix), the largest ``MAX_LINES`` by share of the latest run (the rest
+are named in the subtitle as left out); regressed prefixes get a red marker on the latest run.
+"""
+
+from __future__ import annotations
+
+import html
+
+import numpy as np
+import pandas as pd
+
+MAX_LINES = 12
+LATEST = "latest"
+
+
+def trend_html(history: pd.DataFrame, latest: pd.DataFrame, verdicts: pd.DataFrame,
+               title: str, max_lines: int = MAX_LINES) -> str:
+    """A Bokeh page (CDN resources) of total seconds per prefix, run by run.
+
+    Parameters
+    ----------
+    history
+        Long table of the baseline runs (``run_id, stage, prefix, total_s``).
+    latest
+        The latest run's summary (``stage, prefix, total_s``).
+    verdicts
+        The output of ``detect_regressions`` (``stage, prefix, verdict``); may be empty.
+    title
+        Page and plot title.
+    max_lines
+        At most this many prefixes are drawn, the largest by share of the latest run.
+    """
+    from bokeh.embed import file_html
+    from bokeh.layouts import column
+    from bokeh.models import ColumnDataSource, Div, HoverTool
+    from bokeh.palettes import Category20_20
+    from bokeh.plotting import figure
+    from bokeh.resources import CDN
+
+    wide = _wide(history, latest)
+    top, left_out = _top(wide, max_lines)
+    flagged = _regressed_labels(verdicts)
+    runs = list(wide.columns)
+    fig = figure(title=title, x_range=runs, height=420, sizing_mode="stretch_width",
+                 y_axis_label="total seconds", x_axis_label="run", tools="pan,wheel_zoom,reset")
+    fig.xaxis.major_label_orientation = 0.8
+    for i, label in enumerate(top):
+        values = wide.loc[label].to_numpy(float)
+        source = ColumnDataSource({"run": runs, "total_s": values, "prefix": [label] * len(runs)})
+        color = Category20_20[i % 20]
+        fig.line("run", "total_s", source=source, color=color, line_width=2, legend_label=label)
+        fig.scatter("run", "total_s", source=source, color=color, size=5)
+        if label in flagged and LATEST in runs:
+            fig.scatter([LATEST], [values[-1]], marker="circle", size=14, fill_color="red",
+                        line_color="darkred", legend_label="regression")
+    fig.add_tools(HoverTool(tooltips=[("prefix", "@prefix"), ("run", "@run"),
+                                      ("seconds", "@total_s{0.00}")]))
+    if fig.legend:
+        fig.legend.location = "top_left"
+        fig.legend.click_policy = "hide"
+    parts = [Div(text=_subtitle(len(runs) - (LATEST in runs), top, left_out, flagged))]
+    return file_html(column(*parts, fig, sizing_mode="stretch_width"), CDN, title)
+
+
+def _wide(history: pd.DataFrame, latest: pd.DataFrame) -> pd.DataFrame:
+    """Seconds per ``stage/prefix`` label (rows) and run (columns, oldest first, then latest)."""
+    frames = []
+    if len(history):
+        frames.append(history[["run_id", "stage", "prefix", "total_s"]])
+    if len(latest):
+        frames.append(latest[["stage", "prefix", "total_s"]].assign(run_id=LATEST))
+    if not frames:
+        return pd.DataFrame()
+    long = pd.concat(frames, ignore_index=True)
+    long["label"] = long["stage"].astype(str) + "/" + long["prefix"].astype(str)
+    long["total_s"] = pd.to_numeric(long["total_s"], errors="coerce")
+    long.loc[~np.isfinite(long["total_s"]), "total_s"] = np.nan
+    wide = long.pivot_table(index="label", columns="run_id", values="total_s", aggfunc="sum")
+    order = sorted(c for c in wide.columns if c != LATEST) + [LATEST] * (LATEST in wide)
+    return wide[order]
+
+
+def _top(wide: pd.DataFrame, max_lines: int) -> tuple[list[str], list[str]]:
+    """The labels to draw (largest latest share first; baseline median breaks ties)."""
+    if wide.empty:
+        return [], []
+    latest = wide[LATEST] if LATEST in wide else pd.Series(0.0, index=wide.index)
+    key = pd.DataFrame({"latest": latest.fillna(0.0), "median": wide.median(axis=1).fillna(0.0)})
+    ordered = key.sort_values(["latest", "median"], ascending=False).index.tolist()
+    return ordered[:max_lines], ordered[max_lines:]
+
+
+def _regressed_labels(verdicts: pd.DataFrame) -> set[str]:
+    if verdicts is None or verdicts.empty or "verdict" not in verdicts:
+        return set()
+    rows = verdicts[verdicts["verdict"] == "regression"]
+    return {f"{s}/{p}" for s, p in zip(rows["stage"], rows["prefix"], strict=True)}
+
+
+def _subtitle(n_runs: int, top: list[str], left_out: list[str], flagged: set[str]) -> str:
+    text = f"{n_runs} baseline run(s) and the latest run; {len(top)} prefix(es) drawn"
+    if left_out:
+        text += (f"; {len(left_out)} smaller prefix(es) left out (only the {len(top)} largest "
+                 f"by share of the latest run are drawn): " + ", ".join(left_out))
+    if flagged:
+        text += "; red marker = regression: " + ", ".join(sorted(flagged))
+    return f"<p>{html.escape(text)}</p>"

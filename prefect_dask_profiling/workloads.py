@@ -1,0 +1,149 @@
+"""Benchmark workloads for ``dask-profiling bench``.
+
+The workload contract
+---------------------
+A workload is any importable callable, named ``package.module:callable``, with the
+signature ``workload(n: int, seed: int)`` that returns **one aggregate**:
+
+* a Dask collection (array, dataframe, bag, delayed, ...) — the bench computes it;
+* or a ``distributed.Future`` or a list/tuple of futures (submit through
+  ``distributed.get_client()``) — the bench waits for all of them.
+
+The aggregate counts as done when every part finished; it counts as failed if any part
+erred. ``n`` is the problem size and ``seed`` makes the inputs deterministic: the same
+``(n, seed)`` must build the same work on every cluster, so local and remote runs compare.
+The callable runs on the client; the tasks it builds run on the workers, so **the module
+that defines the task functions must be importable on every worker** (install the same
+wheel there, or ship it). ``bench`` checks that in preflight and names what is missing.
+Results are discarded: return something small (a sum, a count), not the data.
+
+Shipped examples: :func:`matmul` (dense linear algebra on a chunked array) and
+:func:`monte_carlo_pi` (independent delayed tasks plus a reduction).
+
+The ``synthetic_*`` workloads and :class:`SlowWorker` are textbook bottlenecks used by the
+test-suite to check the classifier: compute-, scheduler-, transfer-, straggler- and
+spill-bound.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+from distributed.diagnostics.plugin import WorkerPlugin
+
+# -- shipped examples ----------------------------------------------------------------------
+
+
+def matmul(n: int, seed: int):
+    """``sum(X @ X.T)`` for a ``4n × 4n`` random matrix in ``n × n`` chunks."""
+    x = da.random.default_rng(seed).random((4 * n, 4 * n), chunks=(n, n))
+    return (x @ x.T).sum()
+
+
+def _pi_part(samples: int, seed: int) -> int:
+    rng = np.random.default_rng(seed)
+    xy = rng.random((samples, 2))
+    return int(((xy ** 2).sum(axis=1) <= 1.0).sum())
+
+
+def monte_carlo_pi(n: int, seed: int):
+    """Estimate π with 16 independent delayed tasks of ``n × 1000`` samples each."""
+    parts = [dask.delayed(_pi_part, pure=True)(n * 1000, seed * 1_000_003 + i)
+             for i in range(16)]
+    return dask.delayed(lambda counts, total: 4.0 * sum(counts) / total, pure=True)(
+        parts, 16 * n * 1000)
+
+
+# -- synthetic bottlenecks (tests) ---------------------------------------------------------
+
+
+def _gram_power(block: np.ndarray, rounds: int) -> np.ndarray:
+    out = block
+    for _ in range(rounds):
+        out = np.tanh(out @ block.T) @ block / block.shape[1]
+    return out[:1, :1]
+
+
+def synthetic_compute(n: int, seed: int):
+    """Compute-bound: repeated matrix products inside 4 big ``n × n`` chunks, no transfer."""
+    x = da.random.default_rng(seed).random((4 * n, n), chunks=(n, n))
+    return x.map_blocks(_gram_power, 3, chunks=(1, 1), dtype=float).sum()
+
+
+def synthetic_scheduler(n: int, seed: int):
+    """Scheduler-bound: ``n`` one-element chunks (≈ ``n`` tiny tasks plus a tree reduction)."""
+    return da.random.default_rng(seed).random(n, chunks=1).sum()
+
+
+def synthetic_transfer(n: int, seed: int):
+    """Transfer-bound: ``x + x.T`` on a ``n × n`` array of 16 big chunks (all-to-all moves)."""
+    x = da.random.default_rng(seed).random((n, n), chunks=(n // 4, n // 4))
+    return (x + x.T).sum()
+
+
+def _spin(iterations: int, seed: int) -> int:
+    total = seed
+    for i in range(iterations):
+        total = (total * 31 + i) % 1_000_003
+    return total
+
+
+def synthetic_straggler(n: int, seed: int):
+    """Straggler-bound with :class:`SlowWorker`: 32 equal pure-Python tasks of ``n`` steps."""
+    parts = [dask.delayed(_spin, pure=True)(n, seed * 100 + i) for i in range(32)]
+    return dask.delayed(sum, pure=True)(parts)
+
+
+def synthetic_spill(n: int, seed: int):
+    """Spill-bound on small workers: ``n`` chunks of 10 MB held at once, then reduced."""
+    x = da.random.default_rng(seed).random((n * 1250, 1000), chunks=(1250, 1000))
+    return (x - x.mean(axis=0)).sum()
+
+
+class SlowWorker(WorkerPlugin):
+    """A worker plugin that makes one worker slow: GIL-holding busy threads in its process.
+
+    It models a noisy neighbour on one machine. Register with
+    ``client.register_plugin(SlowWorker(address), name="slow-worker")`` and remove with
+    ``client.unregister_worker_plugin("slow-worker")`` (which stops the threads).
+
+    Parameters
+    ----------
+    address
+        The worker to slow down; other workers ignore the plugin.
+    threads
+        Busy threads to start in that worker.
+    """
+
+    name = "slow-worker"
+
+    def __init__(self, address: str, threads: int = 2) -> None:
+        self.address = address
+        self.threads = threads
+        self._stop: threading.Event | None = None
+
+    def setup(self, worker: Any) -> None:
+        if worker.address != self.address:
+            return
+        self._stop = threading.Event()
+        for i in range(self.threads):
+            threading.Thread(target=_burn, args=(self._stop,), daemon=True,
+                             name=f"slow-worker-{i}").start()
+
+    def teardown(self, worker: Any) -> None:
+        if self._stop is not None:
+            self._stop.set()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"address": self.address, "threads": self.threads, "_stop": None}
+
+
+def _burn(stop: threading.Event) -> None:
+    x = 0
+    while not stop.is_set():
+        for i in range(10_000):
+            x = (x * 7 + i) % 65_521

@@ -1,0 +1,129 @@
+"""Real clusters for the bench tests: ``dask scheduler`` / ``dask worker`` subprocesses on
+127.0.0.1, and the netns cluster (workers as separate network hosts behind rate-limited links).
+
+Every process started here is stopped by the context manager that started it (by its own
+pid), also when the test fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+NETNS_TOOL = Path("/work/shared/tools/netns-cluster")
+DASK = str(Path(sys.executable).with_name("dask"))
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in reversed(procs):
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + 15
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=5)
+
+
+@contextlib.contextmanager
+def subprocess_cluster(workers: int = 2, nthreads: int = 1,
+                       memory_limit: str = "2GB") -> Iterator[str]:
+    """A real ``dask scheduler`` + ``workers`` × ``dask worker`` on 127.0.0.1; yields the address.
+
+    ``workers=0`` gives a scheduler without workers.
+    """
+    from distributed import Client
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
+    sched_file = tmp / "scheduler.json"
+    procs: list[subprocess.Popen] = []
+    logs = []
+    try:
+        log = open(tmp / "scheduler.log", "wb")  # noqa: SIM115 - closed in finally
+        logs.append(log)
+        procs.append(subprocess.Popen(
+            [DASK, "scheduler", "--host", "127.0.0.1", "--port", "0",
+             "--dashboard-address", "127.0.0.1:0", "--scheduler-file", str(sched_file)],
+            stdout=log, stderr=subprocess.STDOUT, env=_env(), cwd=tmp))
+        deadline = time.monotonic() + 60
+        while not sched_file.exists():
+            if time.monotonic() > deadline or procs[0].poll() is not None:
+                raise RuntimeError("dask scheduler did not start: " +
+                                   (tmp / "scheduler.log").read_text()[-2000:])
+            time.sleep(0.1)
+        import json
+
+        address = ""
+        while not address:
+            with contextlib.suppress(ValueError):
+                address = json.loads(sched_file.read_text())["address"]
+            time.sleep(0.05)
+        for i in range(workers):
+            log = open(tmp / f"worker{i}.log", "wb")  # noqa: SIM115
+            logs.append(log)
+            procs.append(subprocess.Popen(
+                [DASK, "worker", address, "--host", "127.0.0.1", "--nthreads", str(nthreads),
+                 "--memory-limit", memory_limit, "--dashboard-address", "127.0.0.1:0",
+                 "--name", f"w{i}", "--local-directory", str(tmp / f"w{i}")],
+                stdout=log, stderr=subprocess.STDOUT, env=_env(), cwd=tmp))
+        if workers:
+            with Client(address, timeout="20s", set_as_default=False) as client:
+                client.wait_for_workers(workers, timeout=90)
+        yield address
+    finally:
+        _stop(procs)
+        for log in logs:
+            log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def netns_unavailable() -> str | None:
+    """Why the netns cluster cannot run here, or ``None``."""
+    if not NETNS_TOOL.exists():
+        return f"{NETNS_TOOL} not found"
+    if os.geteuid() != 0:
+        return "netns-cluster needs root"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"netns-cluster needs {tool!r} on PATH"
+    return None
+
+
+@contextlib.contextmanager
+def netns_cluster(workers: int = 2, nthreads: int = 1, rate: str = "100mbit") -> Iterator[str]:
+    """Workers in their own network namespaces behind ``rate`` links; yields the address."""
+    state = tempfile.mkdtemp(prefix="netns-cluster-")
+    os.rmdir(state)  # the tool creates it
+    args = ["--state", state]
+    try:
+        proc = subprocess.run(
+            [str(NETNS_TOOL), "up", "--workers", str(workers), "--nthreads", str(nthreads),
+             "--rate", rate, "--memory-limit", "2GB", *args],
+            capture_output=True, text=True, env=_env(), timeout=120, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"netns-cluster up failed ({proc.returncode}): "
+                               f"{proc.stderr.strip()[-1000:]}")
+        address = proc.stdout.strip().splitlines()[-1]
+        from distributed import Client
+
+        with Client(address, timeout="20s", set_as_default=False) as client:
+            client.wait_for_workers(workers, timeout=90)
+        yield address
+    finally:
+        subprocess.run([str(NETNS_TOOL), "down", *args], capture_output=True, env=_env(),
+                       timeout=120, check=False)

@@ -1,0 +1,13 @@
+"""Shared fixtures. Keep this small: helpers own their fixtures in their own modules."""
+
+from __future__ import annotations
+
+import pytest
+from prefect_server import PrefectServer, running_server, use_server
+
+
+@pytest.fixture(scope="session")
+def prefect_server() -> PrefectServer:
+    """A real Prefect server (with UI) for the session; this process points at it."""
+    with running_server() as server, use_server(server):
+        yield server

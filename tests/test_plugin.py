@@ -1,0 +1,462 @@
+"""TaskTimings on real LocalClusters: agreement with Dask's task stream, stages, wrappers,
+errors, shared clusters, worker churn, and the plugin's own robustness and memory bound."""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import signal
+import threading
+import time
+import tracemalloc
+from collections import defaultdict
+
+import cloudpickle
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+from dask.utils import key_split
+from distributed import Client, LocalCluster, get_task_stream, wait, worker_client
+
+from prefect_dask_profiling import (
+    TaskTimings,
+    collect,
+    install,
+    stage,
+    summarise,
+    uninstall,
+    utilisation,
+)
+from prefect_dask_profiling.plugin import DEFAULT_STAGE, snapshot
+from prefect_dask_profiling.sketch import DEFAULT_ALPHA
+
+pytestmark = pytest.mark.timeout(180)
+
+
+# -- work run on the workers (importable by the spawned worker processes) ----------------
+
+
+def slowinc(x: int, delay: float = 0.0) -> int:
+    time.sleep(delay)
+    return x + 1
+
+
+def double(block):
+    return block * 2
+
+
+def fail(x: int) -> int:
+    raise ValueError(f"boom {x}")
+
+
+def inc_a(x: int) -> int:
+    return x + 1
+
+
+def inc_b(x: int) -> int:
+    return x + 2
+
+
+def wrapper(n: int, inner_stage: str | None = None, delay: float = 0.05) -> int:
+    """A task that computes a collection inside (it secedes while it waits)."""
+    with worker_client() as client:
+        if inner_stage is None:
+            return sum(client.gather(client.map(slowinc, range(n), delay=delay, pure=False)))
+        with stage(inner_stage):
+            return sum(client.gather(client.map(slowinc, range(n), delay=delay, pure=False)))
+
+
+# -- fixtures ---------------------------------------------------------------------------
+
+
+def _local_cluster(n_workers: int, threads: int) -> LocalCluster:
+    return LocalCluster(n_workers=n_workers, threads_per_worker=threads, processes=True,
+                        dashboard_address=":0", host="127.0.0.1")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with _local_cluster(2, 2) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def client(cluster):
+    with Client(cluster) as client:
+        yield client
+
+
+def _n_tasks(dask_scheduler) -> int:
+    return len(dask_scheduler.tasks)
+
+
+def _settle(client, timeout: float = 30.0) -> None:
+    """Wait until the previous test's futures are released on the scheduler."""
+    deadline = time.monotonic() + timeout
+    while client.run_on_scheduler(_n_tasks) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def run(client):
+    """A fresh cluster-scope plugin for one test."""
+    _settle(client)
+    name = install(client, sample_interval=0.2)
+    yield name
+    uninstall(client, name)
+
+
+def _counts(record, table: str = "tasks") -> dict[tuple[str, str], int]:
+    frame = getattr(record, table)
+    return {(s, p): int(n) for s, p, n in zip(frame["stage"], frame["prefix"], frame["tasks"],
+                                              strict=True)}
+
+
+# -- agreement with Dask's own record ----------------------------------------------------
+
+
+def _mixed_workload(client) -> None:
+    x = da.random.RandomState(1).random((800, 800), chunks=200)
+    y = ((x @ x.T) + x.mean(axis=0)).std()
+    z = x.rechunk((300, 100)).sum(axis=1)
+    dask.compute(y, z)
+    client.gather(client.map(slowinc, range(40), pure=False))
+    client.submit(slowinc, 1, key="plainstr-1").result()
+    client.submit(slowinc, 2, key=("tuplekey", 2)).result()
+
+
+def test_agrees_with_the_task_stream(client, run) -> None:
+    with get_task_stream(client=client) as stream:
+        _mixed_workload(client)
+    record = collect(client, run)
+    durations: dict[str, list[float]] = defaultdict(list)
+    for row in stream.data:
+        compute = sum(s["stop"] - s["start"] for s in row["startstops"]
+                      if s["action"] == "compute")
+        durations[key_split(row["key"])].append(compute)
+    table = summarise(record, by="prefix").set_index("prefix")
+
+    assert {p: len(d) for p, d in durations.items()} == table["tasks"].to_dict()
+    assert {"plainstr", "tuplekey", "slowinc", "random_sample"} <= set(table.index)
+    stream_total = sum(sum(d) for d in durations.values())
+    assert table["total_s"].sum() == pytest.approx(stream_total, rel=0.01)
+    for prefix, values in durations.items():
+        for q, column in ((0.5, "p50_s"), (0.95, "p95_s")):
+            low = np.quantile(values, q, method="lower")
+            high = np.quantile(values, q, method="higher")
+            value = table.loc[prefix, column]
+            assert low * (1 - DEFAULT_ALPHA) <= value <= high * (1 + DEFAULT_ALPHA), prefix
+    assert record.internal_errors == 0 and record.warnings == []
+    assert record.orchestration.empty
+    assert not record.samples.empty and len(record.workers) == 2
+    util = utilisation(record)
+    assert 0 < util.loc["run", "utilisation"] <= 1.05
+
+
+# -- stages ---------------------------------------------------------------------------------
+
+
+def test_same_function_in_two_stages_with_futures_and_arrays(client, run) -> None:
+    with stage("first"):
+        first = client.map(slowinc, range(8), delay=0.01)
+        wait(first)
+        da.ones((400, 400), chunks=100).map_blocks(double).sum().compute()
+    # ``first`` is still alive: Dask's span for the shared "slowinc" TaskGroup stays "first"
+    with stage("second"):
+        second = client.map(slowinc, range(100, 108), delay=0.01)
+        wait(second)
+        da.ones((400, 800), chunks=100).map_blocks(double).sum().compute()
+    del first, second
+    counts = _counts(collect(client, run))
+    assert counts[("first", "slowinc")] == 8
+    assert counts[("second", "slowinc")] == 8
+    array = {stage_: sum(n for (s, p), n in counts.items() if s == stage_ and p != "slowinc")
+             for stage_ in ("first", "second")}
+    # 16 blocks then 32 blocks, plus reductions: the second stage has more array tasks
+    assert array["first"] >= 16 and array["second"] >= 32 and array["second"] > array["first"]
+    assert {s for s, _ in counts} == {"first", "second"}
+
+
+def test_lazy_graph_belongs_to_the_stage_that_computes_it(client, run) -> None:
+    with stage("build"):
+        lazy = (da.random.RandomState(2).random((300, 300), chunks=100) * 2).sum()
+    with stage("compute"):
+        lazy.compute()
+    record = collect(client, run)
+    assert set(record.tasks["stage"]) == {"compute"}
+    assert record.stages == ["compute"]
+    assert list(utilisation(record).index) == ["run", "compute"]
+
+
+def test_erred_and_keyed_tasks(client, run) -> None:
+    with stage("bad"):
+        futures = client.map(fail, range(3))
+        wait(futures)
+        assert all(f.status == "error" for f in futures)
+    with stage("keys"):
+        client.submit(slowinc, 1, key="strkey-1").result()
+        client.submit(slowinc, 2, key=("tupkey", 0)).result()
+    table = summarise(collect(client, run)).set_index(["stage", "prefix"])
+    assert table.loc[("bad", "fail"), "errors"] == 3
+    assert table.loc[("bad", "fail"), "tasks"] == 0
+    assert table.loc[("keys", "strkey"), "tasks"] == 1
+    assert table.loc[("keys", "tupkey"), "tasks"] == 1
+
+
+def test_wrapper_tasks_are_orchestration(client, run) -> None:
+    with stage("outer"):
+        futures = client.map(wrapper, [8] * 4, inner_stage=None, pure=False)
+        assert client.gather(futures) == [sum(range(1, 9))] * 4
+    record = collect(client, run)
+    assert _counts(record, "orchestration") == {("outer", "wrapper"): 4}
+    table = summarise(record)
+    assert "wrapper" not in set(table["prefix"])
+    assert table.set_index(["stage", "prefix"]).loc[(DEFAULT_STAGE, "slowinc"), "tasks"] == 32
+    util = utilisation(record)
+    assert util.loc["run", "utilisation"] <= 1.05
+    # counting the wrappers as compute would have double-counted a large share
+    assert record.orchestration["compute_s"].sum() > 0.5 * record.tasks["compute_s"].sum()
+
+
+def test_stage_inside_a_worker_task(client, run) -> None:
+    with stage("outer"):
+        assert client.submit(wrapper, 5, inner_stage="inner", pure=False).result() == 15
+    record = collect(client, run)
+    assert _counts(record) == {("inner", "slowinc"): 5}
+    assert _counts(record, "orchestration") == {("outer", "wrapper"): 1}
+
+
+# -- robustness -----------------------------------------------------------------------------
+
+
+def _break_prefix(dask_scheduler, name: str) -> None:
+    def broken(key, ts):
+        raise RuntimeError("forced failure in _prefix")
+
+    dask_scheduler.plugins[name]._prefix = broken
+
+
+def test_internal_errors_are_counted_not_raised(client, run) -> None:
+    client.run_on_scheduler(_break_prefix, name=run)
+    futures = client.map(slowinc, range(20), pure=False)
+    assert client.gather(futures) == list(range(1, 21))
+    assert da.ones(100, chunks=10).sum().compute() == 100
+    record = collect(client, run)
+    assert record.internal_errors >= 20
+    assert any("internal error" in w and "forced failure" in w for w in record.warnings)
+    assert record.tasks.empty
+
+
+def test_malformed_transitions_never_raise() -> None:
+    plugin = TaskTimings("direct", sample_interval=0)  # no scheduler, keys it does not know
+    plugin.transition("x-1", "processing", "memory", startstops=({"action": "compute"},),
+                      worker="w", stimulus_id="s")
+    plugin.transition(("x", 2), "processing", "memory", startstops="nonsense", stimulus_id="s")
+    plugin.transition("x-3", "processing", "erred", startstops=None, stimulus_id="s")
+    plugin.transition(None, "processing", "memory", stimulus_id="s")
+    plugin.transition("x-4", "released", "waiting")
+    snap = plugin.snapshot()
+    assert snap["internal_errors"] == 2 and "AttributeError" in snap["last_error"]
+    counts = {(r["stage"], r["prefix"]): (r["tasks"], r["errors"]) for r in snap["tasks"]}
+    assert counts == {(DEFAULT_STAGE, "x"): (0, 1), (DEFAULT_STAGE, "Other"): (1, 0)}
+
+
+def test_cancelled_task_is_not_a_rerun(client, run) -> None:
+    future = client.submit(slowinc, 1, delay=2.0, pure=False)
+    deadline = time.monotonic() + 30
+    while not any(client.processing().values()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    future.cancel()
+    client.gather(client.map(slowinc, range(3), pure=False))
+    assert summarise(collect(client, run))["reruns"].sum() == 0
+
+
+def test_late_registration_is_warned(client) -> None:
+    _settle(client)
+    futures = client.map(slowinc, range(6), delay=0.3, pure=False)
+    wait(futures[:1])
+    name = install(client, sample_interval=0)
+    try:
+        wait(futures)
+        record = collect(client, name)
+    finally:
+        uninstall(client, name)
+    assert any("registered after work started" in w for w in record.warnings)
+
+
+def test_on_time_registration_has_no_warning(client, run) -> None:
+    client.gather(client.map(slowinc, range(3), pure=False))
+    assert collect(client, run).warnings == []
+
+
+def test_pickling_and_uninstall(cluster, client) -> None:
+    fresh = pickle.loads(pickle.dumps(TaskTimings("p", "client-1", 0.5)))
+    assert (fresh.name, fresh.owner_client, fresh.installer) == ("p", "client-1", "client-1")
+    name = install(client, sample_interval=0.1)
+    live = cluster.scheduler.plugins[name]  # the scheduler runs in this process
+    client.gather(client.map(slowinc, range(3), pure=False))
+    copy = cloudpickle.loads(cloudpickle.dumps(live))
+    assert copy.scheduler is None and copy._pc is None and copy.stats.keys() == live.stats.keys()
+    pc = live._pc
+    assert pc is not None and pc.is_running()
+    assert uninstall(client, name) is True
+    assert not pc.is_running() and name not in cluster.scheduler.plugins
+    assert uninstall(client, name) is False
+    with pytest.raises(KeyError, match=name):
+        snapshot(client, name)
+
+
+def test_close_stops_the_sampler(cluster, client, run) -> None:
+    live = cluster.scheduler.plugins[run]
+    pc = live._pc
+    assert pc.is_running()
+    client.sync(live.close)
+    assert not pc.is_running()
+
+
+def test_install_rejects_bad_arguments(client) -> None:
+    with pytest.raises(ValueError, match="scope"):
+        install(client, scope="everything")
+    with pytest.raises(ValueError, match="sample_interval"):
+        install(client, sample_interval=-1)
+
+
+def test_two_runs_share_a_cluster(cluster) -> None:
+    results: dict[str, object] = {}
+    start = threading.Barrier(2)
+
+    def one_run(label: str, func) -> None:
+        with Client(cluster) as own:
+            name = install(own, scope="run", sample_interval=0.2)
+            plugin = cluster.scheduler.plugins[name]
+            start.wait(timeout=30)
+            with stage(f"stage-{label}"):
+                own.gather(own.map(func, range(30), pure=False))
+                seed = 10 if label == "a" else 20
+                da.random.RandomState(seed).random((400, 400), chunks=100).sum().compute()
+                own.submit(wrapper, 4, inner_stage=f"inner-{label}", pure=False).result()
+            results[label] = collect(own, name)
+            pc = plugin._pc
+        # the owning client disconnected: the plugin removed itself and stopped sampling
+        results[label + "-gone"] = name not in cluster.scheduler.plugins and not pc.is_running()
+
+    threads = [threading.Thread(target=one_run, args=("a", inc_a)),
+               threading.Thread(target=one_run, args=("b", inc_b))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for label, mine, theirs in (("a", "inc_a", "inc_b"), ("b", "inc_b", "inc_a")):
+        record = results[label]
+        counts = _counts(record)
+        assert counts[(f"stage-{label}", mine)] == 30
+        assert counts[(f"inner-{label}", "slowinc")] == 4
+        assert not any(p == theirs or s.endswith("-" + ("b" if label == "a" else "a"))
+                       for s, p in counts)
+        assert _counts(record, "orchestration") == {(f"stage-{label}", "wrapper"): 1}
+        assert results[label + "-gone"] is True
+
+
+# -- worker churn ------------------------------------------------------------------------------
+
+
+def _hand_thread_seconds(timeline, start: float, stop: float) -> float:
+    total = 0.0
+    for i, (t, n) in enumerate(timeline):
+        t_next = timeline[i + 1][0] if i + 1 < len(timeline) else float("inf")
+        lo, hi = max(t, start), min(t_next, stop)
+        if hi > lo:
+            total += (hi - lo) * n
+    return total
+
+
+def test_utilisation_follows_workers_joining_and_leaving() -> None:
+    with _local_cluster(1, 1) as cluster, Client(cluster) as client:
+        name = install(client, sample_interval=0)
+        client.gather(client.map(slowinc, range(4), delay=0.1, pure=False))
+        cluster.scale(2)
+        client.wait_for_workers(2, timeout=60)
+        client.gather(client.map(slowinc, range(10), delay=0.1, pure=False))
+        cluster.scale(1)
+        deadline = time.monotonic() + 60
+        while len(client.nthreads()) != 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        client.gather(client.map(slowinc, range(4), delay=0.1, pure=False))
+        record = collect(client, name)
+        live = cluster.scheduler.plugins[name]
+    # leaving the block closed the installing client: the plugin removed itself
+    assert name not in cluster.scheduler.plugins and live._pc is None
+
+    start, stop = record.window()
+    inside = [n for t, n in record.timeline if start < t < stop]
+    assert 2 in inside and inside[-1] == 1
+    util = utilisation(record).loc["run"]
+    assert util["thread_s"] == pytest.approx(_hand_thread_seconds(record.timeline, start, stop))
+    assert util["wall_s"] < util["thread_s"] < 2 * util["wall_s"]
+    assert summarise(record)["tasks"].sum() == 18
+    assert util["utilisation"] <= 1.05
+
+
+def test_killed_worker_reruns_are_counted() -> None:
+    with _local_cluster(2, 1) as cluster, Client(cluster) as client:
+        name = install(client, sample_interval=0.2)
+        futures = client.map(slowinc, range(30), delay=0.2, pure=False)
+        pids = client.run(os.getpid)
+        victim = sorted(pids)[0]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            done = sum(f.done() for f in futures)
+            if done >= 4 and client.processing().get(victim):
+                break
+            time.sleep(0.02)
+        os.kill(pids[victim], signal.SIGKILL)
+        assert client.gather(futures) == list(range(1, 31))
+        record = collect(client, name)
+        uninstall(client, name)
+    table = summarise(record)
+    assert list(table["prefix"]) == ["slowinc"]
+    tasks, reruns = int(table["tasks"].sum()), int(table["reruns"].sum())
+    assert reruns >= 1
+    # every rerun finished at most once more than needed; nothing was lost
+    assert 30 <= tasks <= 30 + reruns
+    assert min(n for _, n in record.timeline) < max(n for _, n in record.timeline)
+    assert utilisation(record).loc["run", "utilisation"] <= 1.05
+
+
+# -- memory: bounded by stages x prefixes, not by task count --------------------------------
+
+
+def _feed(plugin: TaskTimings, start: int, n: int) -> None:
+    for i in range(start, start + n):
+        prefix = f"op{i % 50}"
+        key = (f"{prefix}-0123456789abcdef0123456789abcdef", i) if i % 2 else f"{prefix}-{i:032x}"
+        t = 1e6 + i * 1e-3
+        seconds = 1e-4 * (1 + (i * 7919) % 1000)
+        plugin.transition(key, "processing", "memory",
+                          startstops=({"action": "compute", "start": t, "stop": t + seconds},),
+                          nbytes=8000, worker=f"tcp://127.0.0.1:{4000 + i % 4}",
+                          stimulus_id=f"task-finished-{t}")
+
+
+def test_memory_does_not_grow_with_task_count() -> None:
+    plugin = TaskTimings("mem", sample_interval=0)  # no scheduler: keys it does not know
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        _feed(plugin, 0, 100_000)
+        gc.collect()
+        first = tracemalloc.get_traced_memory()[0] - base
+        _feed(plugin, 100_000, 100_000)
+        gc.collect()
+        second = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    # the seed's list of dicts costs ~230 B per task: 46 MB for these 200k tasks
+    assert second < 4 * 2**20
+    assert second - first < 0.1 * first + 64 * 1024
+    assert sum(s.tasks for s in plugin.stats.values()) == 200_000
+    assert len(plugin.stats) == 50
+    assert plugin.internal_errors == 0

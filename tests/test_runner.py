@@ -1,0 +1,195 @@
+"""ProfiledDaskTaskRunner against a real Prefect server and real Dask clusters."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from distributed import Client
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+from prefect_dask import DaskTaskRunner
+from profiled_flows import make_flow
+
+from prefect_dask_profiling.runner import ProfiledDaskTaskRunner
+from prefect_dask_profiling.store import RunStore
+
+pytestmark = pytest.mark.usefixtures("prefect_server")
+
+LOCAL = {"n_workers": 2, "threads_per_worker": 1, "processes": True, "dashboard_address": ":0"}
+TESTS = str(Path(__file__).parent)
+ROOT = str(Path(__file__).parent.parent)
+
+
+def artifacts_of(flow_run_id) -> dict[str, object]:
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+    return {a.key: a for a in found if a.key}
+
+
+def manifests(store_url: str, pipeline: str) -> list[dict]:
+    store = RunStore(store_url)
+    return [store.read_manifest(pipeline, r["run_id"]) for r in store.list_runs(pipeline)]
+
+
+# -- arguments ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"report_retention_days": -1}, "report_retention_days"),
+    ({"report_retention_days": 0}, "report_retention_days"),
+    ({"threshold": 1.0}, "threshold"),
+    ({"threshold": 0.5}, "threshold"),
+    ({"on_regression": "explode"}, "on_regression"),
+    ({"store": "nosuchproto://bucket/x"}, "unknown protocol"),
+    ({"pipeline": "../etc"}, "pipeline"),
+    ({"version": "a/b"}, "version"),
+    ({"history": 0}, "history"),
+    ({"check_options": {"bogus": 1}}, "check_options"),
+    ({"address": "tcp://127.0.0.1:1", "cluster_class": "distributed.LocalCluster"}, "address"),
+])
+def test_bad_arguments_fail_before_any_cluster(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        ProfiledDaskTaskRunner(**kwargs)
+
+
+def test_duplicate_keeps_profiling_options_and_base_arguments():
+    runner = ProfiledDaskTaskRunner(cluster_kwargs={"n_workers": 1}, store="memory://x",
+                                    pipeline="p", version="2", report_retention_days=7,
+                                    on_regression="warn", threshold=3.0, stage_reports=False)
+    copy = runner.duplicate()
+    assert type(copy) is ProfiledDaskTaskRunner
+    assert copy.profiling == runner.profiling
+    assert copy.cluster_kwargs == {"n_workers": 1}
+    assert copy == runner
+    assert copy != DaskTaskRunner(cluster_kwargs={"n_workers": 1})
+
+
+# -- a real run on the default LocalCluster ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory):
+    store = str(tmp_path_factory.mktemp("store"))
+    runner = ProfiledDaskTaskRunner(cluster_kwargs=LOCAL, store=store)
+    state = make_flow(runner, name="runner-local")(return_state=True)
+    return store, state
+
+
+def test_local_cluster_run_completes_and_stores_layout(local_run):
+    store_url, state = local_run
+    assert state.is_completed(), state.message
+    [manifest] = manifests(store_url, "runner-local")
+    assert manifest["state"] == "COMPLETED" and manifest["status"] == "healthy"
+    assert manifest["version"] == "1" and manifest["source_hash"]
+    run_dir = Path(store_url, "runs", "runner-local", manifest["run_id"])
+    for name in ("tasks.csv", "workers.csv", "transfers.csv", "utilisation.csv",
+                 "orchestration.csv", "manifest.json", "trend.html"):
+        assert (run_dir / name).exists(), name
+    assert set(manifest["files"]) >= {"tasks.csv", "workers.csv"}
+    assert manifest["workers"] == 2 and manifest["threads"] == 2
+
+
+def test_two_stages_give_two_nonempty_reports(local_run):
+    store_url, _ = local_run
+    [manifest] = manifests(store_url, "runner-local")
+    stages = {s["name"]: s for s in manifest["stages"]}
+    assert {"prepare", "compute"} <= set(stages)
+    for name in ("prepare", "compute"):
+        report = stages[name]["report"]
+        assert report and report["tasks"] > 0, stages[name]
+        html = Path(report["location"]).read_text()
+        assert "number of tasks" in html and len(html) > 10_000
+
+
+def test_wrapper_task_work_is_attributed_to_its_stage_not_counted_twice(local_run):
+    store_url, _ = local_run
+    [manifest] = manifests(store_url, "runner-local")
+    store = RunStore(store_url)
+    tasks = store.read_table("runner-local", manifest["run_id"], "tasks")
+    orchestration = store.read_table("runner-local", manifest["run_id"], "orchestration")
+    prepare = tasks[tasks["stage"] == "prepare"]
+    # crunch's inner matmul ran on the cluster under the wrapper's stage
+    assert (prepare["tasks"].sum() > 10) and "crunch" not in set(tasks["prefix"])
+    assert "crunch" in set(orchestration["prefix"])
+    compute = tasks[tasks["stage"] == "compute"]
+    assert compute.loc[compute["prefix"].str.contains("slow_block"), "tasks"].sum() == 16
+    assert manifest["utilisation"]["run"] <= 1.05
+
+
+def test_artifacts_are_attached_to_the_flow_run(local_run):
+    _, state = local_run
+    found = artifacts_of(state.state_details.flow_run_id)
+    assert {"runner-local-summary", "runner-local-run", "runner-local-regression"} <= set(found)
+    summary = json.loads(found["runner-local-summary"].data)
+    assert {row["stage"] for row in summary} >= {"prepare", "compute"}
+    assert all(isinstance(row["total_s"], float) for row in summary)
+    verdicts = json.loads(found["runner-local-regression"].data)
+    assert {row["verdict"] for row in verdicts} == {"insufficient-history"}
+    assert "Utilisation" in found["runner-local-run"].data
+    assert {"runner-local-report-prepare", "runner-local-report-compute"} <= set(found)
+
+
+# -- address= of real scheduler and worker processes ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def external_cluster(tmp_path_factory):
+    """A real ``dask scheduler`` and two ``dask worker`` processes on 127.0.0.1."""
+    workdir = tmp_path_factory.mktemp("dask")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, TESTS]))
+    scheduler_file = workdir / "scheduler.json"
+    bin_dir = Path(sys.executable).parent
+    procs = [subprocess.Popen(
+        [str(bin_dir / "dask"), "scheduler", "--host", "127.0.0.1", "--port", "0",
+         "--dashboard-address", ":0", "--scheduler-file", str(scheduler_file)],
+        env=env, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        deadline = time.time() + 60
+        while not scheduler_file.exists() and time.time() < deadline:
+            time.sleep(0.2)
+        procs += [subprocess.Popen(
+            [str(bin_dir / "dask"), "worker", "--scheduler-file", str(scheduler_file),
+             "--nthreads", "1", "--host", "127.0.0.1", "--dashboard-address", ":0",
+             "--local-directory", str(workdir / f"w{i}")],
+            env=env, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for i in range(2)]
+        with Client(scheduler_file=str(scheduler_file), timeout=30) as client:
+            client.wait_for_workers(2, timeout=60)
+            yield client.scheduler.address
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def test_flow_on_external_cluster_address(external_cluster, tmp_path):
+    runner = ProfiledDaskTaskRunner(address=external_cluster, store=str(tmp_path))
+    state = make_flow(runner, name="runner-address")(return_state=True)
+    assert state.is_completed(), state.message
+    [manifest] = manifests(str(tmp_path), "runner-address")
+    store = RunStore(str(tmp_path))
+    tasks = store.read_table("runner-address", manifest["run_id"], "tasks")
+    assert set(tasks["stage"]) >= {"prepare", "compute"}
+    assert tasks.loc[tasks["prefix"].str.contains("slow_block"), "tasks"].sum() == 16
+    assert manifest["utilisation"]["run"] <= 1.05
+
+
+def test_forgetting_finish_is_visible(external_cluster, tmp_path, caplog):
+    runner = ProfiledDaskTaskRunner(address=external_cluster, store=str(tmp_path))
+    state = make_flow(runner, name="runner-forgot", decorate=False)(return_state=True)
+    assert state.is_completed()
+    [manifest] = manifests(str(tmp_path), "runner-forgot")
+    assert any("finish() was never called" in w for w in manifest["warnings"])
+    assert manifest["state"] == "COMPLETED"
+    assert "finish() was never called" in caplog.text
