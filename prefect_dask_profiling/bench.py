@@ -448,7 +448,32 @@ def _worker_probe(dask_worker, since: float) -> dict[str, Any]:
     incoming = [(e.get("who"), e.get("total", 0), e.get("duration", 0.0))
                 for e in dask_worker.transfer_incoming_log if e.get("start", 0) >= since]
     return {"executed": int(dask_worker.state.executed_count), "exec_s": float(exec_s),
-            "incoming": incoming}
+            "incoming": incoming, "schedstat": _schedstat()}
+
+
+def _schedstat() -> tuple[float, float, float] | None:
+    """(monotonic s, CPU s, run-queue wait s) summed over this process's threads (Linux).
+
+    CPU plus run-queue wait is the CPU the process *wanted*: on a shared host the wait is
+    CPU stolen by neighbours, which thread-cpu alone would hide.
+    """
+    import os
+    import time
+
+    cpu = wait = 0
+    base = f"/proc/{os.getpid()}/task"
+    try:
+        for tid in os.listdir(base):
+            try:
+                with open(f"{base}/{tid}/schedstat") as fh:
+                    a, b, _ = fh.read().split()
+            except (OSError, ValueError):
+                continue
+            cpu += int(a)
+            wait += int(b)
+    except OSError:
+        return None
+    return time.monotonic(), cpu / 1e9, wait / 1e9
 
 
 def _forgotten(dask_scheduler, keys: list) -> bool:
@@ -560,9 +585,9 @@ def _run_side(client, side: str, config: BenchConfig, fn: Callable[[int, int], A
         client.get_task_stream(start=0, stop=0)  # make sure the task stream is recording
         fine0 = client.run_on_scheduler(_fine_metrics)
         since = time.time()
-        workers0 = client.run(_worker_probe, since=since)
         report = out / "performance_report.html"
         with performance_report(filename=str(report)):
+            workers0 = client.run(_worker_probe, since=since)
             sched0 = client.run_on_scheduler(_scheduler_probe)
             for n in config.n:
                 for r in range(config.repeats):
@@ -572,9 +597,9 @@ def _run_side(client, side: str, config: BenchConfig, fn: Callable[[int, int], A
                              f"{batch['wall_s']:.2f} s, {batch['succeeded']}/"
                              f"{batch['aggregates']} ok")
             sched1 = client.run_on_scheduler(_scheduler_probe)
+            workers1 = client.run(_worker_probe, since=since)
         stream = client.get_task_stream(start=since)
         fine1 = _settled_fine_metrics(client)
-        workers1 = client.run(_worker_probe, since=since)
         record = plugin.collect(client, name)
     finally:
         with contextlib.suppress(Exception):
@@ -701,6 +726,7 @@ def task_signals(stream: list[dict[str, Any]], batches: list[dict[str, Any]], th
     return {
         "tasks.count": len(compute), "tasks.compute_s": compute_s,
         "tasks.median_s": median, "tasks.p95_s": p95,
+        "tasks.typical_s": _weighted_median(durations),
         "tasks.p95_p50": _ratio(p95, median),
         "tasks.per_s": _ratio(len(compute), wall),
         "tasks.busy_fraction": _ratio(compute_s, threads * wall),
@@ -710,6 +736,23 @@ def task_signals(stream: list[dict[str, Any]], batches: list[dict[str, Any]], th
         "tasks.tail_fraction": _tail_fraction(compute, batches, workers),
         "context.slow_worker": slow,
     }
+
+
+def _weighted_median(durations: list[float]) -> float | None:
+    """Duration of the task a random compute-second falls in (time-weighted median).
+
+    The plain median of a graph with a few big tasks and many tiny ones is tiny; this is
+    the granularity where the time actually goes.
+    """
+    total = sum(durations)
+    if not durations or total <= 0:
+        return None
+    acc = 0.0
+    for d in sorted(durations):
+        acc += d
+        if acc >= total / 2:
+            return d
+    return durations[-1]
 
 
 def _worker_skew(compute: list[tuple[str, str, float, float]]) -> tuple[float | None, str | None]:
@@ -757,18 +800,19 @@ def _tail_fraction(compute: list[tuple[str, str, float, float]], batches: list[d
 
 
 def scheduler_signals(before: dict[str, Any], after: dict[str, Any], n_tasks: int,
-                      median_s: float | None, wall: float) -> dict[str, float | None]:
+                      typical_s: float | None, wall: float) -> dict[str, float | None]:
     """Signals from the scheduler's event-loop thread CPU and tick counters.
 
     ``wall`` is the measured time (sum of batch walls); the loop's CPU between batches
-    (forgetting results) is small and counted against it.
+    (forgetting results) is small and counted against it. ``typical_s`` is the
+    time-weighted median task duration.
     """
     cpu = after["loop_cpu"] - before["loop_cpu"]
     ticks = after["ticks"] - before["ticks"]
     per_task = _ratio(cpu, n_tasks)
     mean_tick = _ratio(after["tick_total"] - before["tick_total"], ticks)
     return {"scheduler.cpu_s": cpu, "scheduler.cpu_per_task_s": per_task,
-            "scheduler.overhead_ratio": _ratio(per_task, median_s),
+            "scheduler.overhead_ratio": _ratio(per_task, typical_s),
             "scheduler.loop_busy": _ratio(cpu, wall),
             "scheduler.tick_mean_ms": None if mean_tick is None else mean_tick * 1000,
             "scheduler.tick_lag": _ratio(mean_tick, after.get("tick_interval"))}
@@ -789,7 +833,8 @@ def transfer_signals(workers_after: dict[str, Any], threads: int,
 
 def worker_signals(before: dict[str, Any], after: dict[str, Any], record,
                    nthreads: dict[str, int], window: tuple[float, float]) -> dict[str, Any]:
-    """Signals from worker heartbeats (CPU samples) and per-worker fine metrics."""
+    """Signals from the worker processes: heartbeat CPU samples, per-worker fine metrics and
+    run-queue accounting (``worker.cpu_demand`` = CPU used + CPU waited for, per thread)."""
     per_task = {}
     for w, a in after.items():
         b = before.get(w, {"executed": 0, "exec_s": 0.0})
@@ -799,6 +844,15 @@ def worker_signals(before: dict[str, Any], after: dict[str, Any], record,
     skew = None
     if len(per_task) >= 2 and min(per_task.values()) > 0:
         skew = max(per_task.values()) / min(per_task.values())
+    wanted = available = 0.0
+    for w, a in after.items():
+        b = before.get(w) or {}
+        if not a.get("schedstat") or not b.get("schedstat"):
+            continue
+        (t1, c1, q1), (t0, c0, q0) = a["schedstat"], b["schedstat"]
+        wanted += (c1 - c0) + (q1 - q0)
+        available += (t1 - t0) * max(int(nthreads.get(w) or 1), 1)
+    demand = min(wanted / available, 1.0) if available > 0 else None
     samples = record.samples
     s = samples[(samples["time"] >= window[0]) & (samples["time"] <= window[1])]
     cpu_fraction = None
@@ -806,7 +860,7 @@ def worker_signals(before: dict[str, Any], after: dict[str, Any], record,
         threads = s["worker"].map(lambda w: max(int(nthreads.get(w) or 1), 1))
         cpu_fraction = float((s["cpu"] / (100.0 * threads)).clip(upper=1.0).mean())
     return {"worker.seconds_per_task_skew": skew, "worker.cpu_fraction": cpu_fraction,
-            "worker.samples": len(s)}
+            "worker.cpu_demand": demand, "worker.samples": len(s)}
 
 
 def memory_signals(record, window: tuple[float, float]) -> dict[str, float | None]:
@@ -842,7 +896,7 @@ def extract_signals(m: dict[str, Any]) -> dict[str, Any]:
     tasks = task_signals(m["stream"], batches, m["threads"], sorted(m["nthreads"]))
     signals.update(tasks)
     signals.update(scheduler_signals(m["scheduler_before"], m["scheduler_after"],
-                                     tasks["tasks.count"], tasks["tasks.median_s"], wall))
+                                     tasks["tasks.count"], tasks["tasks.typical_s"], wall))
     signals.update(transfer_signals(m["workers_after"], m["threads"], wall))
     signals.update(worker_signals(m["workers_before"], m["workers_after"], m["record"],
                                   m["nthreads"], window))

@@ -15,7 +15,8 @@ A signal is a number named ``<source>.<name>``; the source is the instrument it 
 ``memory``
     Worker memory and spill samples (managed / spilled bytes vs the memory limit).
 ``worker``
-    Worker heartbeat CPU samples and per-worker fine metrics (seconds per executed task).
+    The worker processes: CPU used plus CPU waited for (run-queue), heartbeat CPU samples,
+    per-worker fine metrics (seconds per executed task).
 ``calibration``
     The fixed calibration kernel timed on each worker.
 
@@ -65,11 +66,13 @@ RULES: tuple[Rule, ...] = (
     Rule("compute", "fine.code_share", ">=", 0.75,
          "fine metrics: task code dominates executor overhead, network and disk"),
     Rule("compute", "tasks.busy_fraction", ">=", 0.6, "worker threads busy most of the wall"),
-    Rule("compute", "worker.cpu_fraction", ">=", 0.5, "worker processes use their cores"),
+    Rule("compute", "worker.cpu_demand", ">=", 0.5,
+         "worker processes use or wait for a core per thread (CPU + run-queue wait)"),
     Rule("compute", "scheduler.overhead_ratio", "<=", 0.05,
-         "scheduler CPU per task is small next to the median task"),
+         "scheduler CPU per task is small next to the typical task"),
     # scheduler-bound: many short tasks, dispatch overhead dominates
-    Rule("scheduler", "tasks.median_s", "<=", 0.005, "tasks are tiny (median duration)"),
+    Rule("scheduler", "tasks.typical_s", "<=", 0.005,
+         "tasks are tiny (time-weighted median duration)"),
     Rule("scheduler", "tasks.busy_fraction", "<=", 0.5, "worker threads wait for work"),
     Rule("scheduler", "scheduler.overhead_ratio", ">=", 0.5,
          "scheduler CPU per task is comparable to the task itself"),
@@ -114,7 +117,7 @@ ACTIONS: dict[str, list[str]] = {
         "check BLAS/numexpr threading per worker before scaling threads",
     ],
     "scheduler": [
-        "make tasks bigger (larger chunks, batching, map_blocks/map_partitions): median task "
+        "make tasks bigger (larger chunks, batching, map_blocks/map_partitions): typical task "
         "{median_ms} ms against {overhead_ms} ms of scheduler CPU per task; aim for >= 100 ms",
         "cut the task count (fewer, fused stages; avoid per-element futures)",
         "keep the graph on the cluster (persist once, fewer compute() round trips)",
@@ -318,7 +321,7 @@ def _action_context(signals: dict[str, Any]) -> dict[str, str]:
         "top_prefix": str(signals.get("context.top_prefix") or "?"),
         "slow_worker": str(signals.get("context.slow_worker") or "?"),
         "busy": num("tasks.busy_fraction", digits=2),
-        "median_ms": num("tasks.median_s", 1000, 2),
+        "median_ms": num("tasks.typical_s", 1000, 2),
         "overhead_ms": num("scheduler.cpu_per_task_s", 1000, 2),
         "mb_moved": num("transfer.mb_moved"),
         "bandwidth": num("transfer.bandwidth_mb_s"),

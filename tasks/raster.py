@@ -33,7 +33,6 @@ import fsspec
 import numpy as np
 import xarray as xr
 import zarr
-from dask.base import tokenize
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from zarr.abc.store import RangeByteRequest
@@ -266,8 +265,7 @@ def ndvi(scenes: xr.Dataset, cloud_buffer: int = CLOUD_BUFFER_PX) -> xr.DataArra
     if cloud_buffer > 0:
         depth = {0: 0, 1: cloud_buffer, 2: cloud_buffer}
         data = da.map_overlap(mask_cloud_edges, index.data, depth=depth, boundary="none",
-                              radius=cloud_buffer, dtype=index.dtype,
-                              name=f"mask_cloud_edges-{tokenize(index.data, cloud_buffer)}")
+                              radius=cloud_buffer, dtype=index.dtype)
         index = index.copy(data=data)
     return index.rename("ndvi")
 

@@ -50,7 +50,7 @@ def make_flow(runner: ProfiledDaskTaskRunner, name: str = "profiled-test",
         with stage("compute"):
             with get_dask_client() as client:
                 x = da.ones((blocks * 10, 10), chunks=(10, 10))
-                y = x.map_blocks(slow_block, delay, dtype=float)
+                y = client.persist(x.map_blocks(slow_block, delay, dtype=float))
                 total = float(client.compute(y.sum()).result())
         return total + fut.result()
 

@@ -99,6 +99,14 @@ def _settle(client, timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
+def _removed(cluster, name: str, timeout: float = 10.0) -> bool:
+    """Whether plugin ``name`` leaves the (in-process) scheduler within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while name in cluster.scheduler.plugins and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return name not in cluster.scheduler.plugins
+
+
 @pytest.fixture
 def run(client):
     """A fresh cluster-scope plugin for one test."""
@@ -340,7 +348,7 @@ def test_two_runs_share_a_cluster(cluster) -> None:
             results[label] = collect(own, name)
             pc = plugin._pc
         # the owning client disconnected: the plugin removed itself and stopped sampling
-        results[label + "-gone"] = name not in cluster.scheduler.plugins and not pc.is_running()
+        results[label + "-gone"] = _removed(cluster, name) and not pc.is_running()
 
     threads = [threading.Thread(target=one_run, args=("a", inc_a)),
                threading.Thread(target=one_run, args=("b", inc_b))]
@@ -374,7 +382,8 @@ def _hand_thread_seconds(timeline, start: float, stop: float) -> float:
 
 def test_utilisation_follows_workers_joining_and_leaving() -> None:
     with _local_cluster(1, 1) as cluster, Client(cluster) as client:
-        name = install(client, sample_interval=0)
+        name = install(client, sample_interval=0.2)
+        pc = cluster.scheduler.plugins[name]._pc
         client.gather(client.map(slowinc, range(4), delay=0.1, pure=False))
         cluster.scale(2)
         client.wait_for_workers(2, timeout=60)
@@ -385,9 +394,10 @@ def test_utilisation_follows_workers_joining_and_leaving() -> None:
             time.sleep(0.05)
         client.gather(client.map(slowinc, range(4), delay=0.1, pure=False))
         record = collect(client, name)
-        live = cluster.scheduler.plugins[name]
-    # leaving the block closed the installing client: the plugin removed itself
-    assert name not in cluster.scheduler.plugins and live._pc is None
+        assert pc.is_running()
+        client.close()
+        # the installing client disconnected: the plugin stopped and removed itself
+        assert _removed(cluster, name) and not pc.is_running()
 
     start, stop = record.window()
     inside = [n for t, n in record.timeline if start < t < stop]
