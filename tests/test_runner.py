@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -11,12 +12,13 @@ from pathlib import Path
 
 import pytest
 from distributed import Client
+from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 from prefect_dask import DaskTaskRunner
-from profiled_flows import make_flow
+from profiled_flows import crunch, make_flow
 
-from prefect_dask_profiling.runner import ProfiledDaskTaskRunner
+from prefect_dask_profiling.runner import ProfiledDaskTaskRunner, profiled
 from prefect_dask_profiling.store import RunStore
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
@@ -139,11 +141,10 @@ def test_artifacts_are_attached_to_the_flow_run(local_run):
 # -- address= of real scheduler and worker processes ---------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def external_cluster(tmp_path_factory):
+@contextlib.contextmanager
+def dask_processes(workdir: Path, pythonpath: list[str]):
     """A real ``dask scheduler`` and two ``dask worker`` processes on 127.0.0.1."""
-    workdir = tmp_path_factory.mktemp("dask")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, TESTS]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(pythonpath))
     scheduler_file = workdir / "scheduler.json"
     bin_dir = Path(sys.executable).parent
     procs = [subprocess.Popen(
@@ -173,6 +174,13 @@ def external_cluster(tmp_path_factory):
                 proc.kill()
 
 
+@pytest.fixture(scope="module")
+def external_cluster(tmp_path_factory):
+    """Workers that can import the test flows' module."""
+    with dask_processes(tmp_path_factory.mktemp("dask"), [ROOT, TESTS]) as address:
+        yield address
+
+
 def test_flow_on_external_cluster_address(external_cluster, tmp_path):
     runner = ProfiledDaskTaskRunner(address=external_cluster, store=str(tmp_path))
     state = make_flow(runner, name="runner-address")(return_state=True)
@@ -193,3 +201,30 @@ def test_forgetting_finish_is_visible(external_cluster, tmp_path, caplog):
     assert any("finish() was never called" in w for w in manifest["warnings"])
     assert manifest["state"] == "COMPLETED"
     assert "finish() was never called" in caplog.text
+
+
+def test_no_stage_means_one_default_stage_and_no_recorder_left(external_cluster, tmp_path):
+    runner = ProfiledDaskTaskRunner(address=external_cluster, store=str(tmp_path))
+
+    @flow(name="runner-nostage", version="1", task_runner=runner)
+    @profiled
+    def plain() -> float:
+        return crunch.submit(200, 2).result()
+
+    assert plain(return_state=True).is_completed()
+    [manifest] = manifests(str(tmp_path), "runner-nostage")
+    assert [s["name"] for s in manifest["stages"]] == ["default"]
+    with Client(external_cluster) as client:
+        plugins = client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.plugins))
+    assert "task-stream" not in plugins
+    assert not [p for p in plugins if p.startswith("task-timings")]
+
+
+def test_workers_that_cannot_load_the_flow_fail_it_cleanly(tmp_path_factory, tmp_path):
+    """Workers without the flow's module would hang the flow; we fail it with the fix."""
+    with dask_processes(tmp_path_factory.mktemp("dask-bare"), [ROOT]) as address:
+        runner = ProfiledDaskTaskRunner(address=address, store=str(tmp_path))
+        state = make_flow(runner, name="runner-unloadable")(return_state=True)
+    assert state.is_failed()
+    assert "cannot load this flow" in state.message
+    assert "profiled_flows" in state.message
