@@ -476,10 +476,6 @@ def _schedstat() -> tuple[float, float, float] | None:
     return time.monotonic(), cpu / 1e9, wait / 1e9
 
 
-def _forgotten(dask_scheduler, keys: list) -> bool:
-    return not any(k in dask_scheduler.tasks for k in keys)
-
-
 def _by_value() -> None:
     import cloudpickle
 
@@ -519,7 +515,7 @@ def run_batch(client, fn: Callable[[int, int], Any], workload: str, n: int,
     ok, errors = _outcome(aggregates)
     keys = [f.key for agg in aggregates for f in agg]
     del aggregates
-    _wait_forgotten(client, keys)
+    calibration.wait_forgotten(client, keys)
     return {"n": n, "start": start, "end": end, "wall_s": wall, "aggregates": len(seeds),
             "succeeded": ok, "errors": errors}
 
@@ -538,15 +534,6 @@ def _outcome(aggregates: list[list]) -> tuple[int, list[str]]:
         except Exception as err:  # cancelled or lost
             errors.append(f"{bad[0].status}: {err!r}"[:300])
     return ok, errors
-
-
-def _wait_forgotten(client, keys: list, timeout: float = 10.0) -> None:
-    """Results of a batch must not be reused by the next one (warm vs cold)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if client.run_on_scheduler(_forgotten, keys=keys):
-            return
-        time.sleep(0.05)
 
 
 def run_side(client, side: str, config: BenchConfig, fn: Callable[[int, int], Any],
@@ -626,7 +613,7 @@ def _run_side(client, side: str, config: BenchConfig, fn: Callable[[int, int], A
         "batches": batches, "signals": signals,
         "bottleneck": {k: verdict[k] for k in ("primary", "secondary", "confidence",
                                                 "signals", "sources", "disagreements",
-                                                "note", "actions", "scores")},
+                                                "compatible", "note", "actions", "scores")},
         "prefixes": prefixes.to_dict("records"),
         "utilisation": util.reset_index().to_dict("records"),
         "warnings": pre["warnings"] + cal.notes + record.warnings,

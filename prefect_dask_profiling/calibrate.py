@@ -130,13 +130,17 @@ def calibrate(client, repeats: int = 5, size: int = KERNEL_SIZE,
     _by_value()
     nthreads = dict(client.nthreads())
     timings: dict[str, list[float]] = {w: [] for w in nthreads}
+    keys = []
     for r in range(repeats + 1):
         for worker in sorted(nthreads):
             fut = client.submit(kernel, size, rounds, workers=[worker],
                                 allow_other_workers=False, pure=False)
             seconds = fut.result()
+            keys.append(fut.key)
+            del fut
             if r > 0:
                 timings[worker].append(float(seconds))
+    wait_forgotten(client, keys)
     per_worker = []
     for worker in sorted(nthreads):
         secs = timings[worker]
@@ -156,6 +160,23 @@ def calibrate(client, repeats: int = 5, size: int = KERNEL_SIZE,
                          f"median over {repeats} repeats); rerun with more repeats")
     return Calibration(per_worker, sum(nthreads.values()), eff, repeats,
                        any(w.unstable for w in per_worker), CLIP, notes)
+
+
+def _forgotten(dask_scheduler, keys: list) -> bool:
+    return not any(k in dask_scheduler.tasks for k in keys)
+
+
+def wait_forgotten(client, keys: list, timeout: float = 10.0) -> bool:
+    """Wait until the scheduler forgot ``keys`` (released results are not reused or timed)."""
+    import time
+
+    _by_value()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if client.run_on_scheduler(_forgotten, keys=keys):
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def _by_value() -> None:

@@ -74,7 +74,7 @@ RULES: tuple[Rule, ...] = (
     Rule("scheduler", "tasks.typical_s", "<=", 0.005,
          "tasks are tiny (time-weighted median duration)"),
     Rule("scheduler", "tasks.busy_fraction", "<=", 0.5, "worker threads wait for work"),
-    Rule("scheduler", "scheduler.overhead_ratio", ">=", 0.5,
+    Rule("scheduler", "scheduler.overhead_ratio", ">=", 0.25,
          "scheduler CPU per task is comparable to the task itself"),
     Rule("scheduler", "scheduler.loop_busy", ">=", 0.4,
          "the scheduler's event loop is busy for much of the wall"),
@@ -206,7 +206,7 @@ def classify(signals: dict[str, Any]) -> dict[str, Any]:
             f"{primary or 'none'} with {best}); the verdict is a best guess")
     others = [k for k in qualified if k != primary]
     if primary is not None:
-        for k in others:
+        for k in _competing(primary, others):
             disagreements.append(
                 f"{k}-bound is also supported by {len(scores[k]['sources'])} independent "
                 f"sources ({', '.join(sorted(scores[k]['sources']))})")
@@ -219,6 +219,7 @@ def classify(signals: dict[str, Any]) -> dict[str, Any]:
     confidence = _confidence(primary, qualified, scores)
     primary_evidence = [e for e in evidence if e["class"] == primary]
     note = _note(primary, secondary, confidence, scores, disagreements)
+    compatible = _compatible_note(primary, others)
     return {
         "primary": primary or "undetermined",
         "secondary": secondary,
@@ -229,6 +230,7 @@ def classify(signals: dict[str, Any]) -> dict[str, Any]:
                        "supporting": v["supporting"], "evaluated": v["evaluated"],
                        "ratio": v["ratio"]} for k, v in scores.items()},
         "disagreements": disagreements,
+        "compatible": compatible,
         "note": note,
         "actions": recommend(primary, secondary, signals),
         "evidence": evidence,
@@ -283,11 +285,20 @@ def _pick_secondary(primary: str | None, others: list[str],
     return max(rest, key=lambda k: (len(scores[k]["sources"]), scores[k]["ratio"]))
 
 
+def _competing(primary: str, others: list[str]) -> list[str]:
+    """Other qualified classes that contradict the primary.
+
+    Compute-bound alongside a specific bottleneck is no contradiction (a straggler or a
+    spilling run still computes); two specific bottlenecks at once are.
+    """
+    return [k for k in others if not (k == "compute" and primary != "compute")]
+
+
 def _confidence(primary: str | None, qualified: list[str],
                 scores: dict[str, dict[str, Any]]) -> str:
     if primary is None or primary not in qualified:
         return "low"
-    competing = [k for k in qualified if k != primary]
+    competing = _competing(primary, [k for k in qualified if k != primary])
     s = scores[primary]
     if competing:
         return "medium" if len(s["sources"]) > max(len(scores[k]["sources"])
@@ -295,6 +306,12 @@ def _confidence(primary: str | None, qualified: list[str],
     if len(s["sources"]) >= MIN_SOURCES + 1 and s["ratio"] >= 0.75:
         return "high"
     return "medium"
+
+
+def _compatible_note(primary: str | None, others: list[str]) -> list[str]:
+    return [f"workers are also busy computing (compute-bound signals hold): the {primary} "
+            "bottleneck sits on top of real work" for k in others
+            if k == "compute" and primary not in (None, "compute")]
 
 
 def _note(primary: str | None, secondary: str | None, confidence: str,

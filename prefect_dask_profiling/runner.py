@@ -79,6 +79,9 @@ class ProfilingOptions:
         Seconds between worker memory/CPU samples.
     check_options
         Extra keyword arguments for ``detect_regressions`` (``min_seconds``, ...).
+    store_timeout
+        Upper bound in seconds for any one call to the store; when the store does not
+        answer, the run's files wait in the local spool (``dask-profiling upload-pending``).
     """
 
     store: str | None = None
@@ -92,6 +95,7 @@ class ProfilingOptions:
     history: int = 8
     sample_interval: float = 1.0
     check_options: dict[str, Any] = field(default_factory=dict)
+    store_timeout: float = 10.0
 
     def __post_init__(self) -> None:
         if isinstance(self.report_retention_days, bool) or not isinstance(
@@ -107,6 +111,10 @@ class ProfilingOptions:
             raise ValueError(f"history must be a whole number >= 1, got {self.history!r}")
         if not isinstance(self.sample_interval, (int, float)) or self.sample_interval < 0:
             raise ValueError(f"sample_interval must be >= 0 seconds, got {self.sample_interval!r}")
+        if isinstance(self.store_timeout, bool) or not isinstance(
+                self.store_timeout, (int, float)) or not 0 < self.store_timeout < float("inf"):
+            raise ValueError(f"store_timeout must be a positive number of seconds, "
+                             f"got {self.store_timeout!r}")
         if self.pipeline is not None:
             validate_name(self.pipeline, "pipeline")
         if self.version is not None:
@@ -166,12 +174,14 @@ class ProfiledDaskTaskRunner(DaskTaskRunner):
                  report_retention_days: int = 30, stage_reports: bool = True,
                  on_regression: str = "fail", threshold: float = 2.0, history: int = 8,
                  sample_interval: float = 1.0, check_options: dict | None = None,
+                 store_timeout: float = 10.0,
                  profiling: ProfilingOptions | None = None) -> None:
         self.profiling = profiling or ProfilingOptions(
             store=store, storage_options=storage_options, pipeline=pipeline, version=version,
             report_retention_days=report_retention_days, stage_reports=stage_reports,
             on_regression=on_regression, threshold=threshold, history=history,
-            sample_interval=sample_interval, check_options=dict(check_options or {}))
+            sample_interval=sample_interval, check_options=dict(check_options or {}),
+            store_timeout=store_timeout)
         super().__init__(cluster=cluster, address=address, cluster_class=cluster_class,
                          cluster_kwargs=cluster_kwargs, adapt_kwargs=adapt_kwargs,
                          client_kwargs=client_kwargs,

@@ -113,7 +113,8 @@ class Session:
         from prefect_dask_profiling.store import RunStore
 
         if self._store is None or self._store_url != self.options.store:
-            self._store = RunStore(self.options.store, self.options.storage_options)
+            self._store = RunStore(self.options.store, self.options.storage_options,
+                                   timeout=self.options.store_timeout)
             self._store_url = self.options.store
         return self._store
 
@@ -317,10 +318,10 @@ class Session:
         if not self.ctx.pipeline:  # no flow context ever seen: name after the runner
             self.ctx.pipeline = self.options.pipeline or "unnamed"
             self.ctx.version = self.options.version or "unversioned"
+        record = self._collect()  # first: a failed collection adds its warning to self.warnings
         warnings = list(self.warnings)
         if extra_warning:
             warnings.append(extra_warning)
-        record = self._collect()
         warnings.extend(record.warnings)
         summary = summarise(record)
         util = utilisation(record)

@@ -359,8 +359,10 @@ class RunStore:
         bucket, _, prefix = self.root.partition("/")
         rules = s3.lifecycle_rules(prefix, retention_days)
         try:
+            self._check_reachable()
             s3.merge_lifecycle(self.fs, bucket, rules, timeout=self.timeout)
         except Exception as exc:
+            self._note_failure(exc)
             code = s3.error_code(exc)
             cause = f"{code}: {_first_line(exc)}" if code else self._describe(exc)
             fix = ("grant s3:GetLifecycleConfiguration and s3:PutLifecycleConfiguration, or "
@@ -521,29 +523,45 @@ class RunStore:
         return sorted(ids, reverse=True)
 
     # ------------------------------------------------------------------ helpers
+    def _check_reachable(self) -> None:
+        """Fail at once while the store is known to be down, instead of waiting again."""
+        if time.monotonic() < self._down_until:
+            raise StoreError(f"could not reach {self.url}: it did not answer moments ago")
+
+    def _note_failure(self, exc: BaseException) -> None:
+        """After a timeout or a refused connection, treat the store as down for a while."""
+        if _unreachable(exc):
+            self._down_until = time.monotonic() + STORE_DOWN_S
+
     def _read(self, rel: str, what: str) -> bytes:
+        self._check_reachable()
         try:
             return self.fs.cat_file(self._path(rel), **self._kw)
         except FileNotFoundError:
             raise StoreError(f"{what} not found: no {self.location(rel)}") from None
         except Exception as exc:
+            self._note_failure(exc)
             raise StoreError(f"could not read {self.location(rel)}: "
                              f"{self._describe(exc)}") from None
 
     def _exists(self, rel: str) -> bool:
+        self._check_reachable()
         try:
             return bool(self.fs.exists(self._path(rel), **self._kw))
         except Exception as exc:
+            self._note_failure(exc)
             raise StoreError(f"could not reach {self.url}: {self._describe(exc)}") from None
 
     def _find(self, rel: str) -> dict[str, dict]:
         """Files below ``rel`` as ``{path relative to the root: info}``."""
         base = self._path(rel)
+        self._check_reachable()
         try:
             found = self.fs.find(base, detail=True, **self._kw)
         except FileNotFoundError:
             return {}
         except Exception as exc:
+            self._note_failure(exc)
             raise StoreError(f"could not list {self.location(rel)}: "
                              f"{self._describe(exc)}") from None
         root = self.fs._strip_protocol(self._path("")).rstrip("/") + "/"
@@ -578,6 +596,21 @@ def _env_storage_options() -> dict:
     if not isinstance(options, dict):
         raise ValueError("DASK_PROFILING_STORAGE_OPTIONS must be a JSON object")
     return options
+
+
+_UNREACHABLE = {"ConnectionError", "ReadTimeoutError", "ConnectionClosedError",
+                "ClientConnectorError", "ServerDisconnectedError"}
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` (or its cause) says the endpoint did not answer, not that it refused."""
+    seen = 0
+    while exc is not None and seen < 5:
+        if isinstance(exc, TimeoutError | ConnectionError) or any(
+                cls.__name__ in _UNREACHABLE for cls in type(exc).__mro__):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def _secret_values(options: dict | None) -> list[str]:

@@ -87,9 +87,20 @@ def synthetic_transfer(n: int, seed: int):
 
 def _spin(iterations: int, seed: int) -> int:
     total = seed
-    for i in range(iterations):
-        total = (total * 31 + i) % 1_000_003
+    for _ in range(_slowdown()):
+        for i in range(iterations):
+            total = (total * 31 + i) % 1_000_003
     return total
+
+
+def _slowdown() -> int:
+    """How many times slower this worker's CPU is (set by :class:`SlowWorker`; else 1)."""
+    try:
+        from distributed import get_worker
+
+        return int(getattr(get_worker(), SLOWDOWN_ATTRIBUTE, 1))
+    except ValueError:  # not in a worker
+        return 1
 
 
 def synthetic_straggler(n: int, seed: int):
@@ -104,10 +115,16 @@ def synthetic_spill(n: int, seed: int):
     return (x - x.mean(axis=0)).sum()
 
 
-class SlowWorker(WorkerPlugin):
-    """A worker plugin that makes one worker slow: GIL-holding busy threads in its process.
+SLOWDOWN_ATTRIBUTE = "dask_profiling_slowdown"
 
-    It models a noisy neighbour on one machine. Register with
+
+class SlowWorker(WorkerPlugin):
+    """A worker plugin that makes one worker slow, as if on a slower, busier machine.
+
+    Two effects: GIL-holding busy threads in its process (a noisy neighbour, which the
+    calibration kernel measures independently), and a slower CPU for
+    :func:`synthetic_straggler`'s tasks, which do ``factor`` times their work there (GIL
+    contention alone slows pure-Python tasks too little to be reliable). Register with
     ``client.register_plugin(SlowWorker(address), name="slow-worker")`` and remove with
     ``client.unregister_worker_plugin("slow-worker")`` (which stops the threads).
 
@@ -117,18 +134,22 @@ class SlowWorker(WorkerPlugin):
         The worker to slow down; other workers ignore the plugin.
     threads
         Busy threads to start in that worker.
+    factor
+        How many times slower the straggler workload's tasks run there.
     """
 
     name = "slow-worker"
 
-    def __init__(self, address: str, threads: int = 2) -> None:
+    def __init__(self, address: str, threads: int = 3, factor: int = 4) -> None:
         self.address = address
         self.threads = threads
+        self.factor = factor
         self._stop: threading.Event | None = None
 
     def setup(self, worker: Any) -> None:
         if worker.address != self.address:
             return
+        setattr(worker, SLOWDOWN_ATTRIBUTE, self.factor)
         self._stop = threading.Event()
         for i in range(self.threads):
             threading.Thread(target=_burn, args=(self._stop,), daemon=True,
@@ -137,9 +158,12 @@ class SlowWorker(WorkerPlugin):
     def teardown(self, worker: Any) -> None:
         if self._stop is not None:
             self._stop.set()
+        if hasattr(worker, SLOWDOWN_ATTRIBUTE):
+            delattr(worker, SLOWDOWN_ATTRIBUTE)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"address": self.address, "threads": self.threads, "_stop": None}
+        return {"address": self.address, "threads": self.threads, "factor": self.factor,
+                "_stop": None}
 
 
 def _burn(stop: threading.Event) -> None:
