@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 test: $(STAMP)
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 	$(PY) -m ruff check prefect_dask_profiling flows tasks tests benchmarks
 	$(PY) -m pytest -q -ra --durations=20 $(PYTEST_ARGS) tests
 

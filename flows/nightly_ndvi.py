@@ -22,6 +22,7 @@ import urllib.request
 from typing import Any
 
 from prefect import flow, runtime
+from prefect.context import FlowRunContext
 from prefect.logging.loggers import flow_run_logger
 
 from prefect_dask_profiling import stage
@@ -150,7 +151,8 @@ def nightly_ndvi(size: str = "small", store: str | None = None, data_url: str | 
             written = write_outputs.submit(names["ndvi"], names["median"], plan, products_url,
                                            data_storage_options).result()
     finally:
-        release_datasets.submit(list(names.values())).result()
+        own_cluster = FlowRunContext.get().task_runner.address is None
+        release_datasets.submit(list(names.values()), stop_io_threads=own_cluster).result()
     print(f"read {scenes['dims']} ({scenes['mbytes']} MB); ndvi {index['dims']}; "
           f"composite {composite['dims']}; wrote {written['url']}")
     return {"products": written["url"], "scenes": scenes["dims"], "size": size,

@@ -76,11 +76,13 @@ def run_markdown(result: FinishResult, links: dict[str, str], trend: str | None)
 def publish(result: FinishResult, links: dict[str, str],
             trend_location: str | None = None) -> list[str]:
     """Create the run's artifacts in the current flow run; return warnings, never raise."""
+    import httpx
     from prefect.artifacts import (
         create_link_artifact,
         create_markdown_artifact,
         create_table_artifact,
     )
+    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
     key = artifact_key(result.pipeline)
     jobs = [
@@ -99,9 +101,17 @@ def publish(result: FinishResult, links: dict[str, str],
             u, link_text=f"{result.pipeline} {s} report", key=artifact_key(key, "report", s),
             description=f"Dask performance report of stage {s}, run {result.run_id}"))
     warnings = []
-    for job in jobs:
-        try:
-            job()
-        except Exception as exc:
-            warnings.append(f"artifact not created: {exc!r}")
+    # The run's client retries a lost API for about a minute per request; artifacts are
+    # not worth that: one retry, and after a transport failure the rest are skipped.
+    retries = min(PREFECT_CLIENT_MAX_RETRIES.value(), 1)
+    with temporary_settings({PREFECT_CLIENT_MAX_RETRIES: retries}):
+        for n, job in enumerate(jobs):
+            try:
+                job()
+            except Exception as exc:
+                warnings.append(f"artifact not created: {exc!r}")
+                if isinstance(exc, httpx.TransportError):
+                    warnings.append(f"{len(jobs) - n - 1} more artifact(s) not created: the "
+                                    "Prefect API did not answer")
+                    break
     return warnings

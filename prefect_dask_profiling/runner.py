@@ -200,9 +200,13 @@ class ProfiledDaskTaskRunner(DaskTaskRunner):
     __hash__ = None  # mutable runtime state; equality is by settings like the base
 
     def __getstate__(self) -> dict[str, Any]:
+        # The runner travels inside the pickled Flow to every Dask worker, whose copies
+        # never touch the store: leave credentials in storage_options behind.
         state = self.__dict__.copy()
         state["_session"] = None
         state["_startup_error"] = None
+        if self.profiling.storage_options:
+            state["profiling"] = replace(self.profiling, storage_options=None)
         return state
 
     # -- lifecycle -------------------------------------------------------------------------

@@ -651,6 +651,8 @@ def _check_tasks(frame: pd.DataFrame, where: str) -> None:
     for column in TASKS_COLUMNS[2:]:
         if len(frame) and not pd.api.types.is_numeric_dtype(frame[column]):
             raise StoreError(f"{where} has non-numeric values in column {column}")
+        if len(frame) and not frame[column].map(math.isfinite).all():
+            raise StoreError(f"{where} has missing or infinite values in column {column}")
 
 
 def _parse_marker(parts: list[str], info: dict) -> dict | str:

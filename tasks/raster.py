@@ -16,11 +16,13 @@ Injected slowdowns change a real Dask operation, never a wrapper:
 * ``slower-tasks``: each task of the stage is slower — ``read`` fetches every chunk in
   8 KiB range requests one after another (range-request merging disabled), ``write`` stores
   every output chunk as 64 x 64-pixel objects (a mis-set output chunking); sizes given for
-  the default factor 3, they shrink as the factor grows.
+  the default factor 3, they shrink as the factor grows. Every request pays the store's
+  round trip, emulated (5 ms) on a local folder where it would otherwise be free.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import Iterator
@@ -47,6 +49,7 @@ SLOWER_TASKS_STAGES = ("read", "write")
 # SMALL_WRITE_BASE / factor pixels (8 KiB and 64 px at the default factor 3)
 SMALL_READ_BASE = 24 * 1024
 SMALL_WRITE_BASE = 192
+LOCAL_ROUND_TRIP_S = 0.005  # emulated per-request latency on local folders (S3: ~10-30 ms)
 CLOUD_BUFFER_PX = 2
 DATA_URL_ENV = "NDVI_DATA_URL"
 DEFAULT_DATA_URL = "./.ndvi-data"
@@ -157,39 +160,55 @@ def _local_path(url: str) -> str:
     return os.path.abspath(url.removeprefix("file://"))
 
 
-class SmallReads(WrapperStore):
-    """A store that fetches every chunk in small range requests, one after another.
+class SmallRequests(WrapperStore):
+    """A store that talks to storage in many small requests, each paying a round trip.
 
-    This is what reading looks like when range-request merging is disabled: the same bytes,
-    many more round trips.
+    ``read_bytes`` fetches every chunk in range requests of that size, one after another:
+    what reading looks like when range-request merging is disabled. Every request (each
+    range, and each object written) waits ``latency_s`` first: the round trip an object
+    store charges. On a remote store the round trip is real and ``latency_s`` is 0; on a
+    local folder, whose requests cost almost nothing, it is emulated.
     """
 
-    def __init__(self, store: Any, read_bytes: int) -> None:
+    def __init__(self, store: Any, read_bytes: int | None = None,
+                 latency_s: float = 0.0) -> None:
         super().__init__(store)
         self.read_bytes = read_bytes
+        self.latency_s = latency_s
 
-    def _with_store(self, store: Any) -> SmallReads:
-        return type(self)(store, self.read_bytes)
+    def _with_store(self, store: Any) -> SmallRequests:
+        return type(self)(store, self.read_bytes, self.latency_s)
+
+    async def _round_trip(self) -> None:
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
 
     async def get(self, key, prototype, byte_range=None):
-        if byte_range is not None or key.endswith("zarr.json"):
+        if byte_range is not None or not self.read_bytes or key.endswith("zarr.json"):
+            await self._round_trip()
             return await self._store.get(key, prototype, byte_range)
         if not await self._store.exists(key):
             return None
         size = await self._store.getsize(key)
         parts = []
         for start in range(0, size, self.read_bytes):
+            await self._round_trip()
             request = RangeByteRequest(start, min(size, start + self.read_bytes))
             part = await self._store.get(key, prototype, request)
             parts.append(part.to_bytes())
         return prototype.buffer.from_bytes(b"".join(parts))
 
+    async def set(self, key, value) -> None:
+        await self._round_trip()
+        await self._store.set(key, value)
+
 
 def zarr_store(url: str, storage_options: dict | None = None, *, read_only: bool = True,
-               read_bytes: int | None = None):
+               read_bytes: int | None = None, small_requests: bool = False):
     """A Zarr store for a local path or any fsspec URL (``s3://...``).
 
-    ``read_bytes`` makes it fetch chunks in range requests of that size (:class:`SmallReads`).
+    ``read_bytes`` or ``small_requests`` wrap it in :class:`SmallRequests` (with an emulated
+    round trip of ``LOCAL_ROUND_TRIP_S`` per request on a local folder).
     """
     if _is_local(url):
         if storage_options:
@@ -201,7 +220,9 @@ def zarr_store(url: str, storage_options: dict | None = None, *, read_only: bool
     else:
         store = FsspecStore.from_url(url, storage_options=storage_options or {},
                                      read_only=read_only)
-    return SmallReads(store, read_bytes) if read_bytes else store
+    if not (read_bytes or small_requests):
+        return store
+    return SmallRequests(store, read_bytes, LOCAL_ROUND_TRIP_S if _is_local(url) else 0.0)
 
 
 def cube_url(data_url: str, spec: CubeSpec) -> str:
@@ -281,7 +302,8 @@ def write_products(series: xr.DataArray, composite: xr.Dataset, url: str,
                    storage_options: dict | None = None, write_pixels: int | None = None) -> None:
     """Write the NDVI time series and the composite as Zarr groups under ``url`` (computes).
 
-    ``write_pixels`` stores every Dask chunk as Zarr chunks of that edge (many small objects).
+    ``write_pixels`` stores every Dask chunk as Zarr chunks of that edge: many small objects,
+    each written in its own request.
     """
     outputs = {"ndvi-series.zarr": series.to_dataset(), "ndvi-median.zarr": composite}
     for name, ds in outputs.items():
@@ -294,7 +316,8 @@ def write_products(series: xr.DataArray, composite: xr.Dataset, url: str,
                           for dim, n, c in zip(ds[var].dims, ds[var].shape, ds[var].chunks,
                                                strict=True)]
                 encoding[var] = {"chunks": tuple(chunks)}
-        store = zarr_store(f"{url.rstrip('/')}/{name}", storage_options, read_only=False)
+        store = zarr_store(f"{url.rstrip('/')}/{name}", storage_options, read_only=False,
+                           small_requests=bool(write_pixels))
         ds.to_zarr(store, mode="w", consolidated=False, encoding=encoding)
 
 
@@ -302,11 +325,20 @@ def write_products(series: xr.DataArray, composite: xr.Dataset, url: str,
 
 
 @contextlib.contextmanager
-def cluster_client() -> Iterator[distributed.Client]:
-    """The Dask client to compute with: the worker's (seceded) inside a worker task."""
+def cluster_client(secede: bool = True) -> Iterator[distributed.Client]:
+    """The Dask client to compute with: the worker's own inside a worker task.
+
+    ``secede=True`` (for ``persist`` + ``wait``, which block without seceding) leaves the
+    worker's thread pool for the block. Blocks that only call ``compute()``/``to_zarr()``
+    pass ``False``: ``Client.get`` secedes by itself, and seceding twice would let the
+    worker run more tasks at once than it has threads.
+    """
     try:
         distributed.get_worker()
     except ValueError:
+        yield distributed.get_client()
+        return
+    if not secede:
         yield distributed.get_client()
         return
     with distributed.worker_client() as client:
@@ -331,7 +363,7 @@ def _describe(obj: xr.Dataset | xr.DataArray, name: str | None = None) -> dict[s
 @task(cache_policy=NO_CACHE)
 def prepare_scenes(url: str, catalogue: CubeSpec, storage_options: dict | None = None) -> str:
     """Generate and store the synthetic catalogue (the stand-in for the scene archive)."""
-    with cluster_client():
+    with cluster_client(secede=False):
         write_cube(catalogue, url, storage_options)
     return url
 
@@ -372,7 +404,7 @@ def reduce_median(source: str, plan: Plan, name: str) -> dict:
 def write_outputs(series: str, composite: str, plan: Plan, url: str,
                   storage_options: dict | None = None) -> dict:
     """Write the NDVI series and the median composite to Zarr (stage ``write``)."""
-    with cluster_client() as client:
+    with cluster_client(secede=False) as client:
         index = client.get_dataset(series)
         if plan.trim_after in ("ndvi", "reduce"):
             index = latest(index, plan.window)
@@ -381,13 +413,29 @@ def write_outputs(series: str, composite: str, plan: Plan, url: str,
     return {"url": url, "series_dates": int(index.sizes["time"])}
 
 
+def _stop_zarr_io_threads() -> None:
+    # zarr's I/O loop thread would hold a worker process for 4 s at cluster shutdown; zarr
+    # starts a new one if it is needed again
+    from zarr.core import sync
+
+    cleanup = getattr(sync, "cleanup_resources", None)
+    if cleanup is not None:
+        cleanup()
+
+
 @task(cache_policy=NO_CACHE)
-def release_datasets(names: list[str]) -> list[str]:
-    """Unpublish the run's intermediate datasets so the cluster frees their memory."""
+def release_datasets(names: list[str], stop_io_threads: bool = False) -> list[str]:
+    """Free the run's cluster resources: its published datasets.
+
+    ``stop_io_threads`` also stops zarr's I/O threads on every worker: only for a cluster
+    that belongs to this run (another flow on a shared cluster may be reading right now).
+    """
     released = []
     with cluster_client() as client:
         for name in names:
             with contextlib.suppress(KeyError):
                 client.unpublish_dataset(name)
                 released.append(name)
+        if stop_io_threads:
+            client.run(_stop_zarr_io_threads)
     return released

@@ -228,3 +228,14 @@ def test_workers_that_cannot_load_the_flow_fail_it_cleanly(tmp_path_factory, tmp
     assert state.is_failed()
     assert "cannot load this flow" in state.message
     assert "profiled_flows" in state.message
+
+
+def test_pickled_runner_leaves_store_credentials_behind():
+    import pickle
+
+    runner = ProfiledDaskTaskRunner(store="s3://bucket/x",
+                                    storage_options={"key": "AKIAEXAMPLE", "secret": "s3cr3t"})
+    blob = pickle.dumps(runner)
+    assert b"s3cr3t" not in blob and b"AKIAEXAMPLE" not in blob
+    assert pickle.loads(blob).profiling.store == "s3://bucket/x"
+    assert runner.profiling.storage_options == {"key": "AKIAEXAMPLE", "secret": "s3cr3t"}

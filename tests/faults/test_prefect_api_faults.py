@@ -1,0 +1,88 @@
+"""The Prefect API goes away exactly while the run's artifacts are created.
+
+A dedicated ``prefect server`` (never the session's shared one) is stopped just before
+``finish()`` and started again on the same port and database right after it: artifact
+creation fails with a warning, the summaries are stored anyway, and the regression verdict
+still fails the flow run once Prefect can record it again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from datetime import UTC, datetime
+
+import pandas as pd
+import pytest
+from prefect.client.orchestration import get_client
+from prefect_server import running_server, use_server
+
+from faults.fault_flows import make_fault_flow
+from prefect_dask_profiling.regression import RegressionDetected
+from prefect_dask_profiling.runner import ProfiledDaskTaskRunner
+from prefect_dask_profiling.store import TASKS_COLUMNS, RunStore, new_run_id
+
+pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.timeout(180)]
+
+PIPELINE = "fault-api-down"
+
+
+def seed_fast_history(store: RunStore, runs: int = 3) -> None:
+    """Healthy earlier runs in which ``compute/slow_block`` took a tenth of a second."""
+    for second in range(runs):
+        tasks = pd.DataFrame([{"stage": "compute", "prefix": "slow_block", "tasks": 8,
+                               "total_s": 0.1, "p50_s": 0.0125, "p95_s": 0.0125,
+                               "gb_out": 0.0}], columns=TASKS_COLUMNS)
+        run_id = new_run_id(datetime(2026, 1, 1, 0, 0, second, tzinfo=UTC))  # in the past
+        store.write_run(PIPELINE, run_id, {"tasks": tasks},
+                        {"version": "1", "status": "healthy", "state": "COMPLETED"})
+
+
+def test_api_down_while_artifacts_are_created(tmp_path, cluster, hooks, fault, caplog):
+    store_url = str(tmp_path / "store")
+    store = RunStore(store_url)
+    seed_fast_history(store)
+    home = tmp_path / "prefect-home"
+    servers = contextlib.ExitStack()
+    server = servers.enter_context(running_server(home=home, ui=False))
+    outage = {}
+
+    def stop_api() -> None:
+        servers.close()
+        fault.inject("Prefect API down while artifacts are created")
+        outage["start"] = time.monotonic()
+
+    def restart_api() -> None:
+        outage["finish_s"] = time.monotonic() - outage["start"]
+        servers.enter_context(running_server(port=server.port, home=home, ui=False))
+
+    hooks["before_finish"] = stop_api
+    hooks["after_finish"] = restart_api
+    runner = ProfiledDaskTaskRunner(address=cluster.address, store=store_url,
+                                    stage_reports=False)
+    fault.expect_summary()
+    try:
+        with use_server(server), caplog.at_level(logging.WARNING, "prefect_dask_profiling"):
+            state = make_fault_flow(runner, PIPELINE, explicit=True)(
+                delay=0.2, blocks=8, return_state=True)
+            with get_client(sync_client=True) as client:
+                recorded = client.read_flow_run(state.state_details.flow_run_id)
+                artifacts = client.read_artifacts()
+    finally:
+        servers.close()
+    fault.timing(f"Prefect API down: finish() took {outage['finish_s']:.2f} s without it")
+    assert any("artifact not created" in r.getMessage() for r in caplog.records)
+    assert not [a for a in artifacts if a.key and a.key.startswith(PIPELINE)]
+    [latest] = store.list_runs(PIPELINE)[:1]
+    manifest = store.read_manifest(PIPELINE, latest["run_id"])
+    fault.recovered()
+    assert manifest["flow_run_id"] == str(state.state_details.flow_run_id)
+    assert manifest["regressed"] is True and manifest["status"] == "regressed"
+    # the verdict still applies: the run failed on it, and Prefect recorded that
+    assert state.is_failed()
+    with pytest.raises(RegressionDetected):
+        state.result()
+    assert recorded.state.type.value == "FAILED"
+    assert "Regression" in (recorded.state.message or "")
+    fault.survived()

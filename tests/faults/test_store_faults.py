@@ -1,0 +1,181 @@
+"""Object store faults: down at start, lost between two reports, answering never.
+
+Each time the flow's result is unchanged, everything is spooled, no store call blocks much
+longer than the configured timeout, and ``dask-profiling upload-pending`` later uploads the
+spool byte-identical.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from moto.server import ThreadedMotoServer
+from s3_servers import SilentServer, boto_client, closed_endpoint, s3_options
+from typer.testing import CliRunner
+
+from faults.conftest import Stopwatch
+from faults.fault_flows import expected, make_fault_flow
+from prefect_dask_profiling.cli import app
+from prefect_dask_profiling.runner import ProfiledDaskTaskRunner
+from prefect_dask_profiling.store import RunStore
+
+pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.timeout(180)]
+
+TIMEOUT = 2.0
+TIMED = ("write_report", "write_run", "ensure_lifecycle", "list_runs", "accepted",
+         "read_table", "presign")
+
+
+def spooled(spool: Path) -> dict[str, bytes]:
+    """``{path relative to the store root: bytes}`` of everything waiting in the spool."""
+    out = {}
+    for key_dir in spool.iterdir() if spool.is_dir() else ():
+        for path in key_dir.rglob("*"):
+            if path.is_file() and path.name != "store.json" and not path.name.endswith(".part"):
+                out[path.relative_to(key_dir).as_posix()] = path.read_bytes()
+    return out
+
+
+def upload_pending(url: str, endpoint: str, spool: Path):
+    """Run ``dask-profiling upload-pending`` against ``endpoint``."""
+    env = {"DASK_PROFILING_STORAGE_OPTIONS": json.dumps(s3_options(endpoint)),
+           "DASK_PROFILING_SPOOL": str(spool)}
+    return CliRunner().invoke(app, ["upload-pending", "--store", url], env=env)
+
+
+def assert_uploaded_identical(files: dict[str, bytes], endpoint: str, bucket: str,
+                              prefix: str) -> None:
+    client = boto_client(endpoint)
+    for rel, data in files.items():
+        body = client.get_object(Bucket=bucket, Key=f"{prefix}/{rel}")["Body"].read()
+        assert body == data, rel
+
+
+def timed_store(monkeypatch) -> Stopwatch:
+    """Time every RunStore call the run makes (instrumentation only; nothing is faked)."""
+    watch = Stopwatch()
+    for name in TIMED:
+        monkeypatch.setattr(RunStore, name, watch.wrap(name, getattr(RunStore, name)))
+    return watch
+
+
+def run_flow(cluster, url: str, endpoint: str, name: str):
+    runner = ProfiledDaskTaskRunner(address=cluster.address, store=url,
+                                    storage_options=s3_options(endpoint),
+                                    store_timeout=TIMEOUT)
+    start = time.monotonic()
+    state = make_fault_flow(runner, name)(delay=0.05, blocks=4, return_state=True)
+    return state, time.monotonic() - start
+
+
+def check_spooled_run(files: dict[str, bytes], pipeline: str, reports: set[str]) -> str:
+    """The spool holds the whole run (manifest, tables, index marker) and ``reports``."""
+    [manifest_rel] = [r for r in files if r.endswith("/manifest.json")]
+    run_id = manifest_rel.split("/")[2]
+    manifest = json.loads(files[manifest_rel])
+    assert manifest["status"] == "healthy" and manifest["state"] == "COMPLETED"
+    for name in manifest["files"]:
+        assert f"runs/{pipeline}/{run_id}/{name}" in files, name
+    assert any(r.startswith(f"index/{pipeline}/") for r in files)
+    assert {r.rsplit("/", 1)[1] for r in files if r.startswith("reports/")} == reports
+    return run_id
+
+
+def test_store_down_at_start(cluster, moto_endpoint, spool, fault, monkeypatch):
+    bucket, url = "fault-down-start", "s3://fault-down-start/nightly"
+    watch = timed_store(monkeypatch)
+    fault.inject("object store down at start")
+    fault.expect_summary()
+    state, elapsed = run_flow(cluster, url, closed_endpoint(), "fault-store-down")
+    assert state.is_completed(), state.message
+    assert state.result() == expected(4)
+    files = spooled(spool)
+    run_id = check_spooled_run(files, "fault-store-down", {"load.html", "compute.html"})
+    name, longest = watch.longest
+    fault.timing(f"store down at start: flow {elapsed:.1f} s, longest store call {name} "
+                 f"{longest:.2f} s (timeout {TIMEOUT:g} s)")
+    assert longest < 5 * TIMEOUT
+    boto_client(moto_endpoint).create_bucket(Bucket=bucket)
+    result = upload_pending(url, moto_endpoint, spool)
+    assert result.exit_code == 0, result.output
+    assert f"uploaded {len(files)}, failed 0" in result.output
+    assert_uploaded_identical(files, moto_endpoint, bucket, "nightly")
+    store = RunStore(url, s3_options(moto_endpoint))
+    assert store.read_manifest("fault-store-down", run_id)["run_id"] == run_id
+    assert [r["run_id"] for r in store.list_runs("fault-store-down")] == [run_id]
+    fault.recovered()
+    assert spooled(spool) == {}
+    fault.survived()
+
+
+def test_store_lost_between_two_reports(cluster, hooks, spool, fault, monkeypatch):
+    bucket, url = "fault-mid-upload", "s3://fault-mid-upload/nightly"
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    boto_client(endpoint).create_bucket(Bucket=bucket)
+    watch = timed_store(monkeypatch)
+
+    def stop_store() -> None:
+        server.stop()
+        fault.inject("object store stopped after the first stage's report")
+
+    hooks["after_load"] = stop_store
+    fault.expect_summary()
+    try:
+        state, elapsed = run_flow(cluster, url, endpoint, "fault-store-mid")
+        assert fault.names, "the store was never stopped"
+        assert state.is_completed(), state.message
+        assert state.result() == expected(4)
+        files = spooled(spool)
+        run_id = check_spooled_run(files, "fault-store-mid", {"compute.html"})
+        name, longest = watch.longest
+        fault.timing(f"store lost mid-run: flow {elapsed:.1f} s, longest store call {name} "
+                     f"{longest:.2f} s (timeout {TIMEOUT:g} s)")
+        assert longest < 5 * TIMEOUT
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server.start()  # the same store back (moto keeps its state in the process)
+        keys = [o["Key"] for o in boto_client(endpoint).list_objects_v2(
+            Bucket=bucket).get("Contents", [])]
+        assert keys == [f"nightly/reports/fault-store-mid/{run_id}/load.html"]
+        result = upload_pending(url, endpoint, spool)
+        assert result.exit_code == 0, result.output
+        assert_uploaded_identical(files, endpoint, bucket, "nightly")
+        store = RunStore(url, s3_options(endpoint))
+        manifest = store.read_manifest("fault-store-mid", run_id)
+        fault.recovered()
+        assert {s["name"] for s in manifest["stages"]} == {"load", "compute"}
+        assert spooled(spool) == {}
+    finally:
+        server.stop()
+    fault.survived()
+
+
+def test_store_that_never_answers(cluster, moto_endpoint, spool, fault, monkeypatch):
+    bucket, url = "fault-silent", "s3://fault-silent/nightly"
+    watch = timed_store(monkeypatch)
+    fault.inject("object store accepts connections and never answers")
+    fault.expect_summary()
+    with SilentServer() as silent:
+        state, elapsed = run_flow(cluster, url, silent, "fault-store-silent")
+    assert state.is_completed(), state.message
+    assert state.result() == expected(4)
+    files = spooled(spool)
+    run_id = check_spooled_run(files, "fault-store-silent", {"load.html", "compute.html"})
+    name, longest = watch.longest
+    fault.timing(f"silent store: flow {elapsed:.1f} s, longest store call {name} "
+                 f"{longest:.2f} s (timeout {TIMEOUT:g} s), "
+                 f"{sum(d for _, d in watch.calls):.2f} s in {len(watch.calls)} store calls")
+    assert longest < 5 * TIMEOUT  # generous: the figure above is what matters
+    boto_client(moto_endpoint).create_bucket(Bucket=bucket)
+    result = upload_pending(url, moto_endpoint, spool)
+    assert result.exit_code == 0, result.output
+    assert_uploaded_identical(files, moto_endpoint, bucket, "nightly")
+    assert RunStore(url, s3_options(moto_endpoint)).read_manifest(
+        "fault-store-silent", run_id)["status"] == "healthy"
+    fault.recovered()
+    fault.survived()

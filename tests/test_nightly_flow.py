@@ -1,0 +1,115 @@
+"""The nightly NDVI flow end to end on a real Prefect server and a real LocalCluster."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from ndvi_fixtures import HISTORY_RUNS, SLOWED, artifacts_by_key, flow_run_id
+from prefect.client.orchestration import get_client
+
+from flows.nightly_ndvi import CLUSTER_KWARGS, nightly_ndvi
+from prefect_dask_profiling.runner import ProfiledDaskTaskRunner
+from prefect_dask_profiling.store import RunStore
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")]
+
+PIPELINE = "nightly-ndvi"
+STAGES = ["read", "ndvi", "reduce", "write"]
+# the real Dask operations each stage runs (after Dask's fusion), not the Prefect wrappers
+OPERATIONS = {"read": {"open_dataset-red", "open_dataset-nir"}, "ndvi": {"truediv"},
+              "reduce": {"nanmedian"}, "write": {"store-map"}}
+WRAPPERS = {"read_scenes", "compute_ndvi", "reduce_median", "write_outputs"}
+
+
+def stored_runs(store_url: str) -> list[dict]:
+    """Index entries, oldest first."""
+    return list(reversed(RunStore(store_url).list_runs(PIPELINE)))
+
+
+def test_normal_runs_complete_and_store_the_expected_layout(ndvi_history):
+    assert [s.type.value for s in ndvi_history.normal] == ["COMPLETED"] * HISTORY_RUNS
+    store = RunStore(ndvi_history.store)
+    runs = stored_runs(ndvi_history.store)
+    assert [r["status"] for r in runs] == ["healthy"] * HISTORY_RUNS + ["regressed"]
+    first = runs[0]["run_id"]
+    root = ndvi_history.store
+    files = {p.relative_to(root).as_posix() for p in _tree(root)}
+    for name in ("tasks.csv", "utilisation.csv", "regression.csv", "manifest.json"):
+        assert f"runs/{PIPELINE}/{first}/{name}" in files
+    for stage in ["prepare", *STAGES]:  # the first run also generated the scenes
+        assert f"reports/{PIPELINE}/{first}/{stage}.html" in files
+    assert f"index/{PIPELINE}/1/{first}.healthy" in files
+    manifest = store.read_manifest(PIPELINE, first)
+    assert manifest["flow_run_id"] == flow_run_id(ndvi_history.normal[0])
+    assert [s["name"] for s in manifest["stages"]][-4:] == STAGES
+    assert set(manifest["utilisation"]["stages"]) >= set(STAGES)
+
+
+def _tree(root):
+    return [p for p in Path(root).rglob("*") if p.is_file()]
+
+
+def test_summary_names_each_stage_s_real_operations(ndvi_history):
+    latest_normal = stored_runs(ndvi_history.store)[HISTORY_RUNS - 1]["run_id"]
+    summary = RunStore(ndvi_history.store).read_table(PIPELINE, latest_normal, "tasks")
+    assert "prepare" not in set(summary["stage"]), "scenes are generated once, then reused"
+    for stage, operations in OPERATIONS.items():
+        prefixes = set(summary.loc[summary["stage"] == stage, "prefix"])
+        assert operations <= prefixes, (stage, prefixes)
+    assert not WRAPPERS & set(summary["prefix"]), "Prefect wrapper tasks are not compute"
+
+
+def test_artifacts_of_a_normal_run(ndvi_history):
+    arts = artifacts_by_key(ndvi_history.normal[-1])
+    for key in (f"{PIPELINE}-summary", f"{PIPELINE}-run", f"{PIPELINE}-regression"):
+        assert key in arts, sorted(arts)
+    summary = pd.DataFrame(json.loads(arts[f"{PIPELINE}-summary"].data))
+    assert {"open_dataset-red", "nanmedian", "store-map"} <= set(summary["prefix"])
+    assert set(summary["stage"]) == set(STAGES)
+    markdown = arts[f"{PIPELINE}-run"].data
+    for stage in STAGES:
+        assert f"| {stage} |" in markdown
+    for stage in STAGES:
+        link = arts[f"{PIPELINE}-report-{stage}"]
+        assert f"{stage}.html" in link.data
+
+
+def test_injected_slowdown_fails_the_run_and_fires_the_hook(ndvi_history):
+    state = ndvi_history.slowed
+    assert state.is_failed()
+    assert "regression" in (state.message or "")
+    with get_client(sync_client=True) as client:
+        server_state = client.read_flow_run(flow_run_id(state)).state
+    assert server_state.type.value == "FAILED"
+    verdicts = pd.DataFrame(json.loads(artifacts_by_key(state)[f"{PIPELINE}-regression"].data))
+    flagged = verdicts[(verdicts["verdict"] == "regression") & (verdicts["stage"] == "read")]
+    assert set(flagged["prefix"]) & OPERATIONS["read"], verdicts
+    assert set(flagged["cause"]) == {"slower tasks"}
+    notes = ndvi_history.notifications()
+    assert len(notes) == 1, "only the failed run notifies"
+    assert notes[0]["flow_run_id"] == flow_run_id(state)
+    assert notes[0]["cause"] == "regression"
+    assert any(r.startswith("read/open_dataset") for r in notes[0]["regressions"])
+    runs = stored_runs(ndvi_history.store)
+    manifest = RunStore(ndvi_history.store).read_manifest(PIPELINE, runs[-1]["run_id"])
+    assert manifest["regressed"] is True and manifest["state"] == "FAILED"
+    assert len(manifest["baseline"]["runs"]) == HISTORY_RUNS
+
+
+def test_warn_mode_completes_and_reports_the_regression(ndvi_history):
+    warn = nightly_ndvi.with_options(task_runner=ProfiledDaskTaskRunner(
+        cluster_kwargs=CLUSTER_KWARGS, on_regression="warn"))
+    before = len(ndvi_history.notifications())
+    state = warn(size="tiny", store=ndvi_history.store, data_url=ndvi_history.data,
+                 notify_url=f"file://{ndvi_history.notify}", **SLOWED, return_state=True)
+    assert state.is_completed()
+    assert len(ndvi_history.notifications()) == before, "no failure, no notification"
+    verdicts = pd.DataFrame(json.loads(artifacts_by_key(state)[f"{PIPELINE}-regression"].data))
+    flagged = verdicts[(verdicts["verdict"] == "regression") & (verdicts["stage"] == "read")]
+    assert set(flagged["prefix"]) & OPERATIONS["read"], verdicts
+    latest = stored_runs(ndvi_history.store)[-1]
+    assert latest["status"] == "regressed"
