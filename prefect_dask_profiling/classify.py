@@ -294,11 +294,19 @@ def _competing(primary: str, others: list[str]) -> list[str]:
     return [k for k in others if not (k == "compute" and primary != "compute")]
 
 
+# (primary, other): the other class's signals are a consequence of the primary's
+# bottleneck. Transfer-bound already requires large payloads; tiny tasks and idle threads
+# waiting on those payloads then also look "scheduler-bound". Still listed as a
+# disagreement, but it does not lower the confidence.
+EXPLAINED = {("transfer", "scheduler")}
+
+
 def _confidence(primary: str | None, qualified: list[str],
                 scores: dict[str, dict[str, Any]]) -> str:
     if primary is None or primary not in qualified:
         return "low"
-    competing = _competing(primary, [k for k in qualified if k != primary])
+    competing = [k for k in _competing(primary, [k for k in qualified if k != primary])
+                 if (primary, k) not in EXPLAINED]
     s = scores[primary]
     if competing:
         return "medium" if len(s["sources"]) > max(len(scores[k]["sources"])

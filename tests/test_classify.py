@@ -133,3 +133,15 @@ def test_every_rule_names_a_known_class_and_source():
         assert rule.op in (">=", "<=")
     for klass in CLASSES:  # each class can reach three sources
         assert len({r.source for r in RULES if r.klass == klass}) >= MIN_SOURCES
+
+
+def test_large_payload_waits_explain_scheduler_signals():
+    # tiny compute tasks idling on large payloads also look scheduler-bound: still said,
+    # but transfer keeps its confidence (as measured on the netns cluster)
+    s = signals(PROTOTYPES["transfer"], {"tasks.typical_s": 0.001, "tasks.busy_fraction": 0.12,
+                                         "scheduler.overhead_ratio": 0.5,
+                                         "fine.overhead_share": 0.4})
+    verdict = classify(s)
+    assert verdict["primary"] == "transfer"
+    assert verdict["confidence"] == "medium"
+    assert any(d.startswith("scheduler-bound is also supported") for d in verdict["disagreements"])
