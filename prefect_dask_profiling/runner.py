@@ -24,10 +24,12 @@ so start-up problems are kept and raised from the flow body instead.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import logging
 import pickle
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -275,8 +277,7 @@ class ProfiledDaskTaskRunner(DaskTaskRunner):
             When regressions were found and ``on_regression="fail"``.
         """
         session = self.session
-        if store is not None and not session.finished:
-            session.options = replace(session.options, store=check_store_url(store))
+        session.use_store(store)
         return session.finish(error=error)
 
 
@@ -328,47 +329,35 @@ def profiled(fn=None, *, store_parameter: str = "store"):
         bound = signature.bind_partial(*args, **kwargs)
         return bound.arguments.get(store_parameter)
 
-    def start(args: tuple, kwargs: dict) -> ProfiledDaskTaskRunner | None:
+    @contextlib.contextmanager
+    def finishing(args: tuple, kwargs: dict) -> Iterator[None]:
         runner = _live_runner()
         if runner is None:
             logger.warning("@profiled: the flow's task runner is not ProfiledDaskTaskRunner; "
                            "nothing is recorded")
-            return None
-        store = store_from(args, kwargs)
-        session = runner.session
-        if store is not None and not session.finished:
-            session.options = replace(session.options, store=check_store_url(store))
-        session.preflight()
-        return runner
+            yield
+            return
+        runner.session.use_store(store_from(args, kwargs))
+        runner.session.preflight()
+        try:
+            yield
+        except BaseException as exc:
+            runner.session.finish(error=exc)  # stores what ran; never masks the error
+            raise
+        runner.session.finish()  # raises RegressionDetected in "fail" mode
 
     if asyncio.iscoroutinefunction(fn):
         @functools.wraps(fn)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-            runner = start(args, kwargs)
-            try:
-                result = await fn(*args, **kwargs)
-            except BaseException as exc:
-                if runner is not None:
-                    runner.session.finish(error=exc)
-                raise
-            if runner is not None:
-                runner.session.finish()
-            return result
+            with finishing(args, kwargs):
+                return await fn(*args, **kwargs)
 
         return async_wrapper
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        runner = start(args, kwargs)
-        try:
-            result = fn(*args, **kwargs)
-        except BaseException as exc:
-            if runner is not None:
-                runner.session.finish(error=exc)
-            raise
-        if runner is not None:
-            runner.session.finish()
-        return result
+        with finishing(args, kwargs):
+            return fn(*args, **kwargs)
 
     return wrapper
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import dask
@@ -117,6 +117,14 @@ class Session:
                                    timeout=self.options.store_timeout)
             self._store_url = self.options.store
         return self._store
+
+    def use_store(self, url: str | None) -> None:
+        """Store this run at ``url`` instead of the runner's store (before it finishes)."""
+        if url is None or self.finished:
+            return
+        from prefect_dask_profiling.runner import check_store_url
+
+        self.options = replace(self.options, store=check_store_url(url))
 
     # -- flow context and preflight ----------------------------------------------------------
 
