@@ -62,11 +62,16 @@ class ExternalCluster:
 
 @contextlib.contextmanager
 def external_cluster(workdir: str | os.PathLike, n_workers: int = 2, nthreads: int = 1,
-                     ready_timeout: float = 60) -> Iterator[ExternalCluster]:
-    """Start ``dask scheduler`` and ``n_workers`` ``dask worker`` processes; stop them after."""
+                     ready_timeout: float = 60,
+                     pythonpath: tuple[str, ...] = (ROOT, TESTS)) -> Iterator[ExternalCluster]:
+    """Start ``dask scheduler`` and ``n_workers`` ``dask worker`` processes; stop them after.
+
+    ``pythonpath`` is what the processes can import besides the venv (drop ``TESTS`` for
+    workers that cannot load the test flows).
+    """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, TESTS]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(pythonpath))
     scheduler_file = workdir / "scheduler.json"
     dask = str(Path(sys.executable).parent / "dask")
     procs: list[subprocess.Popen] = []

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
+import dask_processes
 import pytest
 from distributed import Client
 from prefect import flow
@@ -24,8 +20,6 @@ from prefect_dask_profiling.store import RunStore
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
 LOCAL = {"n_workers": 2, "threads_per_worker": 1, "processes": True, "dashboard_address": ":0"}
-TESTS = str(Path(__file__).parent)
-ROOT = str(Path(__file__).parent.parent)
 
 
 def artifacts_of(flow_run_id) -> dict[str, object]:
@@ -141,44 +135,11 @@ def test_artifacts_are_attached_to_the_flow_run(local_run):
 # -- address= of real scheduler and worker processes ---------------------------------------------
 
 
-@contextlib.contextmanager
-def dask_processes(workdir: Path, pythonpath: list[str]):
-    """A real ``dask scheduler`` and two ``dask worker`` processes on 127.0.0.1."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(pythonpath))
-    scheduler_file = workdir / "scheduler.json"
-    bin_dir = Path(sys.executable).parent
-    procs = [subprocess.Popen(
-        [str(bin_dir / "dask"), "scheduler", "--host", "127.0.0.1", "--port", "0",
-         "--dashboard-address", ":0", "--scheduler-file", str(scheduler_file)],
-        env=env, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
-    try:
-        deadline = time.time() + 60
-        while not scheduler_file.exists() and time.time() < deadline:
-            time.sleep(0.2)
-        procs += [subprocess.Popen(
-            [str(bin_dir / "dask"), "worker", "--scheduler-file", str(scheduler_file),
-             "--nthreads", "1", "--host", "127.0.0.1", "--dashboard-address", ":0",
-             "--local-directory", str(workdir / f"w{i}")],
-            env=env, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            for i in range(2)]
-        with Client(scheduler_file=str(scheduler_file), timeout=30) as client:
-            client.wait_for_workers(2, timeout=60)
-            yield client.scheduler.address
-    finally:
-        for proc in reversed(procs):
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-
-
 @pytest.fixture(scope="module")
 def external_cluster(tmp_path_factory):
     """Workers that can import the test flows' module."""
-    with dask_processes(tmp_path_factory.mktemp("dask"), [ROOT, TESTS]) as address:
-        yield address
+    with dask_processes.external_cluster(tmp_path_factory.mktemp("dask")) as cluster:
+        yield cluster.address
 
 
 def test_flow_on_external_cluster_address(external_cluster, tmp_path):
@@ -222,8 +183,9 @@ def test_no_stage_means_one_default_stage_and_no_recorder_left(external_cluster,
 
 def test_workers_that_cannot_load_the_flow_fail_it_cleanly(tmp_path_factory, tmp_path):
     """Workers without the flow's module would hang the flow; we fail it with the fix."""
-    with dask_processes(tmp_path_factory.mktemp("dask-bare"), [ROOT]) as address:
-        runner = ProfiledDaskTaskRunner(address=address, store=str(tmp_path))
+    bare = tmp_path_factory.mktemp("dask-bare")
+    with dask_processes.external_cluster(bare, pythonpath=(dask_processes.ROOT,)) as cluster:
+        runner = ProfiledDaskTaskRunner(address=cluster.address, store=str(tmp_path))
         state = make_flow(runner, name="runner-unloadable")(return_state=True)
     assert state.is_failed()
     assert "cannot load this flow" in state.message
