@@ -17,7 +17,8 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from prefect_dask_profiling.bench import BenchConfig, BenchResult, run_bench
+from prefect_dask_profiling.bench import BenchResult, run_bench
+from prefect_dask_profiling.bench_config import BenchConfig
 from prefect_dask_profiling.jsonclean import json_clean
 from prefect_dask_profiling.names import artifact_key
 

@@ -26,7 +26,7 @@ A signal is a number named ``<source>.<name>``; the source is the instrument it 
 (no spill → not spill-bound; tiny messages → not transfer-bound). Where signals disagree
 the verdict says so and lowers its confidence rather than guessing. :func:`classify` does
 no I/O and reads no clock: it is tested on generated signal sets.
-``bench.extract_signals`` builds the dict from a real run.
+``signals.extract_signals`` builds the dict from a real run.
 """
 
 from __future__ import annotations

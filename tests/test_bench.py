@@ -18,7 +18,8 @@ import pytest
 from bench_fixtures import netns_cluster, netns_unavailable, subprocess_cluster
 from typer.testing import CliRunner
 
-from prefect_dask_profiling.bench import BenchConfig, run_bench
+from prefect_dask_profiling.bench import run_bench
+from prefect_dask_profiling.bench_config import BenchConfig
 from prefect_dask_profiling.cli import app
 from prefect_dask_profiling.workloads import SlowWorker
 

@@ -1,0 +1,190 @@
+"""A benchmark session's numbers and write-up: metrics, local-vs-remote comparison, notes.
+
+:func:`side_metrics` gives one side's throughput (raw, per thread, per effective thread),
+task statistics, busy fraction and success rate; :func:`compare` builds
+``comparison.json`` (metric table, verdicts, warnings) with the seed's interpretation
+:func:`rubric`; :func:`notes_markdown` renders ``notes.md`` in the seed's reporting
+template. All pure.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from prefect_dask_profiling.signals import ratio
+
+SCHEMA = "dask-profiling-bench/1"
+
+
+def side_metrics(batches: list[dict[str, Any]], threads: int, effective_threads: float,
+                 signals: dict[str, Any]) -> dict[str, Any]:
+    """Throughput (raw, per thread, per effective thread), task stats, busy fraction, success."""
+    wall = sum(b["wall_s"] for b in batches)
+    total = sum(b["aggregates"] for b in batches)
+    ok = sum(b["succeeded"] for b in batches)
+    throughput = ratio(ok, wall) or 0.0
+    per_n = {}
+    for n in dict.fromkeys(b["n"] for b in batches):
+        bs = [b for b in batches if b["n"] == n]
+        w = sum(b["wall_s"] for b in bs)
+        per_n[str(n)] = {"aggregates": sum(b["aggregates"] for b in bs),
+                         "succeeded": sum(b["succeeded"] for b in bs),
+                         "wall_s": w, "median_batch_s": statistics.median(b["wall_s"] for b in bs),
+                         "throughput_agg_s": ratio(sum(b["succeeded"] for b in bs), w)}
+    return {
+        "aggregates": total, "succeeded": ok, "success_rate": ratio(ok, total),
+        "wall_s": wall, "throughput_agg_s": throughput,
+        "threads": threads, "effective_threads": effective_threads,
+        "throughput_per_thread": ratio(throughput, threads),
+        "throughput_per_effective_thread": ratio(throughput, effective_threads),
+        "busy_fraction": signals.get("tasks.busy_fraction"),
+        "tasks": signals.get("tasks.count"), "task_median_s": signals.get("tasks.median_s"),
+        "task_p95_s": signals.get("tasks.p95_s"), "task_compute_s": signals.get("tasks.compute_s"),
+        "thread_cpu_s": signals.get("fine.thread_cpu_s"),
+        "thread_noncpu_s": signals.get("fine.thread_noncpu_s"),
+        "cpu_fraction": signals.get("fine.cpu_fraction"),
+        "per_n": per_n,
+        "errors": [e for b in batches for e in b["errors"]][:10],
+    }
+
+
+# -- comparison ------------------------------------------------------------------------------
+
+TABLE_METRICS = ("throughput_agg_s", "throughput_per_thread", "throughput_per_effective_thread",
+                 "threads", "effective_threads", "busy_fraction", "success_rate",
+                 "task_median_s", "task_p95_s", "cpu_fraction", "wall_s", "tasks")
+
+
+def compare(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The local-vs-remote comparison and the seed's interpretation rubric (pure)."""
+    sides = list(summaries)
+    table = []
+    for metric in TABLE_METRICS:
+        row: dict[str, Any] = {"metric": metric}
+        for side in sides:
+            row[side] = summaries[side]["metrics"].get(metric)
+        if "local" in summaries and "remote" in summaries:
+            row["remote_vs_local"] = ratio(row["remote"], row["local"])
+        table.append(row)
+    configs = [summaries[s]["config"] for s in sides]
+    identical = all(c == configs[0] for c in configs)
+    return {
+        "schema": SCHEMA, "sides": sides, "identical_inputs": identical,
+        "config": configs[0] if configs else {}, "table": table,
+        "verdicts": {s: {k: summaries[s]["bottleneck"][k]
+                         for k in ("primary", "secondary", "confidence", "note")}
+                     for s in sides},
+        "rubric": rubric(summaries),
+        "warnings": {s: summaries[s]["warnings"] for s in sides},
+    }
+
+
+def rubric(summaries: dict[str, dict[str, Any]]) -> list[str]:
+    """The seed's interpretation rubric applied to local vs remote (pure)."""
+    out: list[str] = []
+    for side, s in summaries.items():
+        if s["calibration"].get("unstable"):
+            out.append(f"{side}: calibration unstable: rerun calibration with more repeats "
+                       "before trusting per-effective-thread numbers")
+    if not ("local" in summaries and "remote" in summaries):
+        out.append("only one side measured: no local-vs-remote comparison")
+        return out
+    loc, rem = summaries["local"]["metrics"], summaries["remote"]["metrics"]
+    if (loc.get("success_rate") or 0) != (rem.get("success_rate") or 0):
+        out.append(f"success rate differs (local {loc.get('success_rate'):.0%}, remote "
+                   f"{rem.get('success_rate'):.0%}): treat correctness/stability as the first "
+                   "bottleneck before performance")
+    raw = ratio(rem.get("throughput_agg_s"), loc.get("throughput_agg_s"))
+    per_thread = ratio(rem.get("throughput_per_thread"), loc.get("throughput_per_thread"))
+    per_eff = ratio(rem.get("throughput_per_effective_thread"),
+                     loc.get("throughput_per_effective_thread"))
+    busy = rem.get("busy_fraction")
+    if raw is not None and raw < 0.9 and per_thread is not None and 0.8 <= per_thread <= 1.25:
+        out.append(f"remote raw throughput is lower (x{raw:.2f}) but per-thread is similar "
+                   f"(x{per_thread:.2f}): fixed orchestration overhead likely dominates at "
+                   "this N; try larger N")
+    if raw is not None and raw > 1.1 and busy is not None and busy < 0.5:
+        out.append(f"remote raw throughput is higher (x{raw:.2f}) but busy fraction is low "
+                   f"({busy:.2f}): capacity is under-used; scaling headroom with a larger "
+                   "workload")
+    if (per_eff is not None and per_thread is not None and per_eff < 0.5
+            and per_eff < 0.7 * per_thread):
+        out.append(f"per-effective-thread throughput collapses remotely (x{per_eff:.2f} vs "
+                   f"x{per_thread:.2f} per thread): calibration unstable or heterogeneity "
+                   "dominates; rerun calibration with more repeats")
+    for side in summaries:
+        b = summaries[side]["bottleneck"]
+        out.append(f"{side}: {b['primary']}-bound (secondary {b['secondary']}, "
+                   f"{b['confidence']} confidence)")
+    lp, rp = (summaries[s]["bottleneck"]["primary"] for s in ("local", "remote"))
+    if lp != rp:
+        out.append(f"the bottleneck changes between sides (local {lp}, remote {rp}): an "
+                   "optimisation for one side may not help the other")
+    return out
+
+
+# -- notes.md --------------------------------------------------------------------------------
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def notes_markdown(summaries: dict[str, dict[str, Any]], comparison: dict[str, Any],
+                   environment: dict[str, Any]) -> str:
+    """notes.md in the seed's reporting template (pure)."""
+    sides = list(summaries)
+    cfg = comparison["config"]
+    lines = ["# Dask profiling session", "", "## 1. Run context", "",
+             f"- commit: `{environment.get('commit') or 'unknown'}`",
+             f"- workload: `{cfg.get('workload')}`; n = {cfg.get('n')}; seeds = "
+             f"{cfg.get('seeds')}; warmup = {cfg.get('warmup')} batch(es) per n; repeats = "
+             f"{cfg.get('repeats')}; aggregates per batch = {cfg.get('aggregates_per_batch')}",
+             f"- identical inputs on every side: {comparison['identical_inputs']}",
+             f"- client: Python {environment.get('python')} on {environment.get('hostname')} "
+             f"({environment.get('platform')})"]
+    for side in sides:
+        pre = summaries[side]["preflight"]
+        topo = ", ".join(f"{w['address']} ({w['hostname']}, {w['nthreads']} thr)"
+                         for w in pre["workers"])
+        lines.append(f"- {side} topology: scheduler {pre['scheduler']}; {pre['n_workers']} "
+                     f"workers / {pre['total_threads']} threads: {topo}")
+        for w in summaries[side]["warnings"]:
+            lines.append(f"  - warning: {w}")
+    lines += ["", "## 2. Metric table", "",
+              "| metric | " + " | ".join(sides) + (" | remote/local |" if len(sides) == 2
+                                                   else " |"),
+              "|---|" + "---|" * len(sides) + ("---|" if len(sides) == 2 else "")]
+    for row in comparison["table"]:
+        cells = [_fmt(row.get(s)) for s in sides]
+        if len(sides) == 2:
+            cells.append(_fmt(row.get("remote_vs_local")))
+        lines.append(f"| {row['metric']} | " + " | ".join(cells) + " |")
+    lines += ["", "## 3. Bottleneck diagnosis", ""]
+    for side in sides:
+        b = summaries[side]["bottleneck"]
+        lines += [f"### {side}", "",
+                  f"- primary: **{b['primary']}**; secondary: {b['secondary'] or '–'}; "
+                  f"confidence: {b['confidence']}", f"- {b['note']}", "",
+                  "| signal | source | value | threshold | supports |", "|---|---|---|---|---|"]
+        for e in b["signals"]:
+            lines.append(f"| {e['signal']} | {e['source']} | {_fmt(e['value'])} | "
+                         f"{e['op']} {_fmt(e['threshold'])} | "
+                         f"{'yes' if e['supports'] else 'no'} |")
+        if b["disagreements"]:
+            lines += ["", "Signals that disagree:"]
+            lines += [f"- {d}" for d in b["disagreements"]]
+        lines.append("")
+    lines += ["Interpretation (seed rubric):", ""]
+    lines += [f"- {r}" for r in comparison["rubric"]]
+    lines += ["", "## 4. Recommended actions", ""]
+    first = summaries["remote"] if "remote" in summaries else summaries[sides[0]]
+    for i, action in enumerate(first["bottleneck"]["actions"][:3], 1):
+        lines.append(f"{i}. {action}")
+    lines.append("")
+    return "\n".join(lines)

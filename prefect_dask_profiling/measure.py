@@ -1,0 +1,179 @@
+"""Measuring one side of a benchmark session: preflight, calibrate, warm up, measure.
+
+:func:`run_side` runs, on one cluster:
+
+1. **preflight** — :func:`prefect_dask_profiling.preflight.preflight`;
+2. **calibration** — :mod:`prefect_dask_profiling.calibrate` → effective threads;
+3. **warmup** — ``warmup`` untimed batches per ``n`` (results forgotten before measuring);
+4. **measured phase** — ``repeats`` batches per ``n``, each batch one aggregate per seed
+   (:func:`run_batch`), under a Dask ``performance_report``, the
+   :class:`~prefect_dask_profiling.plugin.TaskTimings` plugin, the task stream and
+   before/after :mod:`~prefect_dask_profiling.probes` of the scheduler, fine performance
+   metrics and worker transfer logs;
+5. **signals → verdict** — :func:`prefect_dask_profiling.signals.extract_signals` builds the
+   signal dict, :func:`prefect_dask_profiling.classify.classify` (pure) names the
+   bottleneck.
+
+It writes ``<side>/summary.json`` and ``<side>/performance_report.html``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from prefect_dask_profiling import calibrate as calibration
+from prefect_dask_profiling import probes
+from prefect_dask_profiling.bench_config import BenchConfig, BenchInputError
+from prefect_dask_profiling.bench_report import SCHEMA, side_metrics
+from prefect_dask_profiling.classify import classify
+from prefect_dask_profiling.jsonclean import json_clean
+from prefect_dask_profiling.preflight import preflight
+from prefect_dask_profiling.signals import extract_signals
+
+Progress = Callable[[str], None]
+
+
+def _as_futures(client, obj: Any, workload: str) -> list:
+    import dask
+    from distributed import Future
+
+    if dask.is_dask_collection(obj):
+        return [client.compute(obj)]
+    if isinstance(obj, Future):
+        return [obj]
+    if isinstance(obj, (list, tuple)) and obj and all(isinstance(f, Future) for f in obj):
+        return list(obj)
+    raise BenchInputError(f"workload {workload} returned {type(obj).__name__}: expected a "
+                          "Dask collection, a Future or a list of futures")
+
+
+def run_batch(client, fn: Callable[[int, int], Any], workload: str, n: int,
+              seeds: list[int]) -> dict[str, Any]:
+    """One aggregate per seed, submitted together; waits, then forgets the results."""
+    from distributed import wait
+
+    start = time.time()
+    t0 = time.perf_counter()
+    aggregates = [_as_futures(client, fn(n, seed), workload) for seed in seeds]
+    wait([f for agg in aggregates for f in agg])
+    wall = time.perf_counter() - t0
+    end = time.time()
+    ok, errors = _outcome(aggregates)
+    keys = [f.key for agg in aggregates for f in agg]
+    del aggregates
+    calibration.wait_forgotten(client, keys)
+    return {"n": n, "start": start, "end": end, "wall_s": wall, "aggregates": len(seeds),
+            "succeeded": ok, "errors": errors}
+
+
+def _outcome(aggregates: list[list]) -> tuple[int, list[str]]:
+    """Aggregates that succeeded, and the first error of each failed one."""
+    ok, errors = 0, []
+    for agg in aggregates:
+        bad = [f for f in agg if f.status != "finished"]
+        if not bad:
+            ok += 1
+            continue
+        try:
+            exc = bad[0].exception(timeout=5)
+            errors.append(f"{type(exc).__name__}: {exc}"[:300])
+        except Exception as err:  # cancelled or lost
+            errors.append(f"{bad[0].status}: {err!r}"[:300])
+    return ok, errors
+
+
+def run_side(client, side: str, config: BenchConfig, fn: Callable[[int, int], Any],
+             directory: Path, progress: Progress) -> dict[str, Any]:
+    """Preflight, calibrate, warm up and measure one side; write its summary.json."""
+    with client.as_current():  # performance_report and get_client() inside workloads
+        return _run_side(client, side, config, fn, directory, progress)
+
+
+def _run_side(client, side: str, config: BenchConfig, fn: Callable[[int, int], Any],
+              directory: Path, progress: Progress) -> dict[str, Any]:
+    from distributed import performance_report
+
+    from prefect_dask_profiling import plugin
+    from prefect_dask_profiling.summary import summarise, utilisation
+
+    out = directory / side
+    out.mkdir(parents=True, exist_ok=True)
+    pre = preflight(client, side, config)
+    probes.by_value()
+    progress(f"{side}: {pre['n_workers']} workers, {pre['total_threads']} threads "
+             f"at {pre['scheduler']}")
+    for w in pre["warnings"]:
+        progress(f"{side}: warning: {w}")
+    cal = calibration.calibrate(client, repeats=config.calibration_repeats)
+    progress(f"{side}: calibrated, effective threads {cal.effective_threads:.2f} of "
+             f"{cal.total_threads}" + (" (unstable)" if cal.unstable else ""))
+    for n in config.n:
+        for _ in range(config.warmup):
+            run_batch(client, fn, config.workload, n, config.seeds)
+    if config.warmup:
+        progress(f"{side}: warmed up ({config.warmup} batch(es) per n)")
+
+    name = plugin.install(client, scope="run", sample_interval=0.5)
+    batches: list[dict[str, Any]] = []
+    try:
+        client.get_task_stream(start=0, stop=0)  # make sure the task stream is recording
+        fine0 = client.run_on_scheduler(probes.fine_metrics)
+        since = time.time()
+        report = out / "performance_report.html"
+        with performance_report(filename=str(report)):
+            workers0 = client.run(probes.worker_probe, since=since)
+            sched0 = client.run_on_scheduler(probes.scheduler_probe)
+            for n in config.n:
+                for r in range(config.repeats):
+                    batch = run_batch(client, fn, config.workload, n, config.seeds)
+                    batches.append(batch)
+                    progress(f"{side}: n={n} repeat {r + 1}/{config.repeats}: "
+                             f"{batch['wall_s']:.2f} s, {batch['succeeded']}/"
+                             f"{batch['aggregates']} ok")
+            sched1 = client.run_on_scheduler(probes.scheduler_probe)
+            workers1 = client.run(probes.worker_probe, since=since)
+        stream = client.get_task_stream(start=since)
+        fine1 = probes.settled_fine_metrics(client)
+        record = plugin.collect(client, name)
+    finally:
+        with contextlib.suppress(Exception):
+            plugin.uninstall(client, name)
+
+    measurement = {
+        "batches": batches, "stream": stream, "fine_before": fine0, "fine_after": fine1,
+        "scheduler_before": sched0, "scheduler_after": sched1, "workers_before": workers0,
+        "workers_after": workers1, "threads": pre["total_threads"],
+        "nthreads": {w["address"]: w["nthreads"] for w in pre["workers"]},
+        "calibration": cal.to_dict(), "record": record,
+    }
+    signals = extract_signals(measurement)
+    verdict = classify(signals)
+    prefixes = summarise(record, by="prefix")
+    util = utilisation(record)
+    metrics = side_metrics(batches, pre["total_threads"], cal.effective_threads, signals)
+    summary = {
+        "schema": SCHEMA, "side": side, "created": datetime.now(UTC).isoformat(),
+        "config": {"workload": config.workload, "n": config.n, "seeds": config.seeds,
+                   "warmup": config.warmup, "repeats": config.repeats,
+                   "aggregates_per_batch": len(config.seeds)},
+        "preflight": pre, "calibration": cal.to_dict(), "metrics": metrics,
+        "batches": batches, "signals": signals,
+        "bottleneck": {k: verdict[k] for k in ("primary", "secondary", "confidence",
+                                                "signals", "sources", "disagreements",
+                                                "compatible", "note", "actions", "scores")},
+        "prefixes": prefixes.to_dict("records"),
+        "utilisation": util.reset_index().to_dict("records"),
+        "warnings": pre["warnings"] + cal.notes + record.warnings,
+        "artifacts": {"performance_report": str(report)},
+    }
+    summary = json_clean(summary)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    progress(f"{side}: {metrics['throughput_agg_s']:.3g} agg/s; bottleneck "
+             f"{verdict['primary']} ({verdict['confidence']})")
+    return summary

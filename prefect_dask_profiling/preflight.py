@@ -1,0 +1,223 @@
+"""Preflight of one side of a benchmark session, before anything is measured.
+
+:func:`preflight` checks and describes a cluster: worker visibility and metadata (address,
+host, hostname, threads, memory limit, Python), the workload's module importable on every
+worker (what is missing is named), client / scheduler / worker version mismatches of
+:data:`KEY_PACKAGES` (listed), and honest warnings when the "remote" scheduler is on the
+loopback or on this machine, or its workers share this machine's hostname.
+:func:`environment_fingerprint` describes the client side. The helpers that run on the
+workers are shipped by value: the workers need not have this package installed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import platform
+import socket
+import subprocess
+import sys
+from dataclasses import asdict
+from typing import Any
+
+from prefect_dask_profiling.bench_config import BenchConfig, BenchInputError
+
+KEY_PACKAGES = ("python", "dask", "distributed", "numpy", "pandas", "cloudpickle", "msgpack",
+                "toolz", "tornado", "lz4")
+
+
+def _try_imports(modules: list[str]) -> dict[str, dict[str, Any]]:
+    import importlib
+    import importlib.metadata
+
+    out: dict[str, dict[str, Any]] = {}
+    for name in modules:
+        try:
+            module = importlib.import_module(name)
+        except Exception as exc:
+            out[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            continue
+        version = getattr(module, "__version__", None)
+        if version is None:
+            try:
+                version = importlib.metadata.version(name.split(".")[0].replace("_", "-"))
+            except Exception:
+                version = None
+        out[name] = {"ok": True, "version": version}
+    return out
+
+
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
+def required_modules(workload: str) -> list[str]:
+    """Modules the workers must import: the workload's module (and this package if it is in it)."""
+    module = workload.partition(":")[0]
+    mods = [module]
+    top = module.split(".")[0]
+    if top == "prefect_dask_profiling" and module != top:
+        mods.insert(0, top)
+    return mods
+
+
+def _local_addresses() -> set[str]:
+    addresses = {"127.0.0.1", "::1"}
+    try:
+        import psutil
+
+        for entries in psutil.net_if_addrs().values():
+            for entry in entries:
+                if entry.family in (socket.AF_INET, socket.AF_INET6):
+                    addresses.add(entry.address.split("%")[0])
+    except Exception:  # psutil is optional here; loopback still detected
+        pass
+    return addresses
+
+
+def _is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        try:
+            return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+        except (OSError, ValueError):
+            return False
+
+
+def host_warnings(side: str, scheduler_address: str, worker_hosts: dict[str, str],
+                  worker_hostnames: dict[str, str], local_hostname: str,
+                  local_addresses: set[str]) -> list[str]:
+    """Honest warnings about how "remote" a remote cluster is (pure)."""
+    if side != "remote":
+        return []
+    from distributed.comm import get_address_host
+
+    out = []
+    host = get_address_host(scheduler_address)
+    if _is_loopback(host):
+        out.append(f"remote scheduler {scheduler_address} is on the loopback: this is not a "
+                   "remote cluster, so network transfer, latency and host heterogeneity are "
+                   "not exercised (pitfall: loopback tests are not remote behaviour)")
+    elif host in local_addresses:
+        out.append(f"remote scheduler {scheduler_address} is an address of this machine: "
+                   "the scheduler runs on the same host as the client")
+    loop_workers = [w for w, h in worker_hosts.items() if _is_loopback(h)]
+    if loop_workers and len(loop_workers) == len(worker_hosts) and not _is_loopback(host):
+        out.append("every remote worker listens on the loopback")
+    same = [w for w, h in worker_hostnames.items() if h == local_hostname]
+    if same:
+        out.append(f"{len(same)} of {len(worker_hostnames)} remote workers report this "
+                   f"machine's hostname {local_hostname!r}: they share its CPU, memory and "
+                   "disk with the local side even if their network is separate "
+                   "(namespaces, containers)")
+    return out
+
+
+def version_mismatches(versions: dict[str, Any]) -> list[str]:
+    """Key package versions that differ between client, scheduler and workers (pure)."""
+    def packages(entry: dict[str, Any]) -> dict[str, Any]:
+        return (entry or {}).get("packages") or {}
+
+    sides = {"client": packages(versions.get("client")),
+             "scheduler": packages(versions.get("scheduler"))}
+    for addr, entry in (versions.get("workers") or {}).items():
+        sides[addr] = packages(entry)
+    out = []
+    for package in KEY_PACKAGES:
+        seen = {name: pk.get(package) for name, pk in sides.items() if package in pk}
+        if len(set(map(str, seen.values()))) > 1:
+            base = seen.get("client")
+            differing = ", ".join(f"{name}={v}" for name, v in seen.items() if v != base)
+            out.append(f"{package}: client={base}; differs on {differing}")
+    return out
+
+
+def environment_fingerprint(config: BenchConfig) -> dict[str, Any]:
+    """Client-side environment: Python, platform, key packages, git commit, config."""
+    import importlib.metadata
+
+    packages = {}
+    for name in ("dask", "distributed", "numpy", "pandas", "prefect-dask-profiling",
+                 "cloudpickle", "tornado"):
+        try:
+            packages[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            packages[name] = None
+    commit = None
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=5, check=False).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"python": sys.version.split()[0], "implementation": platform.python_implementation(),
+            "platform": platform.platform(), "hostname": socket.gethostname(),
+            "commit": commit, "packages": packages, "argv": sys.argv,
+            "config": asdict(config)}
+
+
+def preflight(client, side: str, config: BenchConfig) -> dict[str, Any]:
+    """Check and describe one side's cluster before running anything.
+
+    Raises
+    ------
+    BenchInputError
+        Zero workers, or the workload's module not importable on some worker (named).
+    """
+    info = client.scheduler_info(n_workers=-1)
+    workers = info.get("workers", {})
+    if not workers:
+        raise BenchInputError(f"{side}: scheduler {info.get('address')} has zero workers")
+    _by_value()
+    modules = required_modules(config.workload)
+    imports = client.run(_try_imports, modules)
+    missing = [f"{w}: {m} ({r['error']})" for w, res in imports.items()
+               for m, r in res.items() if not r["ok"]]
+    if missing:
+        raise BenchInputError(f"{side}: workload not importable on {len(missing)} worker "
+                              f"module(s) — install it there (same wheel) — " +
+                              "; ".join(missing[:4]) + (" …" if len(missing) > 4 else ""))
+    versions = client.get_versions(check=False)
+    hostnames = client.run(_hostname)
+    pyver = {w: ((v or {}).get("packages") or {}).get("python")
+             for w, v in (versions.get("workers") or {}).items()}
+    worker_rows = [{"address": addr, "name": w.get("name"), "host": w.get("host"),
+                    "hostname": hostnames.get(addr), "nthreads": w.get("nthreads"),
+                    "memory_limit": w.get("memory_limit"), "python": pyver.get(addr),
+                    "workload_versions": {m: r.get("version")
+                                          for m, r in imports.get(addr, {}).items()}}
+                   for addr, w in sorted(workers.items())]
+    warnings = host_warnings(side, info.get("address", ""),
+                             {a: w.get("host") or "" for a, w in workers.items()}, hostnames,
+                             socket.gethostname(), _local_addresses())
+    mismatches = version_mismatches(versions)
+    warnings += [f"version mismatch: {m}" for m in mismatches]
+    return {
+        "scheduler": info.get("address"),
+        "n_workers": len(workers),
+        "total_threads": sum(int(w.get("nthreads") or 0) for w in workers.values()),
+        "workers": worker_rows,
+        "versions": {"client": _key_versions(versions.get("client")),
+                     "scheduler": _key_versions(versions.get("scheduler")),
+                     "workers": {a: _key_versions(v)
+                                 for a, v in (versions.get("workers") or {}).items()}},
+        "mismatches": mismatches,
+        "required_modules": modules,
+        "warnings": warnings,
+    }
+
+
+def _key_versions(entry: dict[str, Any] | None) -> dict[str, Any]:
+    packages = (entry or {}).get("packages") or {}
+    return {k: packages.get(k) for k in KEY_PACKAGES if k in packages}
+
+
+def _by_value() -> None:
+    """Ship this module by value: the worker-side checks must not need the package."""
+    import cloudpickle
+
+    if __name__ not in cloudpickle.list_registry_pickle_by_value():
+        cloudpickle.register_pickle_by_value(sys.modules[__name__])

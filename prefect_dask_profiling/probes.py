@@ -1,0 +1,95 @@
+"""Probes of the scheduler and the workers, read before and after the measured phase.
+
+:func:`scheduler_probe` (event-loop thread CPU, tick counters), :func:`fine_metrics` (the
+scheduler's cumulative fine performance metrics) and :func:`worker_probe` (executed
+tasks, execute seconds, incoming transfer log, run-queue accounting) run on the scheduler /
+workers and are shipped by value (:func:`by_value`): the cluster need not have this package
+installed. :func:`settled_fine_metrics` waits for the heartbeats that carry fine metrics.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from prefect_dask_profiling import calibrate as calibration
+
+HEARTBEAT_WAIT_S = 1.2
+
+
+def scheduler_probe(dask_scheduler) -> dict[str, Any]:
+    """Event-loop thread CPU, tick count and total tick duration (runs on the scheduler)."""
+    import time
+
+    return {"time": time.time(), "loop_cpu": time.thread_time(),
+            "ticks": int(getattr(dask_scheduler, "_tick_counter", 0)),
+            "tick_total": float(dask_scheduler.digests_total.get("tick-duration", 0.0)),
+            "tick_interval": float(getattr(dask_scheduler, "_tick_interval", 0.02))}
+
+
+def fine_metrics(dask_scheduler) -> dict[Any, float]:
+    """The scheduler's cumulative fine performance metrics (runs on the scheduler)."""
+    # tuple keys only: the str keys (latency, tick-duration, ...) grow on every heartbeat
+    return {k: float(v) for k, v in dask_scheduler.cumulative_worker_metrics.items()
+            if isinstance(k, tuple) and isinstance(v, (int, float))}
+
+
+def worker_probe(dask_worker, since: float) -> dict[str, Any]:
+    """Executed tasks, execute seconds, transfers since ``since``, schedstat (on a worker)."""
+    exec_s = 0.0
+    for key, value in dask_worker.digests_total.items():
+        if (isinstance(key, tuple) and len(key) >= 3 and key[0] == "execute"
+                and key[-1] == "seconds" and key[-2] in ("thread-cpu", "thread-noncpu")):
+            exec_s += value
+    incoming = [(e.get("who"), e.get("total", 0), e.get("duration", 0.0))
+                for e in dask_worker.transfer_incoming_log if e.get("start", 0) >= since]
+    return {"executed": int(dask_worker.state.executed_count), "exec_s": float(exec_s),
+            "incoming": incoming, "schedstat": _schedstat()}
+
+
+def _schedstat() -> tuple[float, float, float] | None:
+    """(monotonic s, CPU s, run-queue wait s) summed over this process's threads (Linux).
+
+    CPU plus run-queue wait is the CPU the process *wanted*: on a shared host the wait is
+    CPU stolen by neighbours, which thread-cpu alone would hide.
+    """
+    import os
+    import time
+
+    cpu = wait = 0
+    base = f"/proc/{os.getpid()}/task"
+    try:
+        for tid in os.listdir(base):
+            try:
+                with open(f"{base}/{tid}/schedstat") as fh:
+                    a, b, _ = fh.read().split()
+            except (OSError, ValueError):
+                continue
+            cpu += int(a)
+            wait += int(b)
+    except OSError:
+        return None
+    return time.monotonic(), cpu / 1e9, wait / 1e9
+
+
+def by_value() -> None:
+    """Ship this module (and the calibration) by value: workers need not have the package."""
+    import cloudpickle
+
+    calibration._by_value()
+    if __name__ not in cloudpickle.list_registry_pickle_by_value():
+        cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def settled_fine_metrics(client) -> dict[Any, float]:
+    """Fine metrics reach the scheduler with heartbeats: wait until two reads agree."""
+    time.sleep(HEARTBEAT_WAIT_S)
+    last = client.run_on_scheduler(fine_metrics)
+    for _ in range(5):
+        time.sleep(0.6)
+        now = client.run_on_scheduler(fine_metrics)
+        if now == last:
+            break
+        last = now
+    return last

@@ -1,0 +1,276 @@
+"""The classifier's signals, extracted from one side's measurement (pure, I/O already done).
+
+:func:`extract_signals` builds the signal dict that
+:func:`prefect_dask_profiling.classify.classify` reads, from: fine performance metrics
+(:func:`fine_signals`), task start/stop records and batch windows (:func:`task_signals`),
+the scheduler's event-loop load (:func:`scheduler_signals`), the workers' transfer logs
+(:func:`transfer_signals`), worker CPU samples and run-queue accounting
+(:func:`worker_signals`), memory and spill samples (:func:`memory_signals`) and the
+calibration.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+
+def _delta(after: dict, before: dict) -> dict:
+    return {k: v - before.get(k, 0.0) for k, v in after.items()}
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    """``num / den``, or ``None`` when either is missing or ``den`` is zero or NaN."""
+    if num is None or den is None or not den or den != den:
+        return None
+    return num / den
+
+
+def fine_signals(delta: dict[Any, float]) -> dict[str, float | None]:
+    """Signals from a delta of ``scheduler.cumulative_worker_metrics``."""
+    def total(pred: Callable[[tuple], bool]) -> float:
+        return sum(v for k, v in delta.items() if isinstance(k, tuple) and pred(k))
+
+    def execute(activity: str) -> float:
+        return total(lambda k: k[0] == "execute" and k[-2] == activity and k[-1] == "seconds")
+
+    cpu, noncpu = execute("thread-cpu"), execute("thread-noncpu")
+    overhead = execute("executor") + execute("other")
+    network = total(lambda k: k[0] == "gather-dep" and k[-2] == "network"
+                    and k[-1] == "seconds")
+    disk = total(lambda k: "disk" in str(k[-2]) and k[-1] == "seconds")
+    code = cpu + noncpu
+    return {
+        "fine.thread_cpu_s": cpu, "fine.thread_noncpu_s": noncpu,
+        "fine.overhead_s": overhead, "fine.network_s": network, "fine.disk_s": disk,
+        "fine.cpu_fraction": ratio(cpu, code),
+        "fine.code_share": ratio(code, code + overhead + network + disk),
+        "fine.overhead_share": ratio(overhead, code + overhead),
+        "fine.network_share": ratio(network, code + network),
+        "fine.disk_share": ratio(disk, code + disk),
+    }
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    pos = q * (len(s) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def task_signals(stream: list[dict[str, Any]], batches: list[dict[str, Any]], threads: int,
+                 workers: list[str]) -> dict[str, Any]:
+    """Signals from task start/stop records (the task stream) and the batch windows."""
+    from dask.utils import key_split
+
+    compute: list[tuple[str, str, float, float]] = []
+    transfer_s = disk_s = 0.0
+    for rec in stream:
+        for ss in rec.get("startstops") or ():
+            action, d = ss.get("action"), ss["stop"] - ss["start"]
+            if action == "compute":
+                compute.append((rec.get("worker"), key_split(rec.get("key")), ss["start"],
+                                ss["stop"]))
+            elif action == "transfer":
+                transfer_s += d
+            elif action in ("disk-read", "disk-write"):
+                disk_s += d
+    wall = sum(b["wall_s"] for b in batches)
+    durations = [stop - start for _, _, start, stop in compute]
+    compute_s = sum(durations)
+    median = _quantile(durations, 0.5)
+    p95 = _quantile(durations, 0.95)
+    skew, slow = _worker_skew(compute)
+    return {
+        "tasks.count": len(compute), "tasks.compute_s": compute_s,
+        "tasks.median_s": median, "tasks.p95_s": p95,
+        "tasks.typical_s": _weighted_median(durations),
+        "tasks.p95_p50": ratio(p95, median),
+        "tasks.per_s": ratio(len(compute), wall),
+        "tasks.busy_fraction": ratio(compute_s, threads * wall),
+        "tasks.transfer_share": ratio(transfer_s, compute_s + transfer_s),
+        "tasks.disk_share": ratio(disk_s, compute_s),
+        "tasks.worker_skew": skew,
+        "tasks.tail_fraction": _tail_fraction(compute, batches, workers),
+        "context.slow_worker": slow,
+    }
+
+
+def _weighted_median(durations: list[float]) -> float | None:
+    """Duration of the task a random compute-second falls in (time-weighted median).
+
+    The plain median of a graph with a few big tasks and many tiny ones is tiny; this is
+    the granularity where the time actually goes.
+    """
+    total = sum(durations)
+    if not durations or total <= 0:
+        return None
+    acc = 0.0
+    for d in sorted(durations):
+        acc += d
+        if acc >= total / 2:
+            return d
+    return durations[-1]
+
+
+def _worker_skew(compute: list[tuple[str, str, float, float]]) -> tuple[float | None, str | None]:
+    """Slowest / fastest worker's median task time, each task normalised by its prefix."""
+    by_prefix: dict[str, list[float]] = {}
+    for _, prefix, start, stop in compute:
+        by_prefix.setdefault(prefix, []).append(stop - start)
+    medians = {p: statistics.median(v) for p, v in by_prefix.items()
+               if len(v) >= 4 and statistics.median(v) >= 0.001}
+    per_worker: dict[str, list[float]] = {}
+    for worker, prefix, start, stop in compute:
+        if prefix in medians:
+            per_worker.setdefault(worker, []).append((stop - start) / medians[prefix])
+    worker_medians = {w: statistics.median(v) for w, v in per_worker.items() if len(v) >= 3}
+    if len(worker_medians) < 2:
+        return None, None
+    slow = max(worker_medians, key=worker_medians.get)
+    fastest = min(worker_medians.values())
+    return (ratio(worker_medians[slow], fastest), slow)
+
+
+def _tail_fraction(compute: list[tuple[str, str, float, float]], batches: list[dict[str, Any]],
+                   workers: list[str]) -> float | None:
+    """Mean share of each batch during which workers sat idle waiting for the last one."""
+    if len(workers) < 2:
+        return None
+    weighted = total = 0.0
+    for b in batches:
+        tasks = [t for t in compute if t[2] >= b["start"] - 0.05 and t[3] <= b["end"] + 0.05]
+        if not tasks:
+            continue
+        first = min(t[2] for t in tasks)
+        end = max(t[3] for t in tasks)
+        span = end - first
+        if span <= 0:
+            continue
+        last = {w: first for w in workers}
+        for w, _, _, stop in tasks:
+            if w in last:
+                last[w] = max(last[w], stop)
+        idle = sum(end - s for s in last.values()) / (len(workers) * span)
+        weighted += idle * span
+        total += span
+    return weighted / total if total else None
+
+
+def scheduler_signals(before: dict[str, Any], after: dict[str, Any], n_tasks: int,
+                      typical_s: float | None, wall: float) -> dict[str, float | None]:
+    """Signals from the scheduler's event-loop thread CPU and tick counters.
+
+    ``wall`` is the measured time (sum of batch walls); the loop's CPU between batches
+    (forgetting results) is small and counted against it. ``typical_s`` is the
+    time-weighted median task duration.
+    """
+    cpu = after["loop_cpu"] - before["loop_cpu"]
+    ticks = after["ticks"] - before["ticks"]
+    per_task = ratio(cpu, n_tasks)
+    mean_tick = ratio(after["tick_total"] - before["tick_total"], ticks)
+    return {"scheduler.cpu_s": cpu, "scheduler.cpu_per_task_s": per_task,
+            "scheduler.overhead_ratio": ratio(per_task, typical_s),
+            "scheduler.loop_busy": ratio(cpu, wall),
+            "scheduler.tick_mean_ms": None if mean_tick is None else mean_tick * 1000,
+            "scheduler.tick_lag": ratio(mean_tick, after.get("tick_interval"))}
+
+
+def transfer_signals(workers_after: dict[str, Any], threads: int,
+                     wall: float) -> dict[str, float | None]:
+    """Signals from the workers' incoming transfer logs."""
+    entries = [e for w in workers_after.values() for e in w.get("incoming", [])]
+    nbytes = float(sum(e[1] or 0 for e in entries))
+    seconds = float(sum(e[2] or 0.0 for e in entries))
+    return {"transfer.count": len(entries), "transfer.mb_moved": nbytes / 1e6,
+            "transfer.mb_per_transfer": ratio(nbytes / 1e6, len(entries)),
+            "transfer.seconds": seconds,
+            "transfer.bandwidth_mb_s": ratio(nbytes / 1e6, seconds),
+            "transfer.wait_fraction": ratio(seconds, threads * wall)}
+
+
+def worker_signals(before: dict[str, Any], after: dict[str, Any], record,
+                   nthreads: dict[str, int], window: tuple[float, float]) -> dict[str, Any]:
+    """Signals from the worker processes: heartbeat CPU samples, per-worker fine metrics and
+    run-queue accounting (``worker.cpu_demand`` = CPU used + CPU waited for, per thread)."""
+    per_task = {}
+    for w, a in after.items():
+        b = before.get(w, {"executed": 0, "exec_s": 0.0})
+        executed = a["executed"] - b["executed"]
+        if executed >= 3:
+            per_task[w] = (a["exec_s"] - b["exec_s"]) / executed
+    skew = None
+    if len(per_task) >= 2 and min(per_task.values()) > 0:
+        skew = max(per_task.values()) / min(per_task.values())
+    wanted = available = 0.0
+    for w, a in after.items():
+        b = before.get(w) or {}
+        if not a.get("schedstat") or not b.get("schedstat"):
+            continue
+        (t1, c1, q1), (t0, c0, q0) = a["schedstat"], b["schedstat"]
+        wanted += (c1 - c0) + (q1 - q0)
+        available += (t1 - t0) * max(int(nthreads.get(w) or 1), 1)
+    demand = min(wanted / available, 1.0) if available > 0 else None
+    samples = record.samples
+    s = samples[(samples["time"] >= window[0]) & (samples["time"] <= window[1])]
+    cpu_fraction = None
+    if not s.empty:
+        threads = s["worker"].map(lambda w: max(int(nthreads.get(w) or 1), 1))
+        cpu_fraction = float((s["cpu"] / (100.0 * threads)).clip(upper=1.0).mean())
+    return {"worker.seconds_per_task_skew": skew, "worker.cpu_fraction": cpu_fraction,
+            "worker.cpu_demand": demand, "worker.samples": len(s)}
+
+
+def memory_signals(record, window: tuple[float, float]) -> dict[str, float | None]:
+    """Signals from worker memory and spill samples."""
+    samples = record.samples
+    s = samples[(samples["time"] >= window[0] - 1) & (samples["time"] <= window[1] + 1)]
+    if s.empty:
+        return {"memory.spilled_peak_mb": None, "memory.managed_peak_fraction": None}
+    limits = dict(zip(record.workers["worker"], record.workers["memory_limit"], strict=True))
+    frac = None
+    with_limit = s[s["worker"].map(lambda w: bool(limits.get(w)))]
+    if not with_limit.empty:
+        frac = float(((with_limit["managed"] + with_limit["spilled"]) /
+                      with_limit["worker"].map(limits)).max())
+    return {"memory.spilled_peak_mb": float(s["spilled"].max()) / 1e6,
+            "memory.managed_peak_fraction": frac}
+
+
+def extract_signals(m: dict[str, Any]) -> dict[str, Any]:
+    """Build the classifier's signal dict from one side's measurement (I/O already done).
+
+    Parameters
+    ----------
+    m
+        ``batches, stream, fine_before/after, scheduler_before/after, workers_before/after,
+        threads, nthreads, calibration, record`` as gathered by
+        :func:`prefect_dask_profiling.measure.run_side`.
+    """
+    batches = m["batches"]
+    wall = sum(b["wall_s"] for b in batches)
+    window = (min(b["start"] for b in batches), max(b["end"] for b in batches))
+    signals: dict[str, Any] = {}
+    signals.update(fine_signals(_delta(m["fine_after"], m["fine_before"])))
+    tasks = task_signals(m["stream"], batches, m["threads"], sorted(m["nthreads"]))
+    signals.update(tasks)
+    signals.update(scheduler_signals(m["scheduler_before"], m["scheduler_after"],
+                                     tasks["tasks.count"], tasks["tasks.typical_s"], wall))
+    signals.update(transfer_signals(m["workers_after"], m["threads"], wall))
+    signals.update(worker_signals(m["workers_before"], m["workers_after"], m["record"],
+                                  m["nthreads"], window))
+    signals.update(memory_signals(m["record"], window))
+    cal = m["calibration"]
+    spreads = [w["spread"] for w in cal["workers"]]
+    signals["calibration.min_index"] = cal.get("min_index")
+    signals["calibration.max_spread"] = max(spreads) if spreads else None
+    t = m["record"].tasks
+    if not t.empty:
+        top = t.groupby("prefix")["compute_s"].sum().sort_values(ascending=False)
+        signals["context.top_prefix"] = str(top.index[0])
+    return signals
