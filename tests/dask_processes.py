@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from processes import stop_process_group
+
 TESTS = str(Path(__file__).parent)
 ROOT = str(Path(__file__).parent.parent)
 
@@ -106,20 +108,6 @@ def external_cluster(workdir: str | os.PathLike, n_workers: int = 2, nthreads: i
         yield cluster
     finally:
         for proc in reversed(procs):  # workers first, then the scheduler
-            _stop(proc)
+            stop_process_group(proc, grace=15)
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """Stop a process group (a worker's nanny and its worker process together)."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(15)
-    # the group may hold an orphaned worker process whose nanny died first
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +19,8 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from processes import stop_process_group
 
 HOST = "127.0.0.1"
 
@@ -64,20 +65,6 @@ def healthy(api_url: str, timeout: float = 2.0) -> bool:
             return response.status == 200
     except OSError:
         return False
-
-
-def _stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    """Stop the server and the uvicorn process it spawned (its own process group)."""
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(grace)
 
 
 @contextlib.contextmanager
@@ -131,7 +118,7 @@ def running_server(port: int | None = None, home: str | os.PathLike | None = Non
         yield PrefectServer(api_url=api_url, ui_url=f"http://{HOST}:{port}", port=port,
                             home=home_path, pid=proc.pid, log=log)
     finally:
-        _stop(proc)
+        stop_process_group(proc)
         if owned_home:
             shutil.rmtree(home_path, ignore_errors=True)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -23,6 +22,8 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from processes import stop_process_group
 
 KEY, SECRET = "testing", "testing"
 
@@ -206,7 +207,7 @@ def seaweedfs(key: str = "weedadmin", secret: str = "weedsecret",
         _wait_for_s3(weed, proc, ready_timeout, tmp)
         yield weed
     finally:
-        _stop(proc)
+        stop_process_group(proc)
         log.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -247,13 +248,3 @@ def _wait_for_s3(weed: Weed, proc: subprocess.Popen, timeout: float, tmp: Path) 
             time.sleep(0.2)
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
