@@ -11,7 +11,7 @@ import functools
 import json
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -79,13 +79,18 @@ def print_table(frame, title: str | None = None, float_digits: int = 3) -> None:
 # --- store: sweep, upload-pending, report (logic in prefect_dask_profiling/store.py)
 _STORE_HELP = "Store URL (default: $DASK_PROFILING_STORE or ./.dask-profiling)."
 
+StoreOption = Annotated[str | None, typer.Option("--store", help=_STORE_HELP)]
+PipelineOption = Annotated[str | None, typer.Option("--pipeline", help="Pipeline name.")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+RunArgument = Annotated[str, typer.Argument(metavar="RUN", help="Run id.")]
+
 
 @app.command("sweep")
 @guarded
 def sweep_command(
     older_than: str = typer.Option(..., "--older-than", help="Age: 30d, 12h or days."),
-    store: str | None = typer.Option(None, "--store", help=_STORE_HELP),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    store: StoreOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Delete per-stage reports older than --older-than (never summaries or the index)."""
     from prefect_dask_profiling.store import RunStore, StoreError, parse_age
@@ -108,8 +113,8 @@ def sweep_command(
 @app.command("upload-pending")
 @guarded
 def upload_pending_command(
-    store: str | None = typer.Option(None, "--store", help=_STORE_HELP),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    store: StoreOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Upload files spooled while the store was unreachable (exit 1 if some still fail)."""
     from rich.progress import Progress
@@ -137,13 +142,13 @@ def upload_pending_command(
 @app.command("report")
 @guarded
 def report_command(
-    run_id: str = typer.Argument(..., metavar="RUN", help="Run id."),
+    run_id: RunArgument,
     stage_name: str = typer.Argument(..., metavar="STAGE", help="Stage name."),
     pipeline: str = typer.Option(..., "--pipeline", help="Pipeline name."),
-    store: str | None = typer.Option(None, "--store", help=_STORE_HELP),
+    store: StoreOption = None,
     expires: int = typer.Option(3600, "--expires", min=1, help="Link lifetime (s, max 7d)."),
     open_it: bool = typer.Option(False, "--open", help="Open the report in a browser."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    as_json: JsonOption = False,
 ) -> None:
     """Print a link to one stage's performance report (presigned on S3)."""
     import webbrowser
@@ -181,7 +186,7 @@ def bench(
     calibration_repeats: int = typer.Option(5, "--calibration-repeats"),
     out: str = typer.Option("benchmark_results/profiles", "--out"),
     connect_timeout: float = typer.Option(5.0, "--connect-timeout", help="Seconds."),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: JsonOption = False,
 ) -> None:
     """Profile a workload on a local and/or remote cluster; classify the bottleneck."""
     from prefect_dask_profiling.bench import cli_bench
@@ -216,8 +221,8 @@ def _store_and_pipeline(store: str | None, pipeline: str | None):
 def runs_command(
     pipeline: str | None = typer.Option(None, "--pipeline", help="Pipeline (omit: list them)."),
     version: str | None = typer.Option(None, "--version", help="Only this version."),
-    store: str | None = typer.Option(None, "--store", help=_STORE_HELP),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    store: StoreOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """List a pipeline's runs (run id, version, status), newest first; or the pipelines."""
     from prefect_dask_profiling import history
@@ -243,10 +248,10 @@ def runs_command(
 @app.command("show")
 @guarded
 def show_command(
-    run_id: str = typer.Argument(..., metavar="RUN", help="Run id."),
-    pipeline: str | None = typer.Option(None, "--pipeline", help="Pipeline name."),
-    store: str | None = typer.Option(None, "--store", help=_STORE_HELP),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    run_id: RunArgument,
+    pipeline: PipelineOption = None,
+    store: StoreOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """A run's manifest summary and its per-prefix table."""
     from prefect_dask_profiling import history
@@ -267,9 +272,9 @@ def show_command(
 def compare_command(
     run_a: str = typer.Argument(..., metavar="RUN_A", help="First run id."),
     run_b: str = typer.Argument(..., metavar="RUN_B", help="Second run id."),
-    pipeline: str | None = typer.Option(None, "--pipeline", help="Pipeline name."),
-    store: str | None = typer.Option(None, "--store", help=_STORE_HELP),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    pipeline: PipelineOption = None,
+    store: StoreOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Per-prefix differences between two runs (ratio = B / A)."""
     from prefect_dask_profiling import history
@@ -286,13 +291,13 @@ def compare_command(
 @app.command("check")
 @guarded
 def check_command(
-    pipeline: str | None = typer.Option(None, "--pipeline", help="Pipeline name."),
+    pipeline: PipelineOption = None,
     version: str | None = typer.Option(None, "--version", help="Newest run of this version."),
     run_id: str | None = typer.Option(None, "--run", help="Run id (default: the newest)."),
     threshold: float = typer.Option(2.0, "--threshold", help="Ratio to the median (> 1)."),
     n_history: int = typer.Option(8, "--history", min=1, help="Baseline runs at most."),
-    store: str | None = typer.Option(None, "--store", help=_STORE_HELP),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    store: StoreOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Judge a run against its baseline; exit 1 on a regression."""
     from prefect_dask_profiling import history
@@ -322,10 +327,10 @@ def check_command(
 @app.command("accept")
 @guarded
 def accept_command(
-    run_id: str = typer.Argument(..., metavar="RUN", help="Run id."),
-    pipeline: str | None = typer.Option(None, "--pipeline", help="Pipeline name."),
-    store: str | None = typer.Option(None, "--store", help=_STORE_HELP),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    run_id: RunArgument,
+    pipeline: PipelineOption = None,
+    store: StoreOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Accept a run: its version's baseline restarts there (an intended change)."""
     from prefect_dask_profiling import history
