@@ -17,9 +17,9 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pandas as pd
 
-from prefect_dask_profiling.history import load_baseline
-from prefect_dask_profiling.regression import detect_regressions
-from prefect_dask_profiling.store import RunStore, new_run_id
+from prefect_dask_profiling.regression.history import load_baseline
+from prefect_dask_profiling.regression.verdict import detect_regressions
+from prefect_dask_profiling.store.runs import RunStore, new_run_id
 
 N_PREFIXES = 20
 

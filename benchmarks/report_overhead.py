@@ -19,8 +19,8 @@ import time
 import dask.array as da
 from distributed import Client, LocalCluster
 
-from prefect_dask_profiling import reports
-from prefect_dask_profiling.store import RunStore, new_run_id
+from prefect_dask_profiling.prefect import reports
+from prefect_dask_profiling.store.runs import RunStore, new_run_id
 
 
 def stage_once(client: Client, tasks: int, with_report: bool) -> tuple[float, float, str | None]:

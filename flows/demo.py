@@ -152,7 +152,7 @@ def stop_server(quiet: bool = False) -> None:
 def run_flow(index: int, total: int, args: argparse.Namespace, slowdown: bool,
              notify: Path) -> dict:
     """One flow run in its own process; returns the stored run's index entry."""
-    from prefect_dask_profiling.store import RunStore
+    from prefect_dask_profiling.store.runs import RunStore
 
     command = [sys.executable, "-m", "flows.nightly_ndvi", "--size", args.size,
                "--data-url", args.data_url, "--notify-url", f"file://{notify}"]
@@ -186,7 +186,7 @@ def run_flow(index: int, total: int, args: argparse.Namespace, slowdown: bool,
 
 def show_results(entries: list[dict], notify: Path, port: int) -> dict:
     """Print summary, utilisation, verdicts, locations; return the last run's manifest."""
-    from prefect_dask_profiling.store import RunStore
+    from prefect_dask_profiling.store.runs import RunStore
 
     store = RunStore()
     pd.set_option("display.width", 140)
@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> None:
     DEMO.mkdir(exist_ok=True)
     notify = DEMO / "notifications.jsonl"
     start_server(args.port)
-    from prefect_dask_profiling.store import RunStore
+    from prefect_dask_profiling.store.runs import RunStore
 
     say(f"run store: {RunStore().url} (set DASK_PROFILING_STORE=s3://bucket/prefix for S3); "
         f"data: {args.data_url}")

@@ -26,7 +26,11 @@ from prefect.context import FlowRunContext
 from prefect.logging.loggers import flow_run_logger
 
 from prefect_dask_profiling import stage
-from prefect_dask_profiling.runner import ProfiledDaskTaskRunner, RegressionDetected, profiled
+from prefect_dask_profiling.prefect.runner import (
+    ProfiledDaskTaskRunner,
+    RegressionDetected,
+    profiled,
+)
 from tasks.raster import (
     compute_ndvi,
     cube_exists,

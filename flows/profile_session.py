@@ -1,11 +1,11 @@
 """The profiling protocol as a Prefect flow: bench local vs remote, publish the verdict.
 
-Runs :func:`prefect_dask_profiling.bench.run_bench` (the same code as ``dask-profiling
+Runs :func:`prefect_dask_profiling.bench.protocol.run_bench` (the same code as ``dask-profiling
 bench``) and publishes two artifacts on the flow run: the local-vs-remote metric table
 (``dask-profile-comparison``) and the bottleneck verdict with its signals and actions
 (``dask-profile-verdict``). Run it with::
 
-    python -m flows.profile_session --workload prefect_dask_profiling.workloads:matmul \\
+    python -m flows.profile_session --workload prefect_dask_profiling.bench.workloads:matmul \\
         --scheduler tcp://HOST:8786
 """
 
@@ -17,10 +17,9 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from prefect_dask_profiling.bench import BenchResult, run_bench
-from prefect_dask_profiling.bench_config import BenchConfig
-from prefect_dask_profiling.jsonclean import json_clean
-from prefect_dask_profiling.names import artifact_key
+from prefect_dask_profiling._util import artifact_key, json_clean
+from prefect_dask_profiling.bench.config import BenchConfig
+from prefect_dask_profiling.bench.protocol import BenchResult, run_bench
 
 COMPARISON_KEY = artifact_key("dask-profile", "comparison")
 VERDICT_KEY = artifact_key("dask-profile", "verdict")

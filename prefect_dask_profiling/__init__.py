@@ -1,19 +1,42 @@
 """Per-stage Dask profiling, run history and regression verdicts for Prefect flows.
 
-The functional API (usable without Prefect) follows the seed document's names::
+The functional API (usable without Prefect)::
 
     name = install(client)
     with stage("reduce"):
         result = cube.median("time").compute()
     record = collect(client, name)
     summarise(record), utilisation(record)
+
+The Prefect task runner and helpers (``ProfiledDaskTaskRunner``, ``profiled``, ``finish``)
+and the regression check (``detect_regressions``) are reachable from here too, imported on
+first use so that importing the package does not import Prefect.
 """
 
-from prefect_dask_profiling.plugin import TaskTimings, collect, install, uninstall
-from prefect_dask_profiling.record import RunRecord
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from prefect_dask_profiling.stage import stage
-from prefect_dask_profiling.summary import summarise, utilisation
+from prefect_dask_profiling.summary import RunRecord, summarise, utilisation
+from prefect_dask_profiling.timing import TaskTimings, collect, install, uninstall
+
+_LAZY = {
+    "ProfiledDaskTaskRunner": "prefect_dask_profiling.prefect.runner",
+    "ProfilingOptions": "prefect_dask_profiling.prefect.runner",
+    "profiled": "prefect_dask_profiling.prefect.runner",
+    "finish": "prefect_dask_profiling.prefect.runner",
+    "detect_regressions": "prefect_dask_profiling.regression.verdict",
+    "RegressionDetected": "prefect_dask_profiling.regression.verdict",
+}
 
 __all__ = ["RunRecord", "TaskTimings", "collect", "install", "stage", "summarise",
-           "uninstall", "utilisation"]
+           "uninstall", "utilisation", *_LAZY]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'prefect_dask_profiling' has no attribute {name!r}")

@@ -33,8 +33,8 @@ from typing import Any, Protocol
 
 import dask
 
-from prefect_dask_profiling.names import validate_name
-from prefect_dask_profiling.plugin import DEFAULT_STAGE, RUN_ANNOTATION, STAGE_ANNOTATION
+from prefect_dask_profiling._util import validate_name
+from prefect_dask_profiling.timing.plugin import DEFAULT_STAGE, RUN_ANNOTATION, STAGE_ANNOTATION
 
 
 class StageListener(Protocol):

@@ -10,7 +10,7 @@ from prefect import flow, task
 from prefect_dask import get_dask_client
 
 from prefect_dask_profiling import stage
-from prefect_dask_profiling.runner import ProfiledDaskTaskRunner, profiled
+from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner, profiled
 
 
 def slow_block(block, delay: float):

@@ -18,15 +18,15 @@ import pytest
 from bench_fixtures import netns_cluster, netns_unavailable, subprocess_cluster
 from typer.testing import CliRunner
 
-from prefect_dask_profiling.bench import run_bench
-from prefect_dask_profiling.bench_config import BenchConfig
+from prefect_dask_profiling.bench.config import BenchConfig
+from prefect_dask_profiling.bench.protocol import run_bench
+from prefect_dask_profiling.bench.workloads import SlowWorker
 from prefect_dask_profiling.cli import app
-from prefect_dask_profiling.workloads import SlowWorker
 
 pytestmark = pytest.mark.slow
 
 CLI = str(Path(sys.executable).with_name("dask-profiling"))
-W = "prefect_dask_profiling.workloads"
+W = "prefect_dask_profiling.bench.workloads"
 
 
 @pytest.fixture(scope="module")

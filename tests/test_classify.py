@@ -6,7 +6,13 @@ import math
 
 import pytest
 
-from prefect_dask_profiling.classify import CLASSES, MIN_SOURCES, RULES, classify, evaluate
+from prefect_dask_profiling.diagnosis.classify import (
+    CLASSES,
+    MIN_SOURCES,
+    RULES,
+    classify,
+    evaluate,
+)
 
 # A quiet baseline: nothing stands out (no class reaches three sources).
 NEUTRAL = {

@@ -13,10 +13,10 @@ from s3_servers import closed_endpoint, s3_options
 from typer.testing import CliRunner
 
 from prefect_dask_profiling.cli import app
-from prefect_dask_profiling.history import HISTORY_COLUMNS, load_baseline
-from prefect_dask_profiling.regression import detect_regressions, regressed
-from prefect_dask_profiling.store import RunStore, new_run_id
-from prefect_dask_profiling.trend import trend_html
+from prefect_dask_profiling.regression.history import HISTORY_COLUMNS, load_baseline
+from prefect_dask_profiling.regression.trend import trend_html
+from prefect_dask_profiling.regression.verdict import detect_regressions, regressed
+from prefect_dask_profiling.store.runs import RunStore, new_run_id
 
 PIPELINE = "ndvi"
 T0 = datetime(2026, 11, 1, 2, 0, tzinfo=UTC)
@@ -137,7 +137,7 @@ def test_malformed_runs_are_skipped_with_a_warning(store, tmp_path, caplog):
     (runs_dir / ids[5] / "tasks.csv").write_text("stage,prefix\nread,x\n")  # changed
     (runs_dir / ids[4] / "manifest.json").unlink()  # marker without manifest
     (runs_dir / ids[3] / "manifest.json").write_text("{not json")
-    with caplog.at_level(logging.WARNING, logger="prefect_dask_profiling.history"):
+    with caplog.at_level(logging.WARNING, logger="prefect_dask_profiling.regression.history"):
         base = load_baseline(store, PIPELINE, "v1", n=3)
     assert base.runs == ids[:3]  # older runs fill in for the skipped ones
     assert [r for r, _ in base.skipped] == [ids[5], ids[4], ids[3]]

@@ -11,8 +11,8 @@ from ndvi_fixtures import HISTORY_RUNS, SLOWED, artifacts_by_key, flow_run_id
 from prefect.client.orchestration import get_client
 
 from flows.nightly_ndvi import CLUSTER_KWARGS, nightly_ndvi
-from prefect_dask_profiling.runner import ProfiledDaskTaskRunner
-from prefect_dask_profiling.store import RunStore
+from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner
+from prefect_dask_profiling.store.runs import RunStore
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")]

@@ -29,8 +29,8 @@ from prefect_dask_profiling import (
     uninstall,
     utilisation,
 )
-from prefect_dask_profiling.plugin import DEFAULT_STAGE, snapshot
-from prefect_dask_profiling.sketch import DEFAULT_ALPHA
+from prefect_dask_profiling.timing.plugin import DEFAULT_STAGE, snapshot
+from prefect_dask_profiling.timing.sketch import DEFAULT_ALPHA
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefect_dask_profiling.regression import (
+from prefect_dask_profiling.regression.verdict import (
     OUTPUT_COLUMNS,
     VERDICTS,
     RegressionDetected,

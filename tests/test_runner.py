@@ -14,8 +14,8 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRun
 from prefect_dask import DaskTaskRunner
 from profiled_flows import crunch, make_flow
 
-from prefect_dask_profiling.runner import ProfiledDaskTaskRunner, profiled
-from prefect_dask_profiling.store import RunStore
+from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner, profiled
+from prefect_dask_profiling.store.runs import RunStore
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 

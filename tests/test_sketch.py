@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefect_dask_profiling.sketch import DEFAULT_ALPHA, QuantileSketch
+from prefect_dask_profiling.timing.sketch import DEFAULT_ALPHA, QuantileSketch
 
 durations = st.lists(st.floats(min_value=1e-6, max_value=1e4, allow_nan=False), min_size=1,
                      max_size=400)

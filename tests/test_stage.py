@@ -10,7 +10,6 @@ from typing import Any
 import dask
 import pytest
 
-from prefect_dask_profiling.plugin import DEFAULT_STAGE, RUN_ANNOTATION, STAGE_ANNOTATION
 from prefect_dask_profiling.stage import (
     current_stage,
     reset_listener,
@@ -19,6 +18,7 @@ from prefect_dask_profiling.stage import (
     stage,
     use_listener,
 )
+from prefect_dask_profiling.timing.plugin import DEFAULT_STAGE, RUN_ANNOTATION, STAGE_ANNOTATION
 
 
 class Recorder:

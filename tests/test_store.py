@@ -27,7 +27,7 @@ from s3_servers import (
 from typer.testing import CliRunner
 
 from prefect_dask_profiling.cli import app
-from prefect_dask_profiling.store import (
+from prefect_dask_profiling.store.runs import (
     RunStore,
     StoreError,
     new_run_id,
@@ -173,7 +173,7 @@ def test_s3_list_runs_skips_malformed_markers(s3_store, moto_endpoint, caplog):
                       ("pfx/index/ndvi/v1/20261101T000000Z-aaaaaa.healthy", b""),
                       ("pfx/index/ndvi/v1/deeper/y.healthy", b"{}")]:
         client.put_object(Bucket=BUCKET, Key=key, Body=body)
-    with caplog.at_level(logging.WARNING, logger="prefect_dask_profiling.store"):
+    with caplog.at_level(logging.WARNING, logger="prefect_dask_profiling.store.runs"):
         runs = s3_store.list_runs("ndvi", "v1")
     assert [r["run_id"] for r in runs] == [run_id]
     assert caplog.text.count("malformed index marker") == 4
@@ -235,7 +235,7 @@ def test_s3_endpoint_down_spools_then_uploads_byte_identical(
         down = RunStore(f"s3://{BUCKET}/pfx", s3_options(dead, KEY, SECRET),
                         spool_dir=spool, timeout=2)
         start = time.monotonic()
-        with caplog.at_level(logging.WARNING, logger="prefect_dask_profiling.store"):
+        with caplog.at_level(logging.WARNING, logger="prefect_dask_profiling.store.runs"):
             run_id, result = write_sample(down)
             report = down.write_report("ndvi", run_id, "read", "<html>r</html>")
         elapsed = time.monotonic() - start

@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from prefect_dask_profiling.plugin import TaskTimings
-from prefect_dask_profiling.record import RunRecord
-from prefect_dask_profiling.sketch import DEFAULT_ALPHA
-from prefect_dask_profiling.summary import SUMMARY_COLUMNS, reading, summarise, utilisation
+from prefect_dask_profiling.summary.record import RunRecord
+from prefect_dask_profiling.summary.tables import SUMMARY_COLUMNS, reading, summarise, utilisation
+from prefect_dask_profiling.timing.plugin import TaskTimings
+from prefect_dask_profiling.timing.sketch import DEFAULT_ALPHA
 
 T0 = 10_000.0  # small, so start + seconds - start keeps full precision
 

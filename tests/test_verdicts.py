@@ -11,9 +11,9 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 from profiled_flows import make_flow
 
-from prefect_dask_profiling.regression import RegressionDetected
-from prefect_dask_profiling.runner import ProfiledDaskTaskRunner
-from prefect_dask_profiling.store import RunStore
+from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner
+from prefect_dask_profiling.regression.verdict import RegressionDetected
+from prefect_dask_profiling.store.runs import RunStore
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 

@@ -20,7 +20,7 @@ from prefect import flow
 from prefect_dask import get_dask_client
 
 from prefect_dask_profiling import stage
-from prefect_dask_profiling.runner import ProfiledDaskTaskRunner, finish, profiled
+from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner, finish, profiled
 
 HOOKS: dict[str, Callable[[], None]] = {}
 CHUNK = 10  # each block is CHUNK x 10 ones

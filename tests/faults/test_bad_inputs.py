@@ -20,11 +20,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from prefect_dask_profiling import history
 from prefect_dask_profiling.cli import app
-from prefect_dask_profiling.runner import ProfiledDaskTaskRunner
+from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner
+from prefect_dask_profiling.regression import history
 from prefect_dask_profiling.stage import stage
-from prefect_dask_profiling.store import TASKS_COLUMNS, RunStore, new_run_id
+from prefect_dask_profiling.store.runs import TASKS_COLUMNS, RunStore, new_run_id
 
 pytestmark = pytest.mark.timeout(120)
 

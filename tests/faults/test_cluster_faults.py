@@ -15,8 +15,8 @@ import pytest
 from dask_processes import ROOT, TESTS, external_cluster
 
 from faults.fault_flows import expected, make_fault_flow
-from prefect_dask_profiling.runner import ProfiledDaskTaskRunner, _live_runner
-from prefect_dask_profiling.store import RunStore
+from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner, _live_runner
+from prefect_dask_profiling.store.runs import RunStore
 
 pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.timeout(180)]
 

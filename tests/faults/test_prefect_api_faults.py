@@ -19,9 +19,9 @@ from prefect.client.orchestration import get_client
 from prefect_server import running_server, use_server
 
 from faults.fault_flows import make_fault_flow
-from prefect_dask_profiling.regression import RegressionDetected
-from prefect_dask_profiling.runner import ProfiledDaskTaskRunner
-from prefect_dask_profiling.store import TASKS_COLUMNS, RunStore, new_run_id
+from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner
+from prefect_dask_profiling.regression.verdict import RegressionDetected
+from prefect_dask_profiling.store.runs import TASKS_COLUMNS, RunStore, new_run_id
 
 pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.timeout(180)]
 

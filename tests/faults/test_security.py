@@ -19,7 +19,7 @@ from prefect.logging.handlers import APILogHandler
 from s3_servers import boto_client
 
 from faults.fault_flows import expected, make_fault_flow
-from prefect_dask_profiling.runner import ProfiledDaskTaskRunner
+from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner
 
 pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.timeout(180)]
 

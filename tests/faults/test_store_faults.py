@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 from faults.conftest import Stopwatch
 from faults.fault_flows import expected, make_fault_flow
 from prefect_dask_profiling.cli import app
-from prefect_dask_profiling.runner import ProfiledDaskTaskRunner
-from prefect_dask_profiling.store import RunStore
+from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner
+from prefect_dask_profiling.store.runs import RunStore
 
 pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.timeout(180)]
 

@@ -2,16 +2,16 @@
 
 :func:`run_side` runs, on one cluster:
 
-1. **preflight** — :func:`prefect_dask_profiling.preflight.preflight`;
-2. **calibration** — :mod:`prefect_dask_profiling.calibrate` → effective threads;
+1. **preflight** — :func:`prefect_dask_profiling.bench.preflight.preflight`;
+2. **calibration** — :mod:`prefect_dask_profiling.bench.calibrate` → effective threads;
 3. **warmup** — ``warmup`` untimed batches per ``n`` (results forgotten before measuring);
 4. **measured phase** — ``repeats`` batches per ``n``, each batch one aggregate per seed
    (:func:`run_batch`), under a Dask ``performance_report``, the
-   :class:`~prefect_dask_profiling.plugin.TaskTimings` plugin, the task stream and
-   before/after :mod:`~prefect_dask_profiling.probes` of the scheduler, fine performance
+   :class:`~prefect_dask_profiling.timing.TaskTimings` plugin, the task stream and
+   before/after :mod:`~prefect_dask_profiling.bench.probes` of the scheduler, fine performance
    metrics and worker transfer logs;
-5. **signals → verdict** — :func:`prefect_dask_profiling.signals.extract_signals` builds the
-   signal dict, :func:`prefect_dask_profiling.classify.classify` (pure) names the
+5. **signals → verdict** — :func:`~prefect_dask_profiling.diagnosis.signals.extract_signals` builds
+   the signal dict, :func:`~prefect_dask_profiling.diagnosis.classify.classify` (pure) names the
    bottleneck.
 
 It writes ``<side>/summary.json`` and ``<side>/performance_report.html``.
@@ -27,14 +27,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from prefect_dask_profiling import calibrate as calibration
-from prefect_dask_profiling import probes
-from prefect_dask_profiling.bench_config import BenchConfig, BenchInputError
-from prefect_dask_profiling.bench_report import SCHEMA, side_metrics
-from prefect_dask_profiling.classify import classify
-from prefect_dask_profiling.jsonclean import json_clean
-from prefect_dask_profiling.preflight import preflight
-from prefect_dask_profiling.signals import extract_signals
+from prefect_dask_profiling._util import json_clean
+from prefect_dask_profiling.bench import calibrate as calibration
+from prefect_dask_profiling.bench import probes
+from prefect_dask_profiling.bench.config import BenchConfig, BenchInputError
+from prefect_dask_profiling.bench.preflight import preflight
+from prefect_dask_profiling.bench.report import SCHEMA, side_metrics
+from prefect_dask_profiling.diagnosis.classify import classify
+from prefect_dask_profiling.diagnosis.signals import extract_signals
 
 Progress = Callable[[str], None]
 
@@ -99,8 +99,8 @@ def _run_side(client, side: str, config: BenchConfig, fn: Callable[[int, int], A
               directory: Path, progress: Progress) -> dict[str, Any]:
     from distributed import performance_report
 
-    from prefect_dask_profiling import plugin
-    from prefect_dask_profiling.summary import summarise, utilisation
+    from prefect_dask_profiling.summary.tables import summarise, utilisation
+    from prefect_dask_profiling.timing import plugin
 
     out = directory / side
     out.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,9 @@
 """The clusters a benchmark session runs on: the remote scheduler and a local cluster.
 
 :func:`connect` fails fast on an unreachable scheduler or one without workers
-(:class:`~prefect_dask_profiling.bench_config.BenchInputError`); :func:`local_cluster`
+(:class:`~prefect_dask_profiling.bench.config.BenchInputError`); :func:`local_cluster`
 starts a ``LocalCluster`` on 127.0.0.1 sized by the session's
-:class:`~prefect_dask_profiling.bench_config.BenchConfig`.
+:class:`~prefect_dask_profiling.bench.config.BenchConfig`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from prefect_dask_profiling.bench_config import BenchConfig, BenchInputError
+from prefect_dask_profiling.bench.config import BenchConfig, BenchInputError
 
 
 @contextlib.contextmanager

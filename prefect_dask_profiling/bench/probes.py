@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from prefect_dask_profiling import calibrate as calibration
+from prefect_dask_profiling.bench import calibrate as calibration
 
 HEARTBEAT_WAIT_S = 1.2
 

@@ -4,8 +4,8 @@ The same inputs (``n`` values, seeds, aggregates per batch, warmup policy) are u
 every side of a session. Bad input (unknown workload, malformed options) raises
 :class:`BenchInputError`, a ``ValueError``: the CLI prints it as one line and exits 2. The
 checks that need a cluster (unreachable scheduler, no workers, workload not importable on
-the workers) raise it too, from :mod:`prefect_dask_profiling.clusters` and
-:mod:`prefect_dask_profiling.preflight`.
+the workers) raise it too, from :mod:`prefect_dask_profiling.bench.clusters` and
+:mod:`prefect_dask_profiling.bench.preflight`.
 """
 
 from __future__ import annotations

@@ -4,24 +4,25 @@
 --seeds 1,2,3 --warmup 1 --repeats 3 --out DIR`` runs the same inputs (same ``n`` values,
 seeds, aggregates per batch and warmup policy) on a local cluster and on the remote one:
 
-1. **preflight** — :mod:`prefect_dask_profiling.preflight`: worker visibility and metadata,
+1. **preflight** — :mod:`prefect_dask_profiling.bench.preflight`: worker visibility and metadata,
    the workload's module importable on every worker (what is missing is named), client /
    scheduler / worker version mismatches (listed), environment fingerprint, and a warning
    when the "remote" scheduler is on the loopback or on this machine;
-2. **calibration** — :mod:`prefect_dask_profiling.calibrate` → effective threads;
+2. **calibration** — :mod:`prefect_dask_profiling.bench.calibrate` → effective threads;
 3. **warmup** — ``warmup`` untimed batches per ``n`` (results forgotten before measuring);
 4. **measured phase** — ``repeats`` batches per ``n``, each batch one aggregate per seed,
-   under a Dask ``performance_report``, the :class:`~prefect_dask_profiling.plugin.TaskTimings`
-   plugin, the task stream and before/after :mod:`~prefect_dask_profiling.probes` of the
+   under a Dask ``performance_report``, the :class:`~prefect_dask_profiling.timing.TaskTimings`
+   plugin, the task stream and before/after :mod:`~prefect_dask_profiling.bench.probes` of the
    scheduler, fine performance metrics and worker transfer logs
-   (:mod:`prefect_dask_profiling.measure`);
-5. **signals → verdict** — :func:`prefect_dask_profiling.signals.extract_signals` builds the
-   signal dict, :func:`prefect_dask_profiling.classify.classify` (pure) names the bottleneck.
+   (:mod:`prefect_dask_profiling.bench.measure`);
+5. **signals → verdict** — :func:`~prefect_dask_profiling.diagnosis.signals.extract_signals` builds
+   the signal dict, :func:`~prefect_dask_profiling.diagnosis.classify.classify` (pure) names the
+   bottleneck.
 
 This module runs the session (:func:`run_bench`: clusters from
-:mod:`prefect_dask_profiling.clusters`, each side measured, then the comparison and notes of
-:mod:`prefect_dask_profiling.bench_report`) and is what ``dask-profiling bench`` calls
-(:func:`cli_bench`). The inputs are a :class:`~prefect_dask_profiling.bench_config.BenchConfig`.
+:mod:`prefect_dask_profiling.bench.clusters`, each side measured, then the comparison and notes of
+:mod:`prefect_dask_profiling.bench.report`) and is what ``dask-profiling bench`` calls
+(:func:`cli_bench`). The inputs are a :class:`~prefect_dask_profiling.bench.config.BenchConfig`.
 
 Artifacts (the seed's layout)::
 
@@ -30,7 +31,7 @@ Artifacts (the seed's layout)::
     DIR/<timestamp>/comparison.json, notes.md
 
 Bad input (unknown workload, unreachable scheduler, no workers, workload not importable on
-the workers) raises :class:`~prefect_dask_profiling.bench_config.BenchInputError`, a
+the workers) raises :class:`~prefect_dask_profiling.bench.config.BenchInputError`, a
 ``ValueError``: the CLI prints it as one line and exits 2.
 """
 
@@ -43,12 +44,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from prefect_dask_profiling.bench_config import BenchConfig, load_workload, parse_ints
-from prefect_dask_profiling.bench_report import compare, notes_markdown
-from prefect_dask_profiling.clusters import connect, local_cluster
-from prefect_dask_profiling.jsonclean import json_clean
-from prefect_dask_profiling.measure import Progress, run_side
-from prefect_dask_profiling.preflight import environment_fingerprint
+from prefect_dask_profiling._util import json_clean
+from prefect_dask_profiling.bench.clusters import connect, local_cluster
+from prefect_dask_profiling.bench.config import BenchConfig, load_workload, parse_ints
+from prefect_dask_profiling.bench.measure import Progress, run_side
+from prefect_dask_profiling.bench.preflight import environment_fingerprint
+from prefect_dask_profiling.bench.report import compare, notes_markdown
 
 
 @dataclass

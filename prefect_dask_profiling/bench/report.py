@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from prefect_dask_profiling.signals import ratio
+from prefect_dask_profiling.diagnosis.signals import ratio
 
 SCHEMA = "dask-profiling-bench/1"
 

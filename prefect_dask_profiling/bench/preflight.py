@@ -19,7 +19,7 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
-from prefect_dask_profiling.bench_config import BenchConfig, BenchInputError
+from prefect_dask_profiling.bench.config import BenchConfig, BenchInputError
 
 KEY_PACKAGES = ("python", "dask", "distributed", "numpy", "pandas", "cloudpickle", "msgpack",
                 "toolz", "tornado", "lz4")

@@ -50,7 +50,7 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def emit_json(data: Any) -> None:
     """Print ``data`` as JSON (NaN/inf become null)."""
-    from prefect_dask_profiling.jsonclean import json_clean
+    from prefect_dask_profiling._util import json_clean
 
     sys.stdout.write(json.dumps(json_clean(data), indent=2, sort_keys=False) + "\n")
 
@@ -93,7 +93,7 @@ def sweep_command(
     as_json: JsonOption = False,
 ) -> None:
     """Delete per-stage reports older than --older-than (never summaries or the index)."""
-    from prefect_dask_profiling.store import RunStore, StoreError, parse_age
+    from prefect_dask_profiling.store.runs import RunStore, StoreError, parse_age
 
     days = parse_age(older_than)
     try:
@@ -119,7 +119,7 @@ def upload_pending_command(
     """Upload files spooled while the store was unreachable (exit 1 if some still fail)."""
     from rich.progress import Progress
 
-    from prefect_dask_profiling.store import RunStore
+    from prefect_dask_profiling.store.runs import RunStore
 
     run_store = RunStore(store)
     with Progress(console=err_console, transient=True, disable=as_json) as progress:
@@ -154,7 +154,7 @@ def report_command(
     import webbrowser
     from pathlib import Path
 
-    from prefect_dask_profiling.store import RunStore, StoreError, report_link
+    from prefect_dask_profiling.store.runs import RunStore, StoreError, report_link
 
     try:
         info = report_link(RunStore(store), run_id, stage_name, pipeline, expires)
@@ -189,7 +189,7 @@ def bench(
     as_json: JsonOption = False,
 ) -> None:
     """Profile a workload on a local and/or remote cluster; classify the bottleneck."""
-    from prefect_dask_profiling.bench import cli_bench
+    from prefect_dask_profiling.bench.protocol import cli_bench
 
     cli_bench(workload=workload, scheduler=scheduler, local=local, local_workers=local_workers,
               local_threads=local_threads, local_memory_limit=local_memory_limit, n=n,
@@ -201,7 +201,7 @@ def bench(
 # --- history: runs, show, compare, check, accept (logic in prefect_dask_profiling/history.py)
 def _history_call(fn, *args, **kwargs):
     """Call a history function; store errors become one line and exit code 2."""
-    from prefect_dask_profiling.store import StoreError
+    from prefect_dask_profiling.store.runs import StoreError
 
     try:
         return fn(*args, **kwargs)
@@ -210,7 +210,7 @@ def _history_call(fn, *args, **kwargs):
 
 
 def _store_and_pipeline(store: str | None, pipeline: str | None):
-    from prefect_dask_profiling import history
+    from prefect_dask_profiling.regression import history
 
     run_store = _history_call(history.open_store, store)
     return run_store, _history_call(history.resolve_pipeline, run_store, pipeline)
@@ -225,7 +225,7 @@ def runs_command(
     as_json: JsonOption = False,
 ) -> None:
     """List a pipeline's runs (run id, version, status), newest first; or the pipelines."""
-    from prefect_dask_profiling import history
+    from prefect_dask_profiling.regression import history
 
     run_store = _history_call(history.open_store, store)
     if pipeline is None:
@@ -254,7 +254,7 @@ def show_command(
     as_json: JsonOption = False,
 ) -> None:
     """A run's manifest summary and its per-prefix table."""
-    from prefect_dask_profiling import history
+    from prefect_dask_profiling.regression import history
 
     run_store, pipeline = _store_and_pipeline(store, pipeline)
     summary, tasks = _history_call(history.show_run, run_store, pipeline, run_id)
@@ -277,7 +277,7 @@ def compare_command(
     as_json: JsonOption = False,
 ) -> None:
     """Per-prefix differences between two runs (ratio = B / A)."""
-    from prefect_dask_profiling import history
+    from prefect_dask_profiling.regression import history
 
     run_store, pipeline = _store_and_pipeline(store, pipeline)
     diff = _history_call(history.compare_runs, run_store, pipeline, run_a, run_b)
@@ -300,8 +300,8 @@ def check_command(
     as_json: JsonOption = False,
 ) -> None:
     """Judge a run against its baseline; exit 1 on a regression."""
-    from prefect_dask_profiling import history
-    from prefect_dask_profiling.regression import describe, regressed
+    from prefect_dask_profiling.regression import history
+    from prefect_dask_profiling.regression.verdict import describe, regressed
 
     run_store, pipeline = _store_and_pipeline(store, pipeline)
     result = _history_call(history.check_run, run_store, pipeline, run_id, version,
@@ -333,7 +333,7 @@ def accept_command(
     as_json: JsonOption = False,
 ) -> None:
     """Accept a run: its version's baseline restarts there (an intended change)."""
-    from prefect_dask_profiling import history
+    from prefect_dask_profiling.regression import history
 
     run_store, pipeline = _store_and_pipeline(store, pipeline)
     version = _history_call(history.accept_run, run_store, pipeline, run_id)

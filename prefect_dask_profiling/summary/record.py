@@ -1,4 +1,4 @@
-"""The run record: what one run's :class:`~prefect_dask_profiling.plugin.TaskTimings` saw.
+"""The run record: what one run's :class:`~prefect_dask_profiling.timing.plugin.TaskTimings` saw.
 
 A :class:`RunRecord` is built from the plugin's plain-data snapshot on the client side and
 holds pandas tables: per-(stage, prefix) task stats, orchestration (wrapper) tasks, workers,
@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from prefect_dask_profiling.sketch import QuantileSketch
+from prefect_dask_profiling.timing.sketch import QuantileSketch
 
 TASK_COLUMNS = ["stage", "prefix", "tasks", "errors", "reruns", "compute_s", "p50_s", "p95_s",
                 "max_s", "nbytes", "transfer_s", "disk_read_s", "disk_write_s",
@@ -59,7 +59,7 @@ class RunRecord:
     @classmethod
     def from_snapshot(cls, snap: dict[str, Any], workers: int = 0,
                       threads: int = 0) -> RunRecord:
-        """Build a record from :func:`prefect_dask_profiling.plugin.snapshot` output."""
+        """Build a record from :func:`prefect_dask_profiling.timing.plugin.snapshot` output."""
         warnings = list(snap.get("warnings", []))
         if snap.get("internal_errors"):
             last = (snap.get("last_error") or "").strip().splitlines()[-1:] or ["unknown"]

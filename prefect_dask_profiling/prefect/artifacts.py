@@ -13,11 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from prefect_dask_profiling.jsonclean import json_clean
-from prefect_dask_profiling.names import artifact_key
+from prefect_dask_profiling._util import artifact_key, json_clean
 
 if TYPE_CHECKING:
-    from prefect_dask_profiling.session import FinishResult
+    from prefect_dask_profiling.prefect.session import FinishResult
 
 SUMMARY_ARTIFACT_COLUMNS = ["stage", "prefix", "tasks", "total_s", "p50_s", "p95_s", "gb_out",
                             "share"]

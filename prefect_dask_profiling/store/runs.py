@@ -32,9 +32,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pandas as pd
 
-from prefect_dask_profiling import s3
-from prefect_dask_profiling.jsonclean import json_clean
-from prefect_dask_profiling.names import validate_name
+from prefect_dask_profiling._util import json_clean, validate_name
+from prefect_dask_profiling.store import s3
 
 logger = logging.getLogger(__name__)
 

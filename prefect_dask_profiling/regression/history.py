@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from prefect_dask_profiling.store import TASKS_COLUMNS, RunStore, StoreError
+from prefect_dask_profiling.store.runs import TASKS_COLUMNS, RunStore, StoreError
 
 logger = logging.getLogger(__name__)
 
@@ -263,9 +263,9 @@ def check_run(store: RunStore, pipeline: str, run_id: str | None = None,
               version: str | None = None, n: int = 8, **options) -> Check:
     """Judge ``run_id`` (default: the newest run, of ``version`` if given) against its baseline.
 
-    ``options`` go to :func:`~prefect_dask_profiling.regression.detect_regressions`.
+    ``options`` go to :func:`~prefect_dask_profiling.regression.verdict.detect_regressions`.
     """
-    from prefect_dask_profiling.regression import detect_regressions
+    from prefect_dask_profiling.regression.verdict import detect_regressions
 
     if run_id is None:
         runs = store.list_runs(pipeline, version)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from prefect_dask_profiling.record import RunRecord
-from prefect_dask_profiling.sketch import QuantileSketch
+from prefect_dask_profiling.summary.record import RunRecord
+from prefect_dask_profiling.timing.sketch import QuantileSketch
 
 SUMMARY_COLUMNS = ["tasks", "total_s", "p50_s", "p95_s", "gb_out", "max_s", "errors",
                    "reruns", "transfer_s", "disk_read_s", "disk_write_s", "share"]

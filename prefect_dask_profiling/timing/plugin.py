@@ -29,7 +29,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from prefect_dask_profiling.sketch import QuantileSketch
+from prefect_dask_profiling.timing.sketch import QuantileSketch
 
 logger = logging.getLogger(__name__)
 
@@ -418,7 +418,7 @@ def _register_by_value() -> None:
     """Send this module (and the sketch) by value: the scheduler need not have us installed."""
     import cloudpickle
 
-    import prefect_dask_profiling.sketch as sketch_module
+    import prefect_dask_profiling.timing.sketch as sketch_module
 
     for module in (sketch_module, __import__(__name__, fromlist=["_"])):
         if module.__name__ not in cloudpickle.list_registry_pickle_by_value():
@@ -491,8 +491,8 @@ def snapshot(client, name: str) -> dict[str, Any]:
 
 
 def collect(client, name: str):
-    """Collect plugin ``name`` into a :class:`~prefect_dask_profiling.record.RunRecord`."""
-    from prefect_dask_profiling.record import RunRecord
+    """Collect plugin ``name`` into a :class:`~prefect_dask_profiling.summary.record.RunRecord`."""
+    from prefect_dask_profiling.summary.record import RunRecord
 
     threads = client.nthreads()
     return RunRecord.from_snapshot(snapshot(client, name), workers=len(threads),

@@ -1,6 +1,6 @@
 """The flow-side profiling session of one run: plugin, stages, reports, and ``finish()``.
 
-Created by :class:`~prefect_dask_profiling.runner.ProfiledDaskTaskRunner` when Prefect
+Created by :class:`~prefect_dask_profiling.prefect.runner.ProfiledDaskTaskRunner` when Prefect
 enters it in the flow process. Everything here degrades to a warning (and a spool) when
 storage or artifacts fail — except the regression verdict, which fails the flow on purpose.
 """
@@ -16,13 +16,14 @@ import dask
 import distributed
 import pandas as pd
 
-from prefect_dask_profiling import plugin, reports
-from prefect_dask_profiling.manifest import RunContext, StageInfo, build_manifest, environment
-from prefect_dask_profiling.names import validate_name
-from prefect_dask_profiling.record import RunRecord
-from prefect_dask_profiling.regression import RegressionDetected, detect_regressions
+from prefect_dask_profiling._util import validate_name
+from prefect_dask_profiling.prefect import reports
+from prefect_dask_profiling.regression.verdict import RegressionDetected, detect_regressions
 from prefect_dask_profiling.stage import open_stage_name, reset_listener, set_listener
-from prefect_dask_profiling.summary import summarise, utilisation
+from prefect_dask_profiling.store.manifest import RunContext, StageInfo, build_manifest, environment
+from prefect_dask_profiling.summary.record import RunRecord
+from prefect_dask_profiling.summary.tables import summarise, utilisation
+from prefect_dask_profiling.timing import plugin
 
 logger = logging.getLogger("prefect_dask_profiling")
 
@@ -62,7 +63,7 @@ class Session:
     """Flow-side state of one profiled run."""
 
     def __init__(self, runner, client, plugin_name: str, scope: str) -> None:
-        from prefect_dask_profiling.store import new_run_id
+        from prefect_dask_profiling.store.runs import new_run_id
 
         self.runner = runner
         self.options = runner.profiling
@@ -110,7 +111,7 @@ class Session:
 
     @property
     def store(self):
-        from prefect_dask_profiling.store import RunStore
+        from prefect_dask_profiling.store.runs import RunStore
 
         if self._store is None or self._store_url != self.options.store:
             self._store = RunStore(self.options.store, self.options.storage_options,
@@ -122,7 +123,7 @@ class Session:
         """Store this run at ``url`` instead of the runner's store (before it finishes)."""
         if url is None or self.finished:
             return
-        from prefect_dask_profiling.runner import check_store_url
+        from prefect_dask_profiling.prefect.runner import check_store_url
 
         self.options = replace(self.options, store=check_store_url(url))
 
@@ -319,8 +320,8 @@ class Session:
 
     def _finish(self, error: BaseException | None, state: str | None, publish: bool,
                 extra_warning: str | None) -> FinishResult:
-        from prefect_dask_profiling.history import load_baseline
-        from prefect_dask_profiling.trend import trend_html
+        from prefect_dask_profiling.regression.history import load_baseline
+        from prefect_dask_profiling.regression.trend import trend_html
 
         self.capture()
         if not self.ctx.pipeline:  # no flow context ever seen: name after the runner
@@ -372,7 +373,7 @@ class Session:
             location=written.location, regressed=regressed,
             warnings=warnings + list(written.warnings))
         if publish:
-            from prefect_dask_profiling.artifacts import publish as publish_artifacts
+            from prefect_dask_profiling.prefect.artifacts import publish as publish_artifacts
 
             links = self._report_links(stage_infos)
             for w in publish_artifacts(result, links, trend_location=_join(written.location,

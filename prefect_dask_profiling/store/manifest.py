@@ -1,7 +1,7 @@
 """The run manifest: the small JSON document that makes a stored run complete.
 
 Built from the run record, its summary and utilisation, the stages' reports and the
-environment; written last by :meth:`~prefect_dask_profiling.store.RunStore.write_run`.
+environment; written last by :meth:`~prefect_dask_profiling.store.runs.RunStore.write_run`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from prefect_dask_profiling.jsonclean import json_clean
+from prefect_dask_profiling._util import json_clean
 
 SCHEMA_VERSION = 1
 FINGERPRINT_PACKAGES = ("dask", "distributed", "prefect", "prefect-dask", "pandas", "numpy",

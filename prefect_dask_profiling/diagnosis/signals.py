@@ -1,7 +1,7 @@
 """The classifier's signals, extracted from one side's measurement (pure, I/O already done).
 
 :func:`extract_signals` builds the signal dict that
-:func:`prefect_dask_profiling.classify.classify` reads, from: fine performance metrics
+:func:`prefect_dask_profiling.diagnosis.classify.classify` reads, from: fine performance metrics
 (:func:`fine_signals`), task start/stop records and batch windows (:func:`task_signals`),
 the scheduler's event-loop load (:func:`scheduler_signals`), the workers' transfer logs
 (:func:`transfer_signals`), worker CPU samples and run-queue accounting
@@ -250,7 +250,7 @@ def extract_signals(m: dict[str, Any]) -> dict[str, Any]:
     m
         ``batches, stream, fine_before/after, scheduler_before/after, workers_before/after,
         threads, nthreads, calibration, record`` as gathered by
-        :func:`prefect_dask_profiling.measure.run_side`.
+        :func:`prefect_dask_profiling.bench.measure.run_side`.
     """
     batches = m["batches"]
     wall = sum(b["wall_s"] for b in batches)

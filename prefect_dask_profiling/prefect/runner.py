@@ -38,10 +38,10 @@ import distributed
 import fsspec
 from prefect_dask import DaskTaskRunner
 
-from prefect_dask_profiling.names import validate_name
-from prefect_dask_profiling.plugin import RUN_ANNOTATION, STAGE_ANNOTATION
-from prefect_dask_profiling.regression import RegressionDetected
+from prefect_dask_profiling._util import validate_name
+from prefect_dask_profiling.regression.verdict import RegressionDetected
 from prefect_dask_profiling.stage import running_task_annotations
+from prefect_dask_profiling.timing.plugin import RUN_ANNOTATION, STAGE_ANNOTATION
 
 logger = logging.getLogger("prefect_dask_profiling")
 
@@ -125,7 +125,7 @@ class ProfilingOptions:
             check_store_url(self.store)
         if self.storage_options is not None and not isinstance(self.storage_options, dict):
             raise ValueError("storage_options must be a dict")
-        from prefect_dask_profiling.regression import detect_regressions
+        from prefect_dask_profiling.regression.verdict import detect_regressions
 
         allowed = set(inspect.signature(detect_regressions).parameters) - {
             "history", "latest", "threshold"}
@@ -219,7 +219,7 @@ class ProfiledDaskTaskRunner(DaskTaskRunner):
             self._reenter_running_stage()
             return self
         try:
-            from prefect_dask_profiling.session import Session
+            from prefect_dask_profiling.prefect.session import Session
 
             self._session = Session.start(self, self._exit_stack)
         except Exception as exc:  # never raise here: the flow run would stay Running

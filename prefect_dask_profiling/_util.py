@@ -1,0 +1,129 @@
+"""Small helpers shared by every part: safe names, positive numbers, JSON-clean values,
+and shipping a module by value to processes that do not have this package installed."""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+import unicodedata
+from typing import Any
+
+MAX_LENGTH = 128
+_ARTIFACT_KEY = re.compile(r"[^a-z0-9]+")
+
+
+def validate_name(value: object, field: str) -> str:
+    """Return ``value`` if it is safe as one path segment, else raise ``ValueError``.
+
+    Parameters
+    ----------
+    value
+        The candidate name (pipeline, stage, run id, version, ...).
+    field
+        What the name is, for the error message.
+    """
+    if not isinstance(value, str):
+        raise ValueError(f"{field} must be a string, got {type(value).__name__}")
+    if not value or not value.strip():
+        raise ValueError(f"{field} must not be empty")
+    if value != value.strip():
+        raise ValueError(f"{field} must not start or end with whitespace: {value!r}")
+    if len(value) > MAX_LENGTH:
+        raise ValueError(f"{field} is longer than {MAX_LENGTH} characters")
+    if any(unicodedata.category(ch)[0] in "CZ" and ch != " " for ch in value):
+        raise ValueError(f"{field} must not contain control or separator characters: {value!r}")
+    if "/" in value or "\\" in value or ":" in value:
+        raise ValueError(f"{field} must not contain '/', '\\\\' or ':': {value!r}")
+    if value in (".", "..") or ".." in value or value.startswith("."):
+        raise ValueError(f"{field} must not contain '..' or start with '.': {value!r}")
+    if any(ch in value for ch in "*?[]{}#%\"'<>|"):
+        raise ValueError(f"{field} must not contain glob or URL special characters: {value!r}")
+    return value
+
+
+def artifact_key(*parts: str) -> str:
+    """A Prefect artifact key (lowercase letters, digits, dashes) from ``parts``."""
+    key = "-".join(_ARTIFACT_KEY.sub("-", p.lower()).strip("-") for p in parts if p)
+    key = re.sub(r"-{2,}", "-", key).strip("-")
+    return key or "dask-profiling"
+
+
+
+
+def positive_int(value: object, field: str, *, minimum: int = 1) -> int:
+    """Return ``value`` if it is an ``int`` (not a ``bool``) of at least ``minimum``.
+
+    Raises
+    ------
+    ValueError
+        Naming ``field`` and the allowed range.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{field} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def positive_number(value: object, field: str, *, allow_zero: bool = False) -> float:
+    """Return ``value`` as a float if it is a finite real number > 0 (>= 0 with ``allow_zero``).
+
+    Raises
+    ------
+    ValueError
+        Naming ``field`` and the allowed range.
+    """
+    bound = ">= 0" if allow_zero else "> 0"
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{field} must be a finite number {bound}, got {value!r}")
+    return float(value)
+
+
+def ship_by_value(*module_names: str) -> None:
+    """Pickle the named (already imported) modules by value.
+
+    Code that runs inside a scheduler or worker we do not control must not need this
+    package installed there; cloudpickle then sends the functions' code along.
+    """
+    import cloudpickle
+
+    registered = cloudpickle.list_registry_pickle_by_value()
+    for name in module_names:
+        if name not in registered:
+            cloudpickle.register_pickle_by_value(sys.modules[name])
+
+
+
+def json_clean(value: Any) -> Any:
+    """Recursively turn ``value`` into plain JSON data.
+
+    Non-finite floats become ``None``, numpy scalars become Python scalars, tuples and
+    sets become lists, timestamps become ISO strings.
+    """
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): json_clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [json_clean(v) for v in value]
+    item = getattr(value, "item", None)
+    if callable(item):  # numpy / pandas scalars
+        try:
+            return json_clean(item())
+        except (TypeError, ValueError):
+            pass
+    isoformat = getattr(value, "isoformat", None)
+    if callable(isoformat):
+        return isoformat()
+    try:
+        import pandas as pd
+
+        if value is pd.NA or value is pd.NaT:
+            return None
+    except ImportError:  # pragma: no cover
+        pass
+    return str(value)

@@ -1,0 +1,1 @@
+"""The profiling protocol: local vs remote benchmark sessions, calibration, comparison."""

@@ -1,0 +1,1 @@
+"""The Prefect integration: the only part of the package that imports Prefect."""

@@ -1,0 +1,1 @@
+"""Object storage for runs: layout, URL validation, manifests, writing, spool, lifecycle."""
