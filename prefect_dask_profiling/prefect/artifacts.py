@@ -16,7 +16,7 @@ import pandas as pd
 from prefect_dask_profiling._util import artifact_key, json_clean
 
 if TYPE_CHECKING:
-    from prefect_dask_profiling.prefect.session import FinishResult
+    from prefect_dask_profiling.finishing import FinishResult
 
 SUMMARY_ARTIFACT_COLUMNS = ["stage", "prefix", "tasks", "total_s", "p50_s", "p95_s", "gb_out",
                             "share"]
@@ -47,7 +47,9 @@ def run_markdown(result: FinishResult, links: dict[str, str], trend: str | None)
              f"- wall: {_fmt(m['wall_s'], '{:.1f}')} s, workers: {m['workers']}, "
              f"threads: {m['threads']}",
              f"- baseline: {m['baseline'].get('note') or ''} "
-             f"({len(m['baseline'].get('runs') or [])} runs)", "",
+             f"({len(m['baseline'].get('runs') or [])} runs)",
+             *([f"- **not judged**: {m['unjudged_reason']}"] if m.get("unjudged_reason") else []),
+             "",
              "## Utilisation (task seconds ÷ thread-seconds available)", "",
              "| scope | utilisation | wall s | task s | reading |", "|---|---|---|---|---|"]
     for scope, row in result.utilisation.iterrows():

@@ -14,15 +14,14 @@ from typing import Any
 
 import dask
 import distributed
-import pandas as pd
 
 from prefect_dask_profiling._util import validate_name
+from prefect_dask_profiling.finishing import FinishResult, FinishSettings, finish_run
 from prefect_dask_profiling.prefect import reports
-from prefect_dask_profiling.regression.verdict import RegressionDetected, detect_regressions
+from prefect_dask_profiling.regression.verdict import RegressionDetected
 from prefect_dask_profiling.stage import open_stage_name, reset_listener, set_listener
-from prefect_dask_profiling.store.manifest import RunContext, StageInfo, build_manifest, environment
+from prefect_dask_profiling.store.manifest import RunContext, StageInfo, environment
 from prefect_dask_profiling.summary.record import RunRecord
-from prefect_dask_profiling.summary.tables import summarise, utilisation
 from prefect_dask_profiling.timing import plugin
 
 logger = logging.getLogger("prefect_dask_profiling")
@@ -41,22 +40,6 @@ class OpenStage:
     name: str
     window: reports.ReportWindow | None
     futures: list = field(default_factory=list)
-
-
-@dataclass
-class FinishResult:
-    """What ``finish()`` produced for the run."""
-
-    run_id: str
-    pipeline: str
-    version: str
-    summary: pd.DataFrame
-    utilisation: pd.DataFrame
-    verdicts: pd.DataFrame
-    manifest: dict[str, Any]
-    location: str | None
-    regressed: bool
-    warnings: list[str]
 
 
 class Session:
@@ -271,10 +254,9 @@ class Session:
         self.finished = True
         try:
             self.result = self._finish(error, state, publish, extra_warning)
-        except Exception as exc:  # never lose the flow's own outcome to our bookkeeping
-            logger.warning("dask-profiling finish failed: %s", exc, exc_info=True)
-            if error is None and isinstance(exc, RegressionDetected):
-                raise
+        except Exception as exc:  # never change the flow's own outcome by our failure
+            _run_log(logging.ERROR, f"dask-profiling could not store this run: {exc!r}",
+                     exc_info=True)
             return None
         if (self.result.regressed and error is None and publish
                 and self.options.on_regression == "fail"):
@@ -320,80 +302,34 @@ class Session:
 
     def _finish(self, error: BaseException | None, state: str | None, publish: bool,
                 extra_warning: str | None) -> FinishResult:
-        from prefect_dask_profiling.regression.history import load_baseline
-        from prefect_dask_profiling.regression.trend import trend_html
-
         self.capture()
         if not self.ctx.pipeline:  # no flow context ever seen: name after the runner
             self.ctx.pipeline = self.options.pipeline or "unnamed"
             self.ctx.version = self.options.version or "unversioned"
         record = self._collect()  # first: a failed collection adds its warning to self.warnings
-        warnings = list(self.warnings)
-        if extra_warning:
-            warnings.append(extra_warning)
-        warnings.extend(record.warnings)
-        summary = summarise(record)
-        util = utilisation(record)
-        stage_infos = self._stage_infos(record, util)
-        store = self.store
-        warning = store.ensure_lifecycle(self.options.report_retention_days)
-        if warning:
-            warnings.append(warning)
-
-        baseline = load_baseline(store, self.ctx.pipeline, self.ctx.version,
-                                 n=self.options.history, exclude_run_id=self.ctx.run_id)
-        warnings.extend(f"baseline: skipped run {r}: {why}" for r, why in baseline.skipped)
-        verdicts = detect_regressions(baseline.history, summary, threshold=self.options.threshold,
-                                      **self.options.check_options)
-        failed_otherwise = error is not None or getattr(record, "incomplete", False)
-        regressed = bool((verdicts["verdict"] == "regression").any()) and not failed_otherwise
-        if state is None:
-            fails = error is not None or (regressed and self.options.on_regression == "fail")
-            state = "FAILED" if fails else "COMPLETED"
-        if getattr(record, "incomplete", False):
-            state = "CRASHED" if state == "COMPLETED" else state
+        warnings = [*self.warnings, *([extra_warning] if extra_warning else [])]
+        options = self.options
+        settings = FinishSettings(
+            threshold=options.threshold, history=options.history,
+            check_options=dict(options.check_options),
+            report_retention_days=options.report_retention_days,
+            spool_budget_s=options.store_timeout,
+            fail_on_regression=options.on_regression == "fail")
         env = environment(self.client) if _alive(self.client) else environment()
-        manifest = build_manifest(
-            self.ctx, state=state, regressed=regressed, utilisation=util, stages=stage_infos,
-            workers=record.n_workers, threads=record.threads, env=env, warnings=warnings,
-            baseline={"runs": baseline.runs, "version": baseline.version, "note": baseline.note})
-        tables = {"tasks": summary, "orchestration": record.orchestration.drop(
-                      columns=["first_start", "last_stop"]),
-                  "workers": record.workers, "transfers": record.transfers,
-                  "utilisation": util.reset_index(), "regression": verdicts}
-        title = f"{self.ctx.pipeline} {self.ctx.version}: total seconds per prefix"
-        trend = trend_html(baseline.history, summary, verdicts, title=title)
-        written = store.write_run(self.ctx.pipeline, self.ctx.run_id, tables, manifest,
-                                  extra_files={"trend.html": trend.encode()})
-        for w in written.warnings:
-            logger.warning("dask-profiling: %s", w)
-        result = FinishResult(
-            run_id=self.ctx.run_id, pipeline=self.ctx.pipeline, version=self.ctx.version,
-            summary=summary, utilisation=util, verdicts=verdicts, manifest=manifest,
-            location=written.location, regressed=regressed,
-            warnings=warnings + list(written.warnings))
+        result = finish_run(self.store, record, self.ctx, self.stages, settings, state=state,
+                            error=error, env=env, warnings=warnings)
+        for w in result.warnings:
+            _run_log(logging.WARNING, f"dask-profiling: {w}")
+        if not result.judged:
+            _run_log(logging.WARNING, f"dask-profiling: run {result.run_id} stored unjudged: "
+                     f"{result.manifest.get('unjudged_reason')}")
         if publish:
             from prefect_dask_profiling.prefect.artifacts import publish as publish_artifacts
 
-            links = self._report_links(stage_infos)
-            for w in publish_artifacts(result, links, trend_location=_join(written.location,
-                                                                          "trend.html")):
+            links = self._report_links(self.stages)
+            for w in publish_artifacts(result, links, trend_location=result.trend_location):
                 logger.warning("dask-profiling: %s", w)
         return result
-
-    def _stage_infos(self, record: RunRecord, util: pd.DataFrame) -> list[StageInfo]:
-        by_name = {s.name: s for s in self.stages}
-        infos = []
-        for name in dict.fromkeys([*record.stages, *by_name]):
-            info = by_name.get(name) or StageInfo(name=name)
-            t = record.tasks[record.tasks["stage"] == name]
-            info.tasks = int(t["tasks"].sum())
-            info.task_s = float(t["compute_s"].sum())
-            info.wall_s = float(util.loc[name, "wall_s"]) if name in util.index else 0.0
-            if info.tasks == 0 and info.note is None:
-                info.note = "no tasks ran in this stage"
-            infos.append(info)
-        return infos
 
     def _report_links(self, infos: list[StageInfo]) -> dict[str, str]:
         links = {}
@@ -429,8 +365,15 @@ def _alive(client) -> bool:
         return False
 
 
-def _join(location: str | None, name: str) -> str | None:
-    return None if location is None else location.rstrip("/") + "/" + name
+def _run_log(level: int, message: str, exc_info: bool = False) -> None:
+    """Log to the flow run's logger (shown in the Prefect UI), else to ours."""
+    try:
+        from prefect.logging import get_run_logger
+
+        run_logger = get_run_logger()
+    except Exception:  # outside a run context (e.g. the runner's __exit__)
+        run_logger = logger
+    run_logger.log(level, message, exc_info=exc_info)
 
 
 def _reset_quietly(token) -> None:

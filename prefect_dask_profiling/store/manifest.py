@@ -19,7 +19,7 @@ from prefect_dask_profiling._util import json_clean
 SCHEMA_VERSION = 1
 FINGERPRINT_PACKAGES = ("dask", "distributed", "prefect", "prefect-dask", "pandas", "numpy",
                         "prefect-dask-profiling")
-STATUSES = ("healthy", "regressed", "failed", "incomplete")
+STATUSES = ("healthy", "regressed", "failed", "incomplete", "unjudged")
 
 
 @dataclass
@@ -88,10 +88,16 @@ def version_mismatches(client) -> list[str]:
     return mismatches
 
 
-def status_for(state: str, regressed: bool) -> str:
-    """Index status of a run from the flow's final state and the verdict."""
+def status_for(state: str, regressed: bool, judged: bool = True) -> str:
+    """Index status of a run from the flow's final state and the verdict.
+
+    A run that completed but whose verdict could not be computed is ``unjudged``: it is
+    kept out of every baseline and ``dask-profiling check`` fails for it.
+    """
     if state not in ("COMPLETED", "FAILED") or (state == "FAILED" and not regressed):
         return "failed" if state != "UNKNOWN" else "incomplete"
+    if not judged:
+        return "unjudged"
     return "regressed" if regressed else "healthy"
 
 
@@ -99,7 +105,8 @@ def build_manifest(ctx: RunContext, *, state: str, regressed: bool,
                    utilisation: pd.DataFrame, stages: list[StageInfo], workers: int,
                    threads: int, env: dict[str, Any], warnings: list[str],
                    baseline: dict[str, Any] | None = None,
-                   ended: datetime | None = None) -> dict[str, Any]:
+                   ended: datetime | None = None, judged: bool = True,
+                   unjudged_reason: str | None = None) -> dict[str, Any]:
     """The manifest document (``files`` is added by the store)."""
     ended = ended or datetime.now(UTC)
     util = {"run": None, "stages": {}}
@@ -114,7 +121,8 @@ def build_manifest(ctx: RunContext, *, state: str, regressed: bool,
         "run_id": ctx.run_id, "pipeline": ctx.pipeline, "version": ctx.version,
         "source_hash": ctx.source_hash, "flow_run_id": ctx.flow_run_id,
         "flow_run_name": ctx.flow_run_name, "deployment": ctx.deployment,
-        "state": state, "status": status_for(state, regressed), "regressed": regressed,
+        "state": state, "status": status_for(state, regressed, judged), "regressed": regressed,
+        "unjudged_reason": None if judged else unjudged_reason,
         "baseline": baseline or {"runs": [], "version": ctx.version, "note": "no check ran"},
         "started": ctx.started.isoformat(), "ended": ended.isoformat(),
         "wall_s": (ended - ctx.started).total_seconds(),

@@ -34,11 +34,10 @@ import pandas as pd
 
 from prefect_dask_profiling._util import json_clean, validate_name
 from prefect_dask_profiling.store import s3
+from prefect_dask_profiling.store.manifest import SCHEMA_VERSION, STATUSES
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
-STATUSES = ("healthy", "regressed", "failed", "incomplete")
 DEFAULT_URL = "./.dask-profiling"
 TASKS_COLUMNS = ["stage", "prefix", "tasks", "total_s", "p50_s", "p95_s", "gb_out"]
 MANIFEST_REQUIRED = ("schema_version", "run_id", "pipeline", "version", "status", "files")
@@ -196,17 +195,7 @@ class RunStore:
         """
         pipeline = validate_name(pipeline, "pipeline")
         run_id = validate_name(run_id, "run_id")
-        files: dict[str, bytes] = {}
-        for name, frame in tables.items():
-            validate_name(name, "table name")
-            if not isinstance(frame, pd.DataFrame):
-                raise ValueError(f"table {name!r} must be a pandas DataFrame")
-            files[f"{name}.csv"] = frame.to_csv(index=False).encode()
-        for name, data in (extra_files or {}).items():
-            validate_name(name, "file name")
-            if name == "manifest.json" or name in files:
-                raise ValueError(f"file name {name!r} clashes with a table or the manifest")
-            files[name] = data.encode() if isinstance(data, str) else bytes(data)
+        files = _encode_files(tables, extra_files)
         doc = _complete_manifest(pipeline, run_id, manifest, files)
         marker = {k: doc.get(k) for k in INDEX_FIELDS}
         run_dir = f"runs/{pipeline}/{run_id}"
@@ -215,6 +204,41 @@ class RunStore:
         items.append((f"index/{pipeline}/{doc['version']}/{run_id}.{doc['status']}",
                       _dump(marker), False))
         return self._write_items(items, self.location(run_dir))
+
+    def complete_run(self, pipeline: str, run_id: str, tables: dict[str, pd.DataFrame],
+                     manifest: dict, extra_files: dict[str, bytes] | None = None,
+                     provisional_status: str = "unjudged") -> WriteResult:
+        """Complete a run stored by :meth:`write_run` with a provisional manifest.
+
+        Writes the tables and files not stored yet, replaces the provisional manifest by
+        ``manifest`` (whose ``files`` then lists every file of the run) and the run's index
+        marker by one with the final status. Like :meth:`write_run`, storage failures spool.
+        """
+        pipeline = validate_name(pipeline, "pipeline")
+        run_id = validate_name(run_id, "run_id")
+        files = _encode_files(tables, extra_files)
+        doc = _complete_manifest(pipeline, run_id, manifest, files)
+        run_dir = f"runs/{pipeline}/{run_id}"
+        stored = self._find(run_dir) if time.monotonic() >= self._down_until else {}
+        items = [(f"{run_dir}/{name}", data, True) for name, data in files.items()
+                 if f"{run_dir}/{name}" not in stored]
+        items.append((f"{run_dir}/manifest.json", _dump(doc), False))
+        marker_dir = f"index/{pipeline}/{doc['version']}"
+        items.append((f"{marker_dir}/{run_id}.{doc['status']}",
+                      _dump({k: doc.get(k) for k in INDEX_FIELDS}), False))
+        result = self._write_items(items, self.location(run_dir))
+        if doc["status"] != provisional_status:
+            self._forget_marker(f"{marker_dir}/{run_id}.{provisional_status}", result.spooled)
+        return result
+
+    def _forget_marker(self, rel: str, spooled: bool) -> None:
+        """Remove a superseded index marker (best effort: readers prefer the final one)."""
+        try:
+            (self._spool_key_dir() / rel).unlink(missing_ok=True)
+            if not spooled:
+                self.fs.rm_file(self._path(rel))
+        except Exception as exc:
+            logger.debug("superseded marker %s not removed: %r", rel, exc)
 
     def write_report(self, pipeline: str, run_id: str, stage: str,
                      html: str | bytes) -> WriteResult:
@@ -338,7 +362,10 @@ class RunStore:
         except Exception as exc:
             if not (exclusive and s3.is_exists_error(exc)):
                 raise
-            if self.fs.cat_file(self._path(rel), **self._kw) != data:
+            remote = self.fs.cat_file(self._path(rel), **self._kw)
+            if remote != data and rel.endswith("/manifest.json") and _provisional(remote):
+                self._put(rel, data, exclusive=False)
+            elif remote != data:
                 raise StoreError(f"{self.location(rel)} already exists with different content;"
                                  f" the spooled copy stays at {local}") from None
         local.unlink(missing_ok=True)
@@ -448,7 +475,7 @@ class RunStore:
                                entry)
                 continue
             previous = runs.get(entry["run_id"])
-            if previous is None or previous["status"] == "incomplete":
+            if previous is None or previous["status"] in ("incomplete", "unjudged"):
                 runs[entry["run_id"]] = entry
         return sorted(runs.values(), key=lambda r: r["run_id"], reverse=True)
 
@@ -622,6 +649,23 @@ def _secret_values(options: dict | None) -> list[str]:
     return values
 
 
+def _encode_files(tables: dict[str, pd.DataFrame],
+                  extra_files: dict[str, bytes] | None) -> dict[str, bytes]:
+    """The run's files by name: each table as CSV, then the extra files."""
+    files: dict[str, bytes] = {}
+    for name, frame in tables.items():
+        validate_name(name, "table name")
+        if not isinstance(frame, pd.DataFrame):
+            raise ValueError(f"table {name!r} must be a pandas DataFrame")
+        files[f"{name}.csv"] = frame.to_csv(index=False).encode()
+    for name, data in (extra_files or {}).items():
+        validate_name(name, "file name")
+        if name == "manifest.json" or name in files:
+            raise ValueError(f"file name {name!r} clashes with a table or the manifest")
+        files[name] = data.encode() if isinstance(data, str) else bytes(data)
+    return files
+
+
 def _complete_manifest(pipeline: str, run_id: str, manifest: dict,
                        files: dict[str, bytes]) -> dict:
     if not isinstance(manifest, dict):
@@ -641,6 +685,16 @@ def _complete_manifest(pipeline: str, run_id: str, manifest: dict,
     doc["files"] = {name: {"size": len(data), "sha256": _sha256(data)}
                     for name, data in files.items()}
     return json_clean(doc)
+
+
+def _provisional(manifest: bytes) -> bool:
+    """Whether a stored manifest is the provisional one a run writes before its verdict."""
+    try:
+        doc = json.loads(manifest)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and doc.get("status") == "unjudged" and doc.get(
+        "unjudged_reason") == "verdict pending"
 
 
 def _check_tasks(frame: pd.DataFrame, where: str) -> None:

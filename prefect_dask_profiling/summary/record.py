@@ -54,6 +54,7 @@ class RunRecord:
     threads: int = 0
     warnings: list[str] = field(default_factory=list)
     internal_errors: int = 0
+    incomplete: bool = False
     sketches: dict[tuple[str, str], QuantileSketch] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -83,7 +84,8 @@ class RunRecord:
             transfers=transfers,
             timeline=[(float(t), int(n)) for t, n in snap.get("timeline", [])],
             n_workers=workers, threads=threads, warnings=warnings,
-            internal_errors=int(snap.get("internal_errors", 0)), sketches=sketches)
+            internal_errors=int(snap.get("internal_errors", 0)),
+            incomplete=bool(snap.get("incomplete")), sketches=sketches)
 
     # -- windows -------------------------------------------------------------------------
 
