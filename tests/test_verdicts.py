@@ -115,3 +115,31 @@ def test_version_change_resets_the_baseline(cluster, history):
     assert manifest["version"] == "2" and manifest["baseline"]["runs"] == []
     assert "new baseline" in manifest["baseline"]["note"]
     assert {row["verdict"] for row in regression_artifact(state)} == {"insufficient-history"}
+
+
+def run_markdown_artifact(state) -> str:
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])))
+    [artifact] = [a for a in found if a.key and a.key.endswith("-run")]
+    return artifact.data
+
+
+def test_a_broken_verdict_step_never_changes_the_flow_and_is_visible(cluster, history,
+                                                                     monkeypatch):
+    from prefect_dask_profiling import finishing
+
+    def broken(end) -> None:
+        raise RuntimeError("verdict bug for the test")
+
+    monkeypatch.setattr(finishing, "STEPS", [(n, broken if n == "verdict" else s)
+                                             for n, s in finishing.STEPS])
+    store, _ = history
+    state = run(cluster, store, SLOW)  # would regress; the verdict cannot be computed
+    assert state.is_completed(), state.message
+    assert isinstance(state.result(), float)  # the flow's own result is untouched
+    manifest = latest_manifest(store, "verdicts")
+    assert manifest["status"] == "unjudged"
+    assert "verdict bug for the test" in manifest["unjudged_reason"]
+    markdown = run_markdown_artifact(state)
+    assert "not judged" in markdown and "verdict bug for the test" in markdown
