@@ -186,6 +186,7 @@ def run_flow(index: int, total: int, args: argparse.Namespace, slowdown: bool,
 
 def show_results(entries: list[dict], notify: Path, port: int) -> dict:
     """Print summary, utilisation, verdicts, locations; return the last run's manifest."""
+    from prefect_dask_profiling.store import layout
     from prefect_dask_profiling.store.runs import RunStore
 
     store = RunStore()
@@ -220,7 +221,7 @@ def show_results(entries: list[dict], notify: Path, port: int) -> dict:
         index=False, float_format=lambda v: f"{v:.2f}") if len(flagged) else "  (none)")
     print()
     say(f"run store: {store.url}")
-    run_dir = store.location(f"runs/{PIPELINE}/{last['run_id']}/")
+    run_dir = store.location(layout.run_dir(PIPELINE, last["run_id"])) + "/"
     say(f"  summaries: {run_dir} "
         "(tasks.csv, utilisation.csv, regression.csv, trend.html, manifest.json)")
     for s in manifest["stages"]:

@@ -19,10 +19,15 @@ import importlib
 from typing import Any
 
 from prefect_dask_profiling.stage import stage
-from prefect_dask_profiling.summary import RunRecord, summarise, utilisation
-from prefect_dask_profiling.timing import TaskTimings, collect, install, uninstall
+from prefect_dask_profiling.timing import TaskTimings, install, uninstall
 
 _LAZY = {
+    # summary (pandas) is loaded on first use: Dask workers import this package to unpickle
+    # the task runner around every Prefect task and need none of it
+    "RunRecord": "prefect_dask_profiling.summary",
+    "collect": "prefect_dask_profiling.summary",
+    "summarise": "prefect_dask_profiling.summary",
+    "utilisation": "prefect_dask_profiling.summary",
     "ProfiledDaskTaskRunner": "prefect_dask_profiling.prefect.runner",
     "ProfilingOptions": "prefect_dask_profiling.prefect.runner",
     "profiled": "prefect_dask_profiling.prefect.runner",
@@ -31,8 +36,7 @@ _LAZY = {
     "RegressionDetected": "prefect_dask_profiling.regression.verdict",
 }
 
-__all__ = ["RunRecord", "TaskTimings", "collect", "install", "stage", "summarise",
-           "uninstall", "utilisation", *_LAZY]
+__all__ = ["TaskTimings", "install", "stage", "uninstall", *_LAZY]
 __version__ = "0.1.0"
 
 

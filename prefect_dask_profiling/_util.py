@@ -13,8 +13,17 @@ MAX_LENGTH = 128
 _ARTIFACT_KEY = re.compile(r"[^a-z0-9]+")
 
 
+class InvalidInput(ValueError):
+    """A value given by the user is not allowed; the message names it and what is allowed.
+
+    Raised by argument validation only, so callers (the command line) can tell bad input
+    (exit code 2) from a bug (any other exception). A ``ValueError``, so existing
+    ``except ValueError`` code keeps working.
+    """
+
+
 def validate_name(value: object, field: str) -> str:
-    """Return ``value`` if it is safe as one path segment, else raise ``ValueError``.
+    """Return ``value`` if it is safe as one path segment, else raise :class:`InvalidInput`.
 
     Parameters
     ----------
@@ -22,23 +31,28 @@ def validate_name(value: object, field: str) -> str:
         The candidate name (pipeline, stage, run id, version, ...).
     field
         What the name is, for the error message.
+
+    Raises
+    ------
+    InvalidInput
+        Naming ``field`` and what is wrong with the value.
     """
     if not isinstance(value, str):
-        raise ValueError(f"{field} must be a string, got {type(value).__name__}")
+        raise InvalidInput(f"{field} must be a string, got {type(value).__name__}")
     if not value or not value.strip():
-        raise ValueError(f"{field} must not be empty")
+        raise InvalidInput(f"{field} must not be empty")
     if value != value.strip():
-        raise ValueError(f"{field} must not start or end with whitespace: {value!r}")
+        raise InvalidInput(f"{field} must not start or end with whitespace: {value!r}")
     if len(value) > MAX_LENGTH:
-        raise ValueError(f"{field} is longer than {MAX_LENGTH} characters")
+        raise InvalidInput(f"{field} is longer than {MAX_LENGTH} characters")
     if any(unicodedata.category(ch)[0] in "CZ" and ch != " " for ch in value):
-        raise ValueError(f"{field} must not contain control or separator characters: {value!r}")
+        raise InvalidInput(f"{field} must not contain control or separator characters: {value!r}")
     if "/" in value or "\\" in value or ":" in value:
-        raise ValueError(f"{field} must not contain '/', '\\\\' or ':': {value!r}")
+        raise InvalidInput(f"{field} must not contain '/', '\\\\' or ':': {value!r}")
     if value in (".", "..") or ".." in value or value.startswith("."):
-        raise ValueError(f"{field} must not contain '..' or start with '.': {value!r}")
+        raise InvalidInput(f"{field} must not contain '..' or start with '.': {value!r}")
     if any(ch in value for ch in "*?[]{}#%\"'<>|"):
-        raise ValueError(f"{field} must not contain glob or URL special characters: {value!r}")
+        raise InvalidInput(f"{field} must not contain glob or URL special characters: {value!r}")
     return value
 
 
@@ -49,18 +63,16 @@ def artifact_key(*parts: str) -> str:
     return key or "dask-profiling"
 
 
-
-
 def positive_int(value: object, field: str, *, minimum: int = 1) -> int:
     """Return ``value`` if it is an ``int`` (not a ``bool``) of at least ``minimum``.
 
     Raises
     ------
-    ValueError
+    InvalidInput
         Naming ``field`` and the allowed range.
     """
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{field} must be an integer >= {minimum}, got {value!r}")
+        raise InvalidInput(f"{field} must be an integer >= {minimum}, got {value!r}")
     return value
 
 
@@ -69,13 +81,13 @@ def positive_number(value: object, field: str, *, allow_zero: bool = False) -> f
 
     Raises
     ------
-    ValueError
+    InvalidInput
         Naming ``field`` and the allowed range.
     """
     bound = ">= 0" if allow_zero else "> 0"
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
             or value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(f"{field} must be a finite number {bound}, got {value!r}")
+        raise InvalidInput(f"{field} must be a finite number {bound}, got {value!r}")
     return float(value)
 
 
@@ -91,7 +103,6 @@ def ship_by_value(*module_names: str) -> None:
     for name in module_names:
         if name not in registered:
             cloudpickle.register_pickle_by_value(sys.modules[name])
-
 
 
 def json_clean(value: Any) -> Any:

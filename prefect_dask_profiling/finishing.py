@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from prefect_dask_profiling.regression.rule import RegressionRule
 from prefect_dask_profiling.store.manifest import (
     RunContext,
     StageInfo,
@@ -66,8 +67,8 @@ class FinishSettings:
         ``FAILED``.
     """
 
-    threshold: float = 2.0
-    history: int = 8
+    threshold: float = RegressionRule.threshold
+    history: int = RegressionRule.history
     check_options: dict[str, Any] = field(default_factory=dict)
     report_retention_days: int = 30
     spool_budget_s: float = 10.0
@@ -133,9 +134,12 @@ class RunEnd:
 
     @property
     def regressed(self) -> bool:
-        if not self.judged or self.verdicts is None or self.failed_otherwise:
-            return False
-        return bool((self.verdicts["verdict"] == "regression").any())
+        from prefect_dask_profiling.regression.verdict import run_outcome
+
+        return run_outcome(self.verdicts if self.judged else None,
+                           failed=self.error is not None,
+                           incomplete=self.record.incomplete).regressed \
+            or bool(self.extras.get("drift_fails"))
 
 
 Step = Callable[[RunEnd], None]
@@ -157,7 +161,7 @@ def _lifecycle(end: RunEnd) -> None:
 
 
 def _baseline(end: RunEnd) -> None:
-    from prefect_dask_profiling.regression.history import load_baseline
+    from prefect_dask_profiling.regression.baseline import load_baseline
 
     end.baseline = load_baseline(end.store, end.ctx.pipeline, end.ctx.version,
                                  n=end.settings.history, exclude_run_id=end.ctx.run_id)
@@ -171,9 +175,9 @@ def _verdict(end: RunEnd) -> None:
         raise RuntimeError("no baseline could be loaded")
     if end.summary is None:
         raise RuntimeError("no summary could be computed")
-    end.verdicts = detect_regressions(end.baseline.history, end.summary,
-                                      threshold=end.settings.threshold,
-                                      **end.settings.check_options)
+    rule = RegressionRule.from_options(end.settings.threshold, end.settings.history,
+                                       end.settings.check_options)
+    end.verdicts = detect_regressions(end.baseline.history, end.summary, rule=rule)
     end.judged = True
     end.tables["regression"] = end.verdicts
 
@@ -188,16 +192,94 @@ def _trend(end: RunEnd) -> None:
                                          title=title).encode()
 
 
+def _diagnose(end: RunEnd) -> None:
+    """A bottleneck verdict per stage (same classifier as ``bench``), kept in the manifest."""
+    from prefect_dask_profiling.diagnosis.stages import diagnose_run
+
+    diagnoses, warnings = diagnose_run(end.record)
+    end.warnings.extend(warnings)
+    for info in end.stages:
+        if info.name in diagnoses:
+            info.diagnosis = diagnoses[info.name].to_dict()
+    end.extras["diagnoses"] = diagnoses
+
+
+def _explain(end: RunEnd) -> None:
+    """For regressed stages: how the bottleneck and the run's context changed since the
+    baseline runs (their manifests; unreadable ones are left out)."""
+    from prefect_dask_profiling.regression.explain import explain_verdicts
+
+    if end.baseline is None or end.verdicts is None or end.verdicts.empty:
+        return
+    if not (end.verdicts["verdict"] == "regression").any():
+        return
+    manifests = []
+    for run_id in end.baseline.runs:
+        try:
+            manifests.append(end.store.read_manifest(end.ctx.pipeline, run_id))
+        except Exception as exc:  # one unreadable manifest must not cost the others
+            end.warnings.append(f"explanation: baseline run {run_id} skipped: {exc}")
+    tonight = {"version": end.ctx.version, "source_hash": end.ctx.source_hash,
+               "workers": end.record.n_workers, "threads": end.record.threads,
+               "environment": end.env, "stages": [s.__dict__ for s in end.stages]}
+    explanations = explain_verdicts(end.verdicts, tonight, manifests)
+    if explanations:
+        end.manifest_extra["explanations"] = explanations
+        end.extras["explanations"] = explanations
+
+
+def _drift(end: RunEnd) -> None:
+    """Judge each prefix's series since the baseline start; failing drift fails the run."""
+    from prefect_dask_profiling.regression import drift as rule
+    from prefect_dask_profiling.regression.verdict import describe, regressed
+
+    if end.summary is None or end.verdicts is None or end.failed_otherwise:
+        return
+    series, note = rule.load_series(end.store, end.ctx.pipeline, end.ctx.version,
+                                    exclude_run_id=end.ctx.run_id)
+    latest = end.summary.assign(run_id=end.ctx.run_id, started=end.ctx.started.isoformat())
+    options = {k: v for k, v in end.settings.check_options.items()
+               if k in ("min_seconds", "min_share")}
+    found = rule.detect_drift(pd.concat([series, latest], ignore_index=True),
+                              threshold=end.settings.threshold, **options)
+    failing = rule.drifted(found, failing_only=True)
+    end.extras["drift"] = found
+    end.extras["drift_fails"] = not failing.empty
+    end.tables["drift"] = found.drop(columns="series")
+    one_night = regressed(end.verdicts)
+    end.verdicts = rule.merge_drift(end.verdicts, found)
+    end.tables["regression"] = end.verdicts
+    end.manifest_extra["drift"] = {
+        "note": note, "failing": [f"{r.stage}/{r.prefix}" for r in failing.itertuples()],
+        "drifting": [f"{r.stage}/{r.prefix}" for r in rule.drifted(found).itertuples()]}
+    if not failing.empty:
+        parts = ([describe(one_night)] if not one_night.empty else []) \
+            + [rule.describe_drift(failing)]
+        end.extras["failure_message"] = "; ".join(parts)
+
+
+def _fleet(end: RunEnd) -> None:
+    """Write the run's rows of the fleet-wide Parquet view (``<store>/fleet/``)."""
+    from prefect_dask_profiling.export.fleet import write_fleet
+
+    manifest, tasks = end.extras.get("_manifest"), end.tables.get("tasks")
+    if manifest is not None and tasks is not None:
+        end.extras["fleet_location"] = write_fleet(end.store, manifest, tasks)
+
+
 # The steps after the record is stored, in order. Each one is isolated: add new ones here.
 STEPS: list[tuple[str, Step]] = [
     ("spool delivery", _deliver_spool),
     ("lifecycle", _lifecycle),
     ("baseline", _baseline),
     ("verdict", _verdict),
+    ("drift", _drift),
+    ("diagnosis", _diagnose),
+    ("explanation", _explain),
     ("trend", _trend),
 ]
 # Steps that need the completed stored run (e.g. views built from it).
-AFTER_STORE: list[tuple[str, Step]] = []
+AFTER_STORE: list[tuple[str, Step]] = [("fleet", _fleet)]
 
 
 def finish_run(store: RunStore, record: RunRecord, ctx: RunContext, stages: list[StageInfo],

@@ -63,14 +63,23 @@ def open_stage_name() -> str | None:
     return _current.get()
 
 
+def running_task_key() -> Any:
+    """Key of the Dask task running in this thread (``None`` outside a worker task)."""
+    try:
+        from distributed.worker import thread_state
+    except ImportError:  # pragma: no cover - distributed is a dependency
+        return None
+    return getattr(thread_state, "key", None)
+
+
 def running_task_annotations() -> dict[str, Any]:
     """Annotations of the Dask task running in this thread (``{}`` outside a worker task)."""
+    key = running_task_key()
+    if key is None:
+        return {}
     try:
-        from distributed.worker import get_worker, thread_state
+        from distributed.worker import get_worker
 
-        key = getattr(thread_state, "key", None)
-        if key is None:
-            return {}
         ts = get_worker().state.tasks.get(key)
         return dict(ts.annotations or {}) if ts is not None else {}
     except (ValueError, AttributeError):

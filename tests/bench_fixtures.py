@@ -132,3 +132,28 @@ def netns_cluster(workers: int = 2, nthreads: int = 1, rate: str = "100mbit") ->
     finally:
         subprocess.run([str(NETNS_TOOL), "down", *args], capture_output=True, env=_env(),
                        timeout=120, check=False)
+
+
+@contextlib.contextmanager
+def moto_on(host: str, size: int) -> Iterator[str]:
+    """A moto S3 server bound to ``host`` with one object of ``size`` bytes.
+
+    Yields ``endpoint,bucket,key`` (the bench's S3 workload spec). Bind it to a netns
+    cluster's host-side address so that workers read it across their links.
+    """
+    import botocore.session
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address=host, port=0, verbose=False)
+    server.start()
+    try:
+        _, port = server.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        s3 = botocore.session.get_session().create_client(
+            "s3", endpoint_url=endpoint, region_name="us-east-1",
+            aws_access_key_id="testing", aws_secret_access_key="testing")
+        s3.create_bucket(Bucket="bench")
+        s3.put_object(Bucket="bench", Key="blob", Body=os.urandom(size))
+        yield f"{endpoint},bench,blob"
+    finally:
+        server.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from distributed import Client, LocalCluster
 from prefect_server import PrefectServer, running_server, use_server
 
 # faults.report: the fault suite's figures line at the end of any run that included it
@@ -16,3 +17,11 @@ def prefect_server() -> PrefectServer:
     with running_server() as server, use_server(server):
         yield server
 
+
+
+@pytest.fixture(scope="session")
+def inproc_client() -> Client:
+    """An in-process LocalCluster (1 worker × 2 threads) for tests that only need a record."""
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        yield client

@@ -40,6 +40,30 @@ def closed_endpoint() -> str:
     return f"http://127.0.0.1:{free_port()}"
 
 
+class RefusedEndpoint:
+    """An endpoint that refuses connections while its port stays reserved for this test.
+
+    The port is bound but not listening, so no other process can take it; :meth:`release`
+    frees it just before a server is started there ("the store is back").
+    """
+
+    def __init__(self) -> None:
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self.port = self._sock.getsockname()[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+
+    def release(self) -> int:
+        """Free the port; return it."""
+        self._sock.close()
+        return self.port
+
+
+def port_of(endpoint: str) -> int:
+    """The port of an ``http://127.0.0.1:<port>`` endpoint."""
+    return int(endpoint.rsplit(":", 1)[1])
+
+
 def s3_options(endpoint: str, key: str = KEY, secret: str = SECRET) -> dict:
     """s3fs storage options for a test endpoint."""
     return {"endpoint_url": endpoint, "key": key, "secret": secret}
@@ -65,11 +89,14 @@ def http_post(url: str, body: bytes = b"") -> None:
 
 
 @contextlib.contextmanager
-def moto_server() -> Iterator[str]:
-    """A ThreadedMotoServer on a free port; yields its endpoint."""
+def moto_server(port: int = 0) -> Iterator[str]:
+    """A ThreadedMotoServer on ``port`` (default: a free one); yields its endpoint.
+
+    Giving the port of an endpoint that was down brings "the same store" back up.
+    """
     from moto.server import ThreadedMotoServer
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     try:
         host, port = server.get_host_and_port()
@@ -115,9 +142,10 @@ def restricted_moto_user(endpoint: str, bucket: str) -> tuple[str, str]:
 class SilentServer:
     """A TCP server that accepts connections and never answers (a half-dead endpoint)."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self._sock = socket.socket()
-        self._sock.bind(("127.0.0.1", 0))
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", port))
         self._sock.listen(64)
         self._sock.settimeout(0.2)
         self._conns: list[socket.socket] = []

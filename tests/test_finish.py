@@ -8,34 +8,17 @@ from __future__ import annotations
 
 import json
 
-import dask.array as da
 import pytest
-from distributed import Client, LocalCluster
+from run_records import record_stages
 
-from prefect_dask_profiling import collect, install, stage, uninstall
 from prefect_dask_profiling import finishing as finish_mod
 from prefect_dask_profiling.finishing import FinishSettings, finish_run
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 
 
-@pytest.fixture(scope="module")
-def client():
-    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
-                      dashboard_address=":0") as cluster, Client(cluster) as c:
-        yield c
-
-
-def record_of(client, scale: int = 1):
-    name = install(client)
-    try:
-        with stage("read"):
-            da.ones((200 * scale, 200), chunks=(50, 50)).sum().compute()
-        with stage("reduce"):
-            (da.ones((200, 200), chunks=(50, 50)) * 2).mean().compute()
-        return collect(client, name)
-    finally:
-        uninstall(client, name)
+def record_of(client):
+    return record_stages(client, {"read": 200, "reduce": 200})
 
 
 def finish(store: RunStore, record, pipeline: str = "nightly", **kwargs):
@@ -56,9 +39,9 @@ def replace_step(monkeypatch, name: str, step) -> None:
     monkeypatch.setattr(finish_mod, "STEPS", steps)
 
 
-def test_healthy_run_is_stored_complete(client, tmp_path):
+def test_healthy_run_is_stored_complete(inproc_client, tmp_path):
     store = RunStore(str(tmp_path))
-    result = finish(store, record_of(client))
+    result = finish(store, record_of(inproc_client))
     assert result.status == "healthy" and result.judged
     manifest = store.read_manifest("nightly", result.run_id)
     assert manifest["status"] == "healthy" and manifest["unjudged_reason"] is None
@@ -68,40 +51,41 @@ def test_healthy_run_is_stored_complete(client, tmp_path):
     assert [m.name for m in markers] == [f"{result.run_id}.healthy"]  # provisional one removed
 
 
-def test_a_failing_later_step_leaves_the_others_done(client, tmp_path, monkeypatch):
+def test_a_failing_later_step_leaves_the_others_done(inproc_client, tmp_path, monkeypatch):
     replace_step(monkeypatch, "trend", failing("trend exploded"))
     store = RunStore(str(tmp_path))
-    result = finish(store, record_of(client))
+    result = finish(store, record_of(inproc_client))
     manifest = store.read_manifest("nightly", result.run_id)
     assert manifest["status"] == "healthy"  # the verdict was still computed
     assert any("trend step failed" in w and "trend exploded" in w for w in manifest["warnings"])
     assert "regression.csv" in manifest["files"] and "trend.html" not in manifest["files"]
 
 
-def test_a_failed_verdict_stores_the_run_unjudged_and_out_of_the_baseline(client, tmp_path,
-                                                                          monkeypatch):
+def test_a_failed_verdict_stores_the_run_unjudged_and_out_of_the_baseline(
+        inproc_client, tmp_path, monkeypatch):
     store = RunStore(str(tmp_path))
-    healthy = finish(store, record_of(client))
+    healthy = finish(store, record_of(inproc_client))
     replace_step(monkeypatch, "verdict", failing("bug in the rule"))
-    broken = finish(store, record_of(client))
+    broken = finish(store, record_of(inproc_client))
     assert broken.status == "unjudged" and not broken.judged and not broken.regressed
     manifest = store.read_manifest("nightly", broken.run_id)
     assert manifest["status"] == "unjudged"
     assert "bug in the rule" in manifest["unjudged_reason"]
     assert store.read_table("nightly", broken.run_id, "tasks").shape[0] > 0  # record kept
     monkeypatch.undo()
-    later = finish(store, record_of(client))
+    later = finish(store, record_of(inproc_client))
     assert later.manifest["baseline"]["runs"] == [healthy.run_id]
 
 
-def test_a_crash_after_the_record_leaves_a_visible_unjudged_run(client, tmp_path, monkeypatch):
+def test_a_crash_after_the_record_leaves_a_visible_unjudged_run(inproc_client, tmp_path,
+                                                               monkeypatch):
     def crash(end) -> None:
         raise KeyboardInterrupt  # not an Exception: the process is going down
 
     replace_step(monkeypatch, "baseline", crash)
     store = RunStore(str(tmp_path))
     with pytest.raises(KeyboardInterrupt):
-        finish(store, record_of(client))
+        finish(store, record_of(inproc_client))
     [run] = store.list_runs("nightly")
     assert run["status"] == "unjudged"
     manifest = store.read_manifest("nightly", run["run_id"])
@@ -109,19 +93,19 @@ def test_a_crash_after_the_record_leaves_a_visible_unjudged_run(client, tmp_path
     assert store.read_table("nightly", run["run_id"], "tasks")["tasks"].sum() > 0
 
 
-def test_flow_error_is_stored_failed_not_regressed(client, tmp_path):
+def test_flow_error_is_stored_failed_not_regressed(inproc_client, tmp_path):
     store = RunStore(str(tmp_path))
-    result = finish(store, record_of(client), error=ValueError("flow body failed"))
+    result = finish(store, record_of(inproc_client), error=ValueError("flow body failed"))
     assert result.status == "failed" and not result.regressed
     assert store.read_manifest("nightly", result.run_id)["state"] == "FAILED"
 
 
-def test_spooled_provisional_and_final_upload_as_one_complete_run(client, tmp_path):
+def test_spooled_provisional_and_final_upload_as_one_complete_run(inproc_client, tmp_path):
     blocked = tmp_path / "store"
     blocked.write_text("a file where the store's folder should be")
     spool = tmp_path / "spool"
     store = RunStore(str(blocked), spool_dir=spool)
-    result = finish(store, record_of(client))
+    result = finish(store, record_of(inproc_client))
     assert any("spool" in w for w in result.warnings)
     pending = {p.name for p in spool.rglob("*") if p.is_file()}
     assert f"{result.run_id}.unjudged" not in pending  # superseded before upload

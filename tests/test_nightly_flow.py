@@ -55,12 +55,19 @@ def _tree(root):
 
 def test_summary_names_each_stage_s_real_operations(ndvi_history):
     latest_normal = stored_runs(ndvi_history.store)[HISTORY_RUNS - 1]["run_id"]
-    summary = RunStore(ndvi_history.store).read_table(PIPELINE, latest_normal, "tasks")
+    store = RunStore(ndvi_history.store)
+    summary = store.read_table(PIPELINE, latest_normal, "tasks")
     assert "prepare" not in set(summary["stage"]), "scenes are generated once, then reused"
     for stage, operations in OPERATIONS.items():
         prefixes = set(summary.loc[summary["stage"] == stage, "prefix"])
         assert operations <= prefixes, (stage, prefixes)
-    assert not WRAPPERS & set(summary["prefix"]), "Prefect wrapper tasks are not compute"
+    # The Prefect wrapper tasks' waits on their inner Dask work are reported apart; only their
+    # own work (opening a client, building the graph) may count as task time, and it is small.
+    waits = store.read_table(PIPELINE, latest_normal, "orchestration")
+    assert WRAPPERS <= set(waits["prefix"]), set(waits["prefix"])
+    own = summary.loc[summary["prefix"].isin(WRAPPERS), "total_s"].sum()
+    inner = summary.loc[~summary["prefix"].isin(WRAPPERS), "total_s"].sum()
+    assert own < 0.25 * inner, (own, inner)
 
 
 def test_artifacts_of_a_normal_run(ndvi_history):

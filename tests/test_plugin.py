@@ -18,7 +18,15 @@ import dask.array as da
 import numpy as np
 import pytest
 from dask.utils import key_split
-from distributed import Client, LocalCluster, get_task_stream, wait, worker_client
+from distributed import (
+    Client,
+    LocalCluster,
+    get_client,
+    get_task_stream,
+    wait,
+    worker_client,
+)
+from distributed.worker import thread_state
 
 from prefect_dask_profiling import (
     TaskTimings,
@@ -29,7 +37,13 @@ from prefect_dask_profiling import (
     uninstall,
     utilisation,
 )
-from prefect_dask_profiling.timing.plugin import DEFAULT_STAGE, snapshot
+from prefect_dask_profiling.stage import running_task_annotations
+from prefect_dask_profiling.timing.plugin import (
+    DEFAULT_STAGE,
+    PARENT_ANNOTATION,
+    WrapperWait,
+    snapshot,
+)
 from prefect_dask_profiling.timing.sketch import DEFAULT_ALPHA
 
 pytestmark = pytest.mark.timeout(180)
@@ -68,6 +82,39 @@ def wrapper(n: int, inner_stage: str | None = None, delay: float = 0.05) -> int:
             return sum(client.gather(client.map(slowinc, range(n), delay=delay, pure=False)))
 
 
+def busy(seconds: float) -> None:
+    """Keep this thread busy for ``seconds`` (own work of known duration)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def tagged_wrapper(n: int, delay: float, own: float, mode: str) -> int:
+    """A wrapper that tags its inner work with its own key, as the Prefect runner's copy does.
+
+    ``mode``: ``"wait"`` blocks in ``wait()`` without seceding, ``"secede"`` uses
+    ``worker_client``, ``"fail"`` waits on inner tasks that raise.
+    """
+    tags = {PARENT_ANNOTATION: thread_state.key}
+    inherited = running_task_annotations().get("stage")
+    if inherited:
+        tags["stage"] = inherited
+    busy(own)
+    with dask.annotate(**tags):
+        if mode == "secede":
+            with worker_client() as client:
+                total = sum(client.gather(client.map(slowinc, range(n), delay=delay,
+                                                     pure=False)))
+        else:
+            client = get_client()
+            func = fail if mode == "fail" else slowinc
+            futures = client.map(func, range(n), pure=False)
+            wait(futures)
+            total = sum(f.result() for f in futures)  # raises for "fail"
+    busy(own)
+    return total
+
+
 # -- fixtures ---------------------------------------------------------------------------
 
 
@@ -89,11 +136,13 @@ def client(cluster):
 
 
 def _n_tasks(dask_scheduler) -> int:
-    return len(dask_scheduler.tasks)
+    """Tasks still to run; erred results a worker-side client still holds do not count."""
+    return sum(ts.state not in ("memory", "erred", "released", "forgotten")
+               for ts in dask_scheduler.tasks.values())
 
 
 def _settle(client, timeout: float = 30.0) -> None:
-    """Wait until the previous test's futures are released on the scheduler."""
+    """Wait until the previous test's work has finished on the scheduler."""
     deadline = time.monotonic() + timeout
     while client.run_on_scheduler(_n_tasks) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -207,8 +256,11 @@ def test_erred_and_keyed_tasks(client, run) -> None:
         client.submit(slowinc, 1, key="strkey-1").result()
         client.submit(slowinc, 2, key=("tupkey", 0)).result()
     table = summarise(collect(client, run)).set_index(["stage", "prefix"])
+    # one rule for every column: erred runs are counted in tasks and their seconds in
+    # total_s; errors says how many of those runs failed
     assert table.loc[("bad", "fail"), "errors"] == 3
-    assert table.loc[("bad", "fail"), "tasks"] == 0
+    assert table.loc[("bad", "fail"), "tasks"] == 3
+    assert table.loc[("bad", "fail"), "total_s"] > 0
     assert table.loc[("keys", "strkey"), "tasks"] == 1
     assert table.loc[("keys", "tupkey"), "tasks"] == 1
 
@@ -234,6 +286,138 @@ def test_stage_inside_a_worker_task(client, run) -> None:
     record = collect(client, run)
     assert _counts(record) == {("inner", "slowinc"): 5}
     assert _counts(record, "orchestration") == {("outer", "wrapper"): 1}
+
+
+# -- wrappers that tag their inner work: own work vs waiting ---------------------------------
+
+
+def _interval(row: dict) -> tuple[float, float]:
+    spans = [(a["start"], a["stop"]) for a in row["startstops"] if a["action"] == "compute"]
+    return min(a for a, _ in spans), max(b for _, b in spans)
+
+
+def _live_wrappers(dask_scheduler, name: str) -> int:
+    return len(dask_scheduler.plugins[name].wrappers)
+
+
+@pytest.mark.parametrize("mode", ["wait", "secede"])
+def test_tagged_wrapper_is_split_into_own_work_and_waiting(client, run, mode) -> None:
+    n, delay, own = 6, 0.3, 0.2
+    with get_task_stream(client=client) as stream, stage("outer"):
+        assert client.submit(tagged_wrapper, n, delay, own, mode, pure=False).result() == 21
+    record = collect(client, run)
+    assert _counts(record) == {("outer", "slowinc"): n, ("outer", "tagged_wrapper"): 1}
+    assert _counts(record, "orchestration") == {("outer", "tagged_wrapper"): 1}
+    [wrapper] = [r for r in stream.data if key_split(r["key"]) == "tagged_wrapper"]
+    start, stop = _interval(wrapper)
+    inner = [_interval(r) for r in stream.data if key_split(r["key"]) == "slowinc"]
+    inner_span = max(b for _, b in inner) - min(a for a, _ in inner)
+    own_s = float(record.tasks.loc[record.tasks["prefix"] == "tagged_wrapper", "compute_s"].sum())
+    waited = float(record.orchestration["compute_s"].sum())
+    assert own_s + waited == pytest.approx(stop - start, abs=1e-6)
+    assert waited >= inner_span - 0.05 and own_s >= 2 * own * 0.9
+    assert utilisation(record).loc["outer", "utilisation"] <= 1.05
+    assert client.run_on_scheduler(_live_wrappers, name=run) == 0  # state released
+
+
+def test_failing_inner_work_closes_the_wait_and_counts_the_error(client, run) -> None:
+    future = client.submit(tagged_wrapper, 3, 0.0, 0.1, "fail", pure=False)
+    wait(future)
+    assert future.status == "error"
+    record = collect(client, run)
+    tasks = record.tasks.set_index("prefix")
+    orchestration = record.orchestration.set_index("prefix")
+    assert tasks.loc["fail", "tasks"] == 3 and tasks.loc["fail", "errors"] == 3
+    assert tasks.loc["tagged_wrapper", ["tasks", "errors"]].tolist() == [1, 1]
+    assert orchestration.loc["tagged_wrapper", ["tasks", "errors"]].tolist() == [1, 1]
+    assert tasks.loc["tagged_wrapper", "compute_s"] >= 0.1 * 0.9  # the loop before it raised
+    assert client.run_on_scheduler(_live_wrappers, name=run) == 0
+
+
+def test_wrapper_wait_merges_overlapping_batches() -> None:
+    wait_ = WrapperWait()
+    wait_.arrived(2, 10.0)
+    wait_.arrived(1, 11.0)  # a second batch while the first still runs
+    for t in (12.0, 13.0, 14.0):
+        wait_.done(t)
+    wait_.done(99.0)  # more completions than arrivals are ignored
+    wait_.arrived(1, 20.0)
+    assert wait_.total() == pytest.approx(4.0)  # the open batch has not completed yet
+    wait_.done(21.5)
+    assert wait_.total() == pytest.approx(5.5) and wait_.pending == 0
+
+
+def test_unknown_parent_creates_no_state(client, run) -> None:
+    with dask.annotate(**{PARENT_ANNOTATION: "no-such-wrapper-1"}):
+        client.gather(client.map(slowinc, range(4), pure=False))
+    record = collect(client, run)
+    assert _counts(record) == {(DEFAULT_STAGE, "slowinc"): 4}
+    assert record.orchestration.empty and record.internal_errors == 0
+    assert client.run_on_scheduler(_live_wrappers, name=run) == 0
+
+
+# -- the seceded-task listener validates before it records -----------------------------------
+
+
+def _send_long_running(dask_scheduler, key, worker, run_id) -> None:
+    dask_scheduler.stream_handlers["long-running"](
+        key=key, worker=worker, run_id=run_id, compute_duration=None, stimulus_id="test")
+
+
+def _processing(dask_scheduler, key):
+    ts = dask_scheduler.tasks.get(key)
+    if ts is None or ts.processing_on is None:
+        return None
+    return ts.processing_on.address, ts.run_id
+
+
+def _wait_processing(client, key: str) -> tuple[str, int]:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        found = client.run_on_scheduler(_processing, key=key)
+        if found is not None:
+            return found
+        time.sleep(0.02)
+    raise AssertionError(f"{key} never started")
+
+
+def _seceded(dask_scheduler, name: str) -> dict:
+    return dict(dask_scheduler.plugins[name].seceded)
+
+
+def _mark(dask_scheduler, name: str, key, run_id) -> None:
+    dask_scheduler.plugins[name].seceded[key] = run_id
+
+
+def test_stale_long_running_messages_are_not_recorded(client, run) -> None:
+    client.run_on_scheduler(_send_long_running, key="ghost-1", worker="tcp://127.0.0.1:9",
+                            run_id=1)
+    stale = client.submit(slowinc, 1, delay=0.5, key="stale-1")
+    marked = client.submit(slowinc, 2, delay=0.5, key="marked-1")
+    worker, run_id = _wait_processing(client, "stale-1")
+    client.run_on_scheduler(_send_long_running, key="stale-1", worker=worker,
+                            run_id=run_id + 1000)
+    other = next(w for w in client.nthreads() if w != worker)
+    client.run_on_scheduler(_send_long_running, key="stale-1", worker=other, run_id=run_id)
+    worker_m, run_id_m = _wait_processing(client, "marked-1")
+    client.run_on_scheduler(_send_long_running, key="marked-1", worker=worker_m,
+                            run_id=run_id_m)
+    assert client.run_on_scheduler(_seceded, name=run) == {"marked-1": run_id_m}
+    client.gather([stale, marked])
+    record = collect(client, run)
+    assert _counts(record) == {(DEFAULT_STAGE, "stale"): 1}
+    assert _counts(record, "orchestration") == {(DEFAULT_STAGE, "marked"): 1}
+    assert client.run_on_scheduler(_seceded, name=run) == {}
+
+
+def test_a_rerun_does_not_inherit_an_earlier_runs_mark(client, run) -> None:
+    future = client.submit(slowinc, 1, delay=0.5, key="again-1")
+    _, run_id = _wait_processing(client, "again-1")
+    client.run_on_scheduler(_mark, name=run, key="again-1", run_id=run_id - 1)
+    future.result()
+    record = collect(client, run)
+    assert _counts(record) == {(DEFAULT_STAGE, "again"): 1}
+    assert record.orchestration.empty
 
 
 # -- robustness -----------------------------------------------------------------------------
@@ -268,7 +452,7 @@ def test_malformed_transitions_never_raise() -> None:
     snap = plugin.snapshot()
     assert snap["internal_errors"] == 2 and "AttributeError" in snap["last_error"]
     counts = {(r["stage"], r["prefix"]): (r["tasks"], r["errors"]) for r in snap["tasks"]}
-    assert counts == {(DEFAULT_STAGE, "x"): (0, 1), (DEFAULT_STAGE, "Other"): (1, 0)}
+    assert counts == {(DEFAULT_STAGE, "x"): (1, 1), (DEFAULT_STAGE, "Other"): (1, 0)}
 
 
 def test_cancelled_task_is_not_a_rerun(client, run) -> None:

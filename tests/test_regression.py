@@ -342,3 +342,88 @@ def test_any_input_gives_a_verdict_per_prefix(hist_rows, latest_rows):
     assert set(v["verdict"]) <= set(VERDICTS)
     assert not v.duplicated(["stage", "prefix"]).any()
     assert set(v["prefix"]) == set(history["prefix"]) | set(latest["prefix"])
+
+
+# ---- the rule, and what the verdicts mean for a run ----------------------------------------
+
+def test_the_rule_holds_every_setting_with_its_default():
+    from prefect_dask_profiling.regression.rule import CHECK_OPTION_KEYS, RegressionRule
+
+    rule = RegressionRule()
+    assert (rule.threshold, rule.z_threshold, rule.min_seconds, rule.min_share,
+            rule.min_history, rule.mad_floor, rule.abs_floor_s, rule.history) == (
+        2.0, 3.5, 1.0, 0.05, 3, 0.05, 0.1, 8)
+    assert set(CHECK_OPTION_KEYS) == set(rule.check_options()) == {
+        "z_threshold", "min_seconds", "min_share", "min_history", "mad_floor", "abs_floor_s"}
+    history, latest = _history({"a": [10.0, 11, 9, 10], "b": [5.0] * 4}), _latest({"a": 25.0})
+    strict = RegressionRule(threshold=3.0, min_history=4)
+    by_rule = detect_regressions(history, latest, rule=strict)
+    by_keywords = detect_regressions(history, latest, threshold=3.0, min_history=4)
+    pd.testing.assert_frame_equal(by_rule, by_keywords)
+    overridden = detect_regressions(history, latest, rule=strict, threshold=2.0)
+    assert regressed(overridden)["prefix"].tolist() == ["a"] and regressed(by_rule).empty
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"z_threshold": -1}, "z_threshold must be a finite number > 0, got -1"),
+    ({"min_share": 5}, "min_share must be a finite number between 0 and 1, got 5"),
+    ({"min_history": 0}, "min_history must be a whole number >= 1, got 0"),
+    ({"min_seconds": -3}, "min_seconds must be a finite number >= 0, got -3"),
+    ({"min_history": 2.5}, "min_history must be a whole number"),
+    ({"min_seconds": True}, "min_seconds must be a finite number >= 0, got True"),
+    ({"threshold": "2"}, "threshold must be a finite number > 1"),
+    ({"history": 0}, "history must be a whole number >= 1"),
+    ({"abs_floor_s": float("inf")}, "abs_floor_s"),
+])
+def test_the_rule_refuses_bad_values_naming_the_key_and_range(settings, message):
+    from prefect_dask_profiling._util import InvalidInput
+    from prefect_dask_profiling.regression.rule import RegressionRule
+
+    with pytest.raises(InvalidInput) as info:
+        RegressionRule(**settings)
+    assert message in str(info.value)
+
+
+def test_options_build_the_rule_and_unknown_keys_are_named():
+    from prefect_dask_profiling.regression.rule import RegressionRule
+
+    rule = RegressionRule.from_options(3.0, 5, {"min_share": 0.1})
+    assert (rule.threshold, rule.history, rule.min_share) == (3.0, 5, 0.1)
+    with pytest.raises(ValueError, match=r"unknown keys \['bogus'\].*z_threshold"):
+        RegressionRule.from_options(check_options={"bogus": 1})
+    with pytest.raises(ValueError, match="check_options must be a dict"):
+        RegressionRule.from_options(check_options=[("min_share", 0.1)])
+    with pytest.raises(ValueError, match="unknown regression setting.*bogus"):
+        detect_regressions(_history({"a": [1.0] * 3}), _latest({"a": 1.0}), bogus=1)
+
+
+def test_run_outcome_counts_only_judged_runs_that_ended_normally():
+    from prefect_dask_profiling.regression.verdict import run_outcome
+
+    history = _history({"a": [10.0, 11, 9, 10]})
+    slow = detect_regressions(history, _latest({"a": 40.0}))
+    fine = detect_regressions(history, _latest({"a": 10.0}))
+    assert run_outcome(slow).regressed and run_outcome(slow).judged
+    assert not run_outcome(fine).regressed and run_outcome(fine).reason == ""
+    failed = run_outcome(slow, failed=True)
+    assert not failed.regressed and failed.judged and "failed" in failed.reason
+    assert "incomplete" in run_outcome(slow, incomplete=True).reason
+    unjudged = run_outcome(None)
+    assert not unjudged.regressed and not unjudged.judged and unjudged.reason
+
+
+@pytest.mark.parametrize(("run_id", "status", "restart", "counts"), [
+    ("r2", "healthy", None, True),
+    ("r2", "regressed", None, False),
+    ("r2", "failed", None, False),
+    ("r2", "incomplete", None, False),
+    ("r2", "unjudged", None, False),
+    ("r1", "healthy", "r2", False),    # older than the accepted run
+    ("r2", "regressed", "r2", True),   # the accepted run itself
+    ("r3", "healthy", "r2", True),
+    ("r3", "regressed", "r2", False),
+])
+def test_which_runs_count_in_a_baseline(run_id, status, restart, counts):
+    from prefect_dask_profiling.regression.baseline import counts_in_baseline
+
+    assert counts_in_baseline(run_id, status, restart) is counts

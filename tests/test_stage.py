@@ -14,6 +14,7 @@ from prefect_dask_profiling.stage import (
     current_stage,
     reset_listener,
     running_task_annotations,
+    running_task_key,
     set_listener,
     stage,
     use_listener,
@@ -85,6 +86,21 @@ def test_run_tag_is_inherited() -> None:
 
 def test_running_task_annotations_outside_a_worker() -> None:
     assert running_task_annotations() == {}
+    assert running_task_key() is None
+
+
+def _running_key_and_annotations(x: int) -> tuple:
+    return running_task_key(), running_task_annotations().get(STAGE_ANNOTATION)
+
+
+def test_running_task_key_and_annotations_inside_a_worker_task() -> None:
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        with dask.annotate(**{STAGE_ANNOTATION: "inside"}):
+            future = client.submit(_running_key_and_annotations, 1, key="probe-key-1")
+        assert future.result() == ("probe-key-1", "inside")
 
 
 def test_listener_is_told_about_open_and_close() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -16,10 +17,12 @@ from urllib.parse import parse_qs, urlsplit
 import pandas as pd
 import pytest
 from s3_servers import (
+    RefusedEndpoint,
     SilentServer,
     boto_client,
     closed_endpoint,
     moto_server,
+    port_of,
     reset_moto,
     restricted_moto_user,
     s3_options,
@@ -228,10 +231,14 @@ def test_s3_lifecycle_access_denied_is_a_warning(moto_endpoint, tmp_path):
 
 @pytest.mark.parametrize("endpoint_kind", ["closed port", "silent socket"])
 def test_s3_endpoint_down_spools_then_uploads_byte_identical(
-        endpoint_kind, s3_store, moto_endpoint, tmp_path, caplog):
+        endpoint_kind, tmp_path, caplog):
     spool = tmp_path / "spool"
-    with SilentServer() as silent:
-        dead = closed_endpoint() if endpoint_kind == "closed port" else silent
+    refused = RefusedEndpoint()
+    dead = refused.endpoint
+    if endpoint_kind == "silent socket":
+        refused.release()
+    with SilentServer(port_of(dead)) if endpoint_kind == "silent socket" \
+            else contextlib.nullcontext():
         down = RunStore(f"s3://{BUCKET}/pfx", s3_options(dead, KEY, SECRET),
                         spool_dir=spool, timeout=2)
         start = time.monotonic()
@@ -247,19 +254,45 @@ def test_s3_endpoint_down_spools_then_uploads_byte_identical(
     for text in (caplog.text, spool_bytes(spool).decode(), " ".join(result.warnings)):
         assert KEY not in text and SECRET not in text
 
-    puts = record_calls(s3_store, "PutObject")
-    uploaded = s3_store.upload_pending()
-    assert (uploaded.uploaded, uploaded.failed) == (6, 0)
-    order = [p.rsplit("/", 1)[1] for p in puts]
-    assert order.index("manifest.json") > max(order.index(n) for n in
-                                              ("tasks.csv", "workers.csv", "trend.html"))
-    assert order[-1] == f"{run_id}.healthy"
-    pd.testing.assert_frame_equal(s3_store.read_table("ndvi", run_id), tasks_frame())  # sha256
-    body = boto_client(moto_endpoint).get_object(
-        Bucket=BUCKET, Key=f"pfx/reports/ndvi/{run_id}/read.html")["Body"].read()
-    assert body == b"<html>r</html>"
-    assert not any(p.is_file() for p in spool.rglob("*"))
-    assert s3_store.upload_pending().uploaded == 0
+    refused.release()  # (again, for the closed port: idempotent)
+    with moto_server(port_of(dead)) as endpoint:  # the same store, back up
+        boto_client(endpoint).create_bucket(Bucket=BUCKET)
+        back = RunStore(f"s3://{BUCKET}/pfx", s3_options(endpoint, KEY, SECRET),
+                        spool_dir=spool, timeout=5)
+        puts = record_calls(back, "PutObject")
+        uploaded = back.upload_pending()
+        assert (uploaded.uploaded, uploaded.failed) == (6, 0)
+        order = [p.rsplit("/", 1)[1] for p in puts]
+        assert order.index("manifest.json") > max(order.index(n) for n in
+                                                  ("tasks.csv", "workers.csv", "trend.html"))
+        assert order[-1] == f"{run_id}.healthy"
+        pd.testing.assert_frame_equal(back.read_table("ndvi", run_id), tasks_frame())
+        body = boto_client(endpoint).get_object(
+            Bucket=BUCKET, Key=f"pfx/reports/ndvi/{run_id}/read.html")["Body"].read()
+        assert body == b"<html>r</html>"
+        assert not any(p.is_file() for p in spool.rglob("*"))
+        assert back.upload_pending().uploaded == 0
+
+
+def test_spool_is_keyed_by_endpoint_too(moto_endpoint, tmp_path):
+    """Two endpoints with the same bucket name never share a spool."""
+    spool = tmp_path / "spool"
+    dead = closed_endpoint()
+    down = RunStore(f"s3://{BUCKET}/pfx", s3_options(dead, KEY, SECRET), spool_dir=spool,
+                    timeout=2)
+    run_id, result = write_sample(down)
+    assert result.spooled
+    reset_moto(moto_endpoint)
+    boto_client(moto_endpoint).create_bucket(Bucket=BUCKET)
+    other = RunStore(f"s3://{BUCKET}/pfx", s3_options(moto_endpoint, KEY, SECRET),
+                     spool_dir=spool, timeout=5)
+    assert other.spool.dir != down.spool.dir
+    assert other.upload_pending().uploaded == 0
+    assert other.deliver_pending(5) is None
+    assert other.list_runs("ndvi") == []
+    [meta] = spool.rglob("store.json")
+    assert json.loads(meta.read_text()) == {"url": f"s3://{BUCKET}/pfx",
+                                            "where": {"endpoint_url": dead}}
 
 
 def test_s3_presign(s3_store, moto_endpoint):
@@ -294,8 +327,10 @@ def test_local_layout_and_readback(local_store, tmp_path):
     pd.testing.assert_frame_equal(local_store.read_table("ndvi", run_id), tasks_frame())
     assert local_store.ensure_lifecycle(30) is None
     assert local_store.presign(report.location, 60) is None
+    again = write_sample(local_store, run_id=run_id)[1]  # a retry: identical bytes are fine
+    assert not again.spooled and again.warnings == []
     with pytest.raises(StoreError, match="never overwritten"):
-        write_sample(local_store, run_id=run_id)
+        write_sample(local_store, run_id=run_id, version="v2")
 
     local_store.accept("ndvi", "v1", run_id)
     assert local_store.accepted("ndvi", "v1") == [run_id]

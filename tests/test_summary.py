@@ -109,7 +109,9 @@ def test_errors_and_reruns_are_columns() -> None:
     snap = plugin.snapshot()
     snap["timeline"] = [(T0 - 1, 1)]
     table = summarise(RunRecord.from_snapshot(snap)).set_index("prefix")
-    assert table.loc["boom", "errors"] == 2 and table.loc["boom", "tasks"] == 0
+    # erred runs are counted in tasks (and their seconds in total_s); errors says how many
+    assert table.loc["boom", "errors"] == 2 and table.loc["boom", "tasks"] == 2
+    assert table.loc["boom", "total_s"] == pytest.approx(0.3)
     assert table.loc["ok", "errors"] == 0 and table.loc["ok", "tasks"] == 1
 
 

@@ -12,7 +12,12 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from prefect_dask_profiling._util import positive_int, ship_by_value
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 CLIP = (0.5, 1.5)
 UNSTABLE_SPREAD = 0.25
@@ -114,7 +119,7 @@ def spread(seconds: list[float]) -> float:
     return (q3 - q1) / median if median > 0 else float("inf")
 
 
-def calibrate(client, repeats: int = 5, size: int = KERNEL_SIZE,
+def calibrate(client: Client, repeats: int = 5, size: int = KERNEL_SIZE,
               rounds: int = KERNEL_ROUNDS) -> Calibration:
     """Time :func:`kernel` on every worker, one worker at a time.
 
@@ -125,8 +130,7 @@ def calibrate(client, repeats: int = 5, size: int = KERNEL_SIZE,
     repeats
         Timed runs per worker (after one untimed warm-up run).
     """
-    if repeats < 1:
-        raise ValueError(f"calibration repeats must be >= 1, got {repeats}")
+    positive_int(repeats, "calibration repeats")
     _by_value()
     nthreads = dict(client.nthreads())
     timings: dict[str, list[float]] = {w: [] for w in nthreads}
@@ -166,7 +170,7 @@ def _forgotten(dask_scheduler, keys: list) -> bool:
     return not any(k in dask_scheduler.tasks for k in keys)
 
 
-def wait_forgotten(client, keys: list, timeout: float = 10.0) -> bool:
+def wait_forgotten(client: Client, keys: list, timeout: float = 10.0) -> bool:
     """Wait until the scheduler forgot ``keys`` (released results are not reused or timed)."""
     import time
 
@@ -181,10 +185,4 @@ def wait_forgotten(client, keys: list, timeout: float = 10.0) -> bool:
 
 def _by_value() -> None:
     """Ship this module by value: the calibration must not need the package on workers."""
-    import sys
-
-    import cloudpickle
-
-    name = __name__
-    if name not in cloudpickle.list_registry_pickle_by_value():
-        cloudpickle.register_pickle_by_value(sys.modules[name])
+    ship_by_value(__name__)

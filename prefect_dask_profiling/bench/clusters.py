@@ -11,9 +11,12 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect_dask_profiling.bench.config import BenchConfig, BenchInputError
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 
 @contextlib.contextmanager
@@ -53,7 +56,7 @@ def connect(address: str, timeout: float, worker_wait: float = 3.0):
     return client
 
 
-def _require_workers(client, address: str, wait_s: float) -> None:
+def _require_workers(client: Client, address: str, wait_s: float) -> None:
     try:
         client.wait_for_workers(1, timeout=wait_s)
     except TimeoutError:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect_dask_profiling._util import json_clean
 from prefect_dask_profiling.bench import calibrate as calibration
@@ -36,10 +36,15 @@ from prefect_dask_profiling.bench.report import SCHEMA, side_metrics
 from prefect_dask_profiling.diagnosis.classify import classify
 from prefect_dask_profiling.diagnosis.signals import extract_signals
 
+if TYPE_CHECKING:
+    from distributed import Client
+
+    from prefect_dask_profiling.bench.types import BenchSummary
+
 Progress = Callable[[str], None]
 
 
-def _as_futures(client, obj: Any, workload: str) -> list:
+def _as_futures(client: Client, obj: Any, workload: str) -> list:
     import dask
     from distributed import Future
 
@@ -53,7 +58,7 @@ def _as_futures(client, obj: Any, workload: str) -> list:
                           "Dask collection, a Future or a list of futures")
 
 
-def run_batch(client, fn: Callable[[int, int], Any], workload: str, n: int,
+def run_batch(client: Client, fn: Callable[[int, int], Any], workload: str, n: int,
               seeds: list[int]) -> dict[str, Any]:
     """One aggregate per seed, submitted together; waits, then forgets the results."""
     from distributed import wait
@@ -88,17 +93,25 @@ def _outcome(aggregates: list[list]) -> tuple[int, list[str]]:
     return ok, errors
 
 
-def run_side(client, side: str, config: BenchConfig, fn: Callable[[int, int], Any],
-             directory: Path, progress: Progress) -> dict[str, Any]:
+def _scheduler_netns(client: Client) -> str | None:
+    try:
+        return client.run_on_scheduler(probes.netns)
+    except Exception:  # an old scheduler or no /proc: host shares stay unmeasured
+        return None
+
+
+def run_side(client: Client, side: str, config: BenchConfig, fn: Callable[[int, int], Any],
+             directory: Path, progress: Progress) -> BenchSummary:
     """Preflight, calibrate, warm up and measure one side; write its summary.json."""
     with client.as_current():  # performance_report and get_client() inside workloads
         return _run_side(client, side, config, fn, directory, progress)
 
 
-def _run_side(client, side: str, config: BenchConfig, fn: Callable[[int, int], Any],
-              directory: Path, progress: Progress) -> dict[str, Any]:
+def _run_side(client: Client, side: str, config: BenchConfig, fn: Callable[[int, int], Any],
+              directory: Path, progress: Progress) -> BenchSummary:
     from distributed import performance_report
 
+    from prefect_dask_profiling.summary.collect import collect
     from prefect_dask_profiling.summary.tables import summarise, utilisation
     from prefect_dask_profiling.timing import plugin
 
@@ -140,7 +153,7 @@ def _run_side(client, side: str, config: BenchConfig, fn: Callable[[int, int], A
             workers1 = client.run(probes.worker_probe, since=since)
         stream = client.get_task_stream(start=since)
         fine1 = probes.settled_fine_metrics(client)
-        record = plugin.collect(client, name)
+        record = collect(client, name)
     finally:
         with contextlib.suppress(Exception):
             plugin.uninstall(client, name)
@@ -151,6 +164,7 @@ def _run_side(client, side: str, config: BenchConfig, fn: Callable[[int, int], A
         "workers_after": workers1, "threads": pre["total_threads"],
         "nthreads": {w["address"]: w["nthreads"] for w in pre["workers"]},
         "calibration": cal.to_dict(), "record": record,
+        "scheduler_netns": _scheduler_netns(client),
     }
     signals = extract_signals(measurement)
     verdict = classify(signals)
@@ -165,6 +179,7 @@ def _run_side(client, side: str, config: BenchConfig, fn: Callable[[int, int], A
         "preflight": pre, "calibration": cal.to_dict(), "metrics": metrics,
         "batches": batches, "signals": signals,
         "bottleneck": {k: verdict[k] for k in ("primary", "secondary", "confidence",
+                                                "agreeing_sources",
                                                 "signals", "sources", "disagreements",
                                                 "compatible", "note", "actions", "scores")},
         "prefixes": prefixes.to_dict("records"),

@@ -4,25 +4,25 @@
 host, hostname, threads, memory limit, Python), the workload's module importable on every
 worker (what is missing is named), client / scheduler / worker version mismatches of
 :data:`KEY_PACKAGES` (listed), and honest warnings when the "remote" scheduler is on the
-loopback or on this machine, or its workers share this machine's hostname.
-:func:`environment_fingerprint` describes the client side. The helpers that run on the
-workers are shipped by value: the workers need not have this package installed.
+loopback or on this machine, or its workers share this machine's hostname (the client side
+is described by :func:`prefect_dask_profiling.environment.environment_fingerprint`). The
+helpers that run on the workers are shipped by value: the workers need not have this package
+installed.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import platform
 import socket
-import subprocess
-import sys
-from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from prefect_dask_profiling._util import ship_by_value
 from prefect_dask_profiling.bench.config import BenchConfig, BenchInputError
+from prefect_dask_profiling.environment import KEY_PACKAGES, version_mismatches
 
-KEY_PACKAGES = ("python", "dask", "distributed", "numpy", "pandas", "cloudpickle", "msgpack",
-                "toolz", "tornado", "lz4")
+if TYPE_CHECKING:
+    from distributed import Client
+
 
 
 def _try_imports(modules: list[str]) -> dict[str, dict[str, Any]]:
@@ -117,49 +117,7 @@ def host_warnings(side: str, scheduler_address: str, worker_hosts: dict[str, str
     return out
 
 
-def version_mismatches(versions: dict[str, Any]) -> list[str]:
-    """Key package versions that differ between client, scheduler and workers (pure)."""
-    def packages(entry: dict[str, Any]) -> dict[str, Any]:
-        return (entry or {}).get("packages") or {}
-
-    sides = {"client": packages(versions.get("client")),
-             "scheduler": packages(versions.get("scheduler"))}
-    for addr, entry in (versions.get("workers") or {}).items():
-        sides[addr] = packages(entry)
-    out = []
-    for package in KEY_PACKAGES:
-        seen = {name: pk.get(package) for name, pk in sides.items() if package in pk}
-        if len(set(map(str, seen.values()))) > 1:
-            base = seen.get("client")
-            differing = ", ".join(f"{name}={v}" for name, v in seen.items() if v != base)
-            out.append(f"{package}: client={base}; differs on {differing}")
-    return out
-
-
-def environment_fingerprint(config: BenchConfig) -> dict[str, Any]:
-    """Client-side environment: Python, platform, key packages, git commit, config."""
-    import importlib.metadata
-
-    packages = {}
-    for name in ("dask", "distributed", "numpy", "pandas", "prefect-dask-profiling",
-                 "cloudpickle", "tornado"):
-        try:
-            packages[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            packages[name] = None
-    commit = None
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=5, check=False).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return {"python": sys.version.split()[0], "implementation": platform.python_implementation(),
-            "platform": platform.platform(), "hostname": socket.gethostname(),
-            "commit": commit, "packages": packages, "argv": sys.argv,
-            "config": asdict(config)}
-
-
-def preflight(client, side: str, config: BenchConfig) -> dict[str, Any]:
+def preflight(client: Client, side: str, config: BenchConfig) -> dict[str, Any]:
     """Check and describe one side's cluster before running anything.
 
     Raises
@@ -171,7 +129,7 @@ def preflight(client, side: str, config: BenchConfig) -> dict[str, Any]:
     workers = info.get("workers", {})
     if not workers:
         raise BenchInputError(f"{side}: scheduler {info.get('address')} has zero workers")
-    _by_value()
+    ship_by_value(__name__)  # the worker-side checks must not need this package
     modules = required_modules(config.workload)
     imports = client.run(_try_imports, modules)
     missing = [f"{w}: {m} ({r['error']})" for w, res in imports.items()
@@ -213,11 +171,3 @@ def preflight(client, side: str, config: BenchConfig) -> dict[str, Any]:
 def _key_versions(entry: dict[str, Any] | None) -> dict[str, Any]:
     packages = (entry or {}).get("packages") or {}
     return {k: packages.get(k) for k in KEY_PACKAGES if k in packages}
-
-
-def _by_value() -> None:
-    """Ship this module by value: the worker-side checks must not need the package."""
-    import cloudpickle
-
-    if __name__ not in cloudpickle.list_registry_pickle_by_value():
-        cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -9,11 +9,14 @@ installed. :func:`settled_fine_metrics` waits for the heartbeats that carry fine
 
 from __future__ import annotations
 
-import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from prefect_dask_profiling._util import ship_by_value
 from prefect_dask_profiling.bench import calibrate as calibration
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 HEARTBEAT_WAIT_S = 1.2
 
@@ -22,10 +25,26 @@ def scheduler_probe(dask_scheduler) -> dict[str, Any]:
     """Event-loop thread CPU, tick count and total tick duration (runs on the scheduler)."""
     import time
 
-    return {"time": time.time(), "loop_cpu": time.thread_time(),
+    return {"time": time.time(), "loop_cpu": time.thread_time(), "loop_wait": _thread_wait(),
             "ticks": int(getattr(dask_scheduler, "_tick_counter", 0)),
             "tick_total": float(dask_scheduler.digests_total.get("tick-duration", 0.0)),
             "tick_interval": float(getattr(dask_scheduler, "_tick_interval", 0.02))}
+
+
+def _thread_wait() -> float | None:
+    """Seconds this thread waited in the run queue (Linux schedstat), else ``None``.
+
+    On a shared host a busy event loop waits for a core as much as it runs: CPU plus
+    this wait is the time it wanted.
+    """
+    import os
+    import threading
+
+    try:
+        with open(f"/proc/{os.getpid()}/task/{threading.get_native_id()}/schedstat") as fh:
+            return int(fh.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def fine_metrics(dask_scheduler) -> dict[Any, float]:
@@ -45,7 +64,72 @@ def worker_probe(dask_worker, since: float) -> dict[str, Any]:
     incoming = [(e.get("who"), e.get("total", 0), e.get("duration", 0.0))
                 for e in dask_worker.transfer_incoming_log if e.get("start", 0) >= since]
     return {"executed": int(dask_worker.state.executed_count), "exec_s": float(exec_s),
-            "incoming": incoming, "schedstat": _schedstat()}
+            "incoming": incoming, "schedstat": _schedstat(),
+            "task_threads": _task_thread_schedstat(dask_worker), "netns": netns(),
+            "net_recv": _net_received(), "io_write": _io_written()}
+
+
+def netns(dask_scheduler=None) -> str | None:
+    """This host and network namespace (``hostname:net:[inode]``): processes that share it
+    share the interface counters (also runs on the scheduler)."""
+    import os
+    import socket
+
+    try:
+        return f"{socket.gethostname()}:{os.readlink('/proc/self/ns/net')}"
+    except OSError:
+        return None
+
+
+def _net_received() -> float | None:
+    """Bytes received by every interface of this network namespace (kernel counters)."""
+    try:
+        with open("/proc/net/dev") as fh:
+            lines = fh.read().splitlines()[2:]
+    except OSError:
+        return None
+    total = 0
+    for line in lines:
+        _, _, fields = line.partition(":")
+        parts = fields.split()
+        if parts:
+            total += int(parts[0])
+    return float(total)
+
+
+def _io_written() -> float | None:
+    """Bytes this process caused to be written to storage (``/proc/self/io`` write_bytes)."""
+    try:
+        with open("/proc/self/io") as fh:
+            for line in fh:
+                if line.startswith("write_bytes:"):
+                    return float(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _task_thread_schedstat(dask_worker) -> dict[int, tuple[float, float]]:
+    """(CPU s, run-queue wait s) of each thread of the worker's task executors (Linux).
+
+    Only the threads that run tasks: the event loop, heartbeats and the profiler of the same
+    process also wait for a core on a loaded host, which says nothing about the tasks.
+    """
+    import os
+
+    out: dict[int, tuple[float, float]] = {}
+    for executor in getattr(dask_worker, "executors", {}).values():
+        for thread in list(getattr(executor, "_threads", ()) or ()):
+            tid = getattr(thread, "native_id", None)
+            if tid is None:
+                continue
+            try:
+                with open(f"/proc/{os.getpid()}/task/{tid}/schedstat") as fh:
+                    cpu, wait, _ = fh.read().split()
+            except (OSError, ValueError):
+                continue
+            out[int(tid)] = (int(cpu) / 1e9, int(wait) / 1e9)
+    return out
 
 
 def _schedstat() -> tuple[float, float, float] | None:
@@ -75,14 +159,10 @@ def _schedstat() -> tuple[float, float, float] | None:
 
 def by_value() -> None:
     """Ship this module (and the calibration) by value: workers need not have the package."""
-    import cloudpickle
-
-    calibration._by_value()
-    if __name__ not in cloudpickle.list_registry_pickle_by_value():
-        cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ship_by_value(calibration.__name__, __name__)
 
 
-def settled_fine_metrics(client) -> dict[Any, float]:
+def settled_fine_metrics(client: Client) -> dict[Any, float]:
     """Fine metrics reach the scheduler with heartbeats: wait until two reads agree."""
     time.sleep(HEARTBEAT_WAIT_S)
     last = client.run_on_scheduler(fine_metrics)

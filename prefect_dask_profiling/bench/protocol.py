@@ -21,10 +21,11 @@ seeds, aggregates per batch and warmup policy) on a local cluster and on the rem
 
 This module runs the session (:func:`run_bench`: clusters from
 :mod:`prefect_dask_profiling.bench.clusters`, each side measured, then the comparison and notes of
-:mod:`prefect_dask_profiling.bench.report`) and is what ``dask-profiling bench`` calls
-(:func:`cli_bench`). The inputs are a :class:`~prefect_dask_profiling.bench.config.BenchConfig`.
+:mod:`prefect_dask_profiling.bench.report`); ``dask-profiling bench``
+(:mod:`prefect_dask_profiling.cli.bench`) calls it. The inputs are a
+:class:`~prefect_dask_profiling.bench.config.BenchConfig`.
 
-Artifacts (the seed's layout)::
+Artifacts::
 
     DIR/<timestamp>/local/summary.json, local/performance_report.html
     DIR/<timestamp>/remote/summary.json, remote/performance_report.html
@@ -38,18 +39,18 @@ the workers) raises :class:`~prefect_dask_profiling.bench.config.BenchInputError
 from __future__ import annotations
 
 import json
-import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from prefect_dask_profiling._util import json_clean
 from prefect_dask_profiling.bench.clusters import connect, local_cluster
-from prefect_dask_profiling.bench.config import BenchConfig, load_workload, parse_ints
+from prefect_dask_profiling.bench.config import BenchConfig, load_workload
 from prefect_dask_profiling.bench.measure import Progress, run_side
-from prefect_dask_profiling.bench.preflight import environment_fingerprint
 from prefect_dask_profiling.bench.report import compare, notes_markdown
+from prefect_dask_profiling.bench.types import BenchSummary
+from prefect_dask_profiling.environment import environment_fingerprint
 
 
 @dataclass
@@ -57,7 +58,7 @@ class BenchResult:
     """Where a session wrote its artifacts, and what it found."""
 
     directory: Path
-    summaries: dict[str, dict[str, Any]]
+    summaries: dict[str, BenchSummary]
     comparison: dict[str, Any]
     notes: str
 
@@ -88,7 +89,7 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
         remote_client = connect(config.scheduler, config.connect_timeout, config.worker_wait)
     try:
         directory = _session_dir(Path(config.out))
-        summaries: dict[str, dict[str, Any]] = {}
+        summaries: dict[str, BenchSummary] = {}
         if config.local:
             progress(f"local: starting {config.local_workers} workers × "
                      f"{config.local_threads} threads")
@@ -100,7 +101,7 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
     finally:
         if remote_client is not None:
             remote_client.close()
-    environment = environment_fingerprint(config)
+    environment = {**environment_fingerprint(), "config": asdict(config)}
     comparison = json_clean(compare(summaries))
     comparison["environment"] = json_clean(environment)
     notes = notes_markdown(summaries, comparison, environment)
@@ -108,42 +109,3 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
     (directory / "notes.md").write_text(notes)
     progress(f"artifacts in {directory}")
     return BenchResult(directory, summaries, comparison, notes)
-
-
-def cli_bench(*, workload: str, scheduler: str | None, local: bool, local_workers: int,
-              local_threads: int, local_memory_limit: str | None, n: str, seeds: str,
-              warmup: int, repeats: int, calibration_repeats: int, out: str,
-              connect_timeout: float, as_json: bool) -> None:
-    """Body of ``dask-profiling bench`` (the CLI stays a thin wrapper)."""
-    from rich.console import Console
-
-    from prefect_dask_profiling.cli import console, emit_json, print_table
-
-    err = Console(stderr=True)
-    config = BenchConfig(workload=workload, n=parse_ints(n, "--n"),
-                         seeds=parse_ints(seeds, "--seeds"), warmup=warmup, repeats=repeats,
-                         out=out, scheduler=scheduler, local=local, local_workers=local_workers,
-                         local_threads=local_threads, local_memory_limit=local_memory_limit,
-                         calibration_repeats=calibration_repeats,
-                         connect_timeout=connect_timeout)
-    started = time.monotonic()
-
-    def progress(message: str) -> None:
-        err.print(f"[dim]{time.monotonic() - started:6.1f}s[/dim] {message}", highlight=False)
-
-    if err.is_terminal:
-        with err.status("benchmarking…"):
-            result = run_bench(config, progress)
-    else:
-        result = run_bench(config, progress)
-    if as_json:
-        emit_json({"directory": str(result.directory), "comparison": result.comparison})
-        return
-    import pandas as pd
-
-    print_table(pd.DataFrame(result.comparison["table"]), title="local vs remote")
-    for side, s in result.summaries.items():
-        b = s["bottleneck"]
-        console.print(f"{side}: [bold]{b['primary']}[/bold]-bound (secondary "
-                      f"{b['secondary']}, {b['confidence']}): {b['note']}", highlight=False)
-    console.print(f"artifacts: {result.directory}", highlight=False)

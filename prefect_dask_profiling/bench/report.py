@@ -2,9 +2,9 @@
 
 :func:`side_metrics` gives one side's throughput (raw, per thread, per effective thread),
 task statistics, busy fraction and success rate; :func:`compare` builds
-``comparison.json`` (metric table, verdicts, warnings) with the seed's interpretation
-:func:`rubric`; :func:`notes_markdown` renders ``notes.md`` in the seed's reporting
-template. All pure.
+``comparison.json`` (metric table, verdicts, warnings) with the interpretation
+:func:`rubric` (which differences between the sides mean what); :func:`notes_markdown`
+renders ``notes.md``, the session's write-up. All pure.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ TABLE_METRICS = ("throughput_agg_s", "throughput_per_thread", "throughput_per_ef
 
 
 def compare(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The local-vs-remote comparison and the seed's interpretation rubric (pure)."""
+    """The local-vs-remote comparison and its interpretation (:func:`rubric`) (pure)."""
     sides = list(summaries)
     table = []
     for metric in TABLE_METRICS:
@@ -81,7 +81,7 @@ def compare(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def rubric(summaries: dict[str, dict[str, Any]]) -> list[str]:
-    """The seed's interpretation rubric applied to local vs remote (pure)."""
+    """What the differences between local and remote mean, one sentence each (pure)."""
     out: list[str] = []
     for side, s in summaries.items():
         if s["calibration"].get("unstable"):
@@ -137,7 +137,7 @@ def _fmt(value: Any) -> str:
 
 def notes_markdown(summaries: dict[str, dict[str, Any]], comparison: dict[str, Any],
                    environment: dict[str, Any]) -> str:
-    """notes.md in the seed's reporting template (pure)."""
+    """``notes.md``: setup, environment, the comparison and its reading (pure)."""
     sides = list(summaries)
     cfg = comparison["config"]
     lines = ["# Dask profiling session", "", "## 1. Run context", "",
@@ -170,7 +170,8 @@ def notes_markdown(summaries: dict[str, dict[str, Any]], comparison: dict[str, A
         b = summaries[side]["bottleneck"]
         lines += [f"### {side}", "",
                   f"- primary: **{b['primary']}**; secondary: {b['secondary'] or '–'}; "
-                  f"confidence: {b['confidence']}", f"- {b['note']}", "",
+                  f"confidence: {b['confidence']} ({b.get('agreeing_sources', '?')} "
+                  "distinct agreeing sources)", f"- {b['note']}", "",
                   "| signal | source | value | threshold | supports |", "|---|---|---|---|---|"]
         for e in b["signals"]:
             lines.append(f"| {e['signal']} | {e['source']} | {_fmt(e['value'])} | "

@@ -21,13 +21,17 @@ Shipped examples: :func:`matmul` (dense linear algebra on a chunked array) and
 :func:`monte_carlo_pi` (independent delayed tasks plus a reduction).
 
 The ``synthetic_*`` workloads and :class:`SlowWorker` are textbook bottlenecks used by the
-test-suite to check the classifier: compute-, scheduler-, transfer-, straggler- and
-spill-bound.
+test-suite to check the classifier: compute-, scheduler-, transfer-, straggler- (a slow
+worker, or one long task), spill- and io-bound (a latency service, reads from S3).
+:data:`HOLDOUT` are further workloads written after the rule thresholds were fixed, kept
+out of the tuning to see how the classifier does on work it was not shaped by.
 """
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from typing import Any
 
 import dask
@@ -113,6 +117,144 @@ def synthetic_spill(n: int, seed: int):
     """Spill-bound on small workers: ``n`` chunks of 10 MB held at once, then reduced."""
     x = da.random.default_rng(seed).random((n * 1250, 1000), chunks=(1250, 1000))
     return (x - x.mean(axis=0)).sum()
+
+
+def synthetic_skewed_task(n: int, seed: int):
+    """Straggler by one task: 32 equal pure-Python tasks of ``n`` steps and one of ``100 n``.
+
+    The classic skew of one bad input or one hot partition, on healthy workers.
+    """
+    parts = [dask.delayed(_spin, pure=True)(n, seed * 100 + i) for i in range(32)]
+    parts.append(dask.delayed(_spin, pure=True)(100 * n, seed * 100 + 99))
+    return dask.delayed(sum, pure=True)(parts)
+
+
+def _wait_on_service(requests: int, latency_s: float, seed: int) -> int:
+    """``requests`` sequential calls to a service that answers after ``latency_s``."""
+    for _ in range(requests):
+        time.sleep(latency_s)  # the round trip: the thread waits, the CPU idles
+    return seed
+
+
+def synthetic_io_latency(n: int, seed: int):
+    """io-bound: ``n`` tasks each making 5 calls of 20 ms to a (simulated) remote service."""
+    parts = [dask.delayed(_wait_on_service, pure=True)(5, 0.02, seed * 1000 + i)
+             for i in range(n)]
+    return dask.delayed(sum, pure=True)(parts)
+
+
+S3_ENDPOINT_ENV = "DASK_PROFILING_BENCH_S3"
+"""``endpoint,bucket,key`` of the object :func:`s3_read_ranges` reads (read on the client)."""
+
+
+_S3_CLIENTS: dict[str, Any] = {}
+_S3_LOCK = threading.Lock()
+
+
+def _s3_client(endpoint: str):
+    """One botocore client per endpoint and process (creating one costs ~0.1 s of CPU)."""
+    with _S3_LOCK:
+        if endpoint not in _S3_CLIENTS:
+            import botocore.session
+            from botocore.config import Config
+
+            _S3_CLIENTS[endpoint] = botocore.session.get_session().create_client(
+                "s3", endpoint_url=endpoint, region_name="us-east-1",
+                aws_access_key_id="testing", aws_secret_access_key="testing",
+                config=Config(retries={"max_attempts": 2}))
+        return _S3_CLIENTS[endpoint]
+
+
+def _read_ranges(endpoint: str, bucket: str, key: str, offset: int, size: int,
+                 requests: int) -> int:
+    """``requests`` sequential range GETs of ``size`` bytes from an S3 object."""
+    client = _s3_client(endpoint)
+    total = 0
+    for i in range(requests):
+        start = offset + i * size
+        body = client.get_object(Bucket=bucket, Key=key,
+                                 Range=f"bytes={start}-{start + size - 1}")["Body"]
+        total += len(body.read())
+    return total
+
+
+def s3_read_ranges(n: int, seed: int):
+    """io-bound on object storage: ``n`` tasks, each 4 range GETs of 256 KB from one object.
+
+    The object is named by the environment variable :data:`S3_ENDPOINT_ENV`
+    (``endpoint,bucket,key``, read on the client) and must hold at least 4 MB. Results are
+    byte counts: nothing large moves between workers.
+    """
+    spec = os.environ.get(S3_ENDPOINT_ENV, "")
+    parts_of = spec.split(",")
+    if len(parts_of) != 3:
+        raise ValueError(f"{S3_ENDPOINT_ENV} must be 'endpoint,bucket,key', got {spec!r}")
+    endpoint, bucket, key = parts_of
+    size = 256 * 1024
+    parts = [dask.delayed(_read_ranges, pure=True)(endpoint, bucket, key,
+                                                   ((seed * 7 + i) % 4) * 4 * size, size, 4)
+             for i in range(n)]
+    return dask.delayed(sum, pure=True)(parts)
+
+
+# -- holdout: written after the thresholds were fixed, never used to tune them -------------
+
+
+def holdout_sort(n: int, seed: int):
+    """Compute-bound (holdout): sort 8 chunks of ``n`` random floats, several times each."""
+    x = da.random.default_rng(seed).random(8 * n, chunks=n)
+    return x.map_blocks(_sort_rounds, 5, chunks=(1,), dtype=float).sum()
+
+
+def _sort_rounds(block: np.ndarray, rounds: int) -> np.ndarray:
+    out = block
+    for i in range(rounds):
+        out = np.sort(out * (i + 1.5) % 1.0)
+    return out[:1]
+
+
+def holdout_slow_files(n: int, seed: int):
+    """io-bound (holdout): ``n`` tasks, each reading 8 blocks from a filesystem that takes
+    30 ms per block (a slow network mount)."""
+    parts = [dask.delayed(_slow_file_read, pure=True)(8, 0.03, seed * 1000 + i)
+             for i in range(n)]
+    return dask.delayed(sum, pure=True)(parts)
+
+
+def _slow_file_read(blocks: int, latency_s: float, seed: int) -> int:
+    import tempfile
+
+    total = 0
+    with tempfile.TemporaryFile() as fh:
+        fh.write(os.urandom(4096))
+        for _ in range(blocks):
+            time.sleep(latency_s)
+            fh.seek(0)
+            total += len(fh.read())
+    return total + seed % 2
+
+
+def holdout_hot_partition(n: int, seed: int):
+    """Straggler (holdout): a groupby-like map over 24 partitions where one partition holds
+    50 times the rows of the others (numpy work per row)."""
+    sizes = [n] * 23 + [50 * n]
+    parts = [dask.delayed(_partition_work, pure=True)(size, seed * 100 + i)
+             for i, size in enumerate(sizes)]
+    return dask.delayed(sum, pure=True)(parts)
+
+
+def _partition_work(rows: int, seed: int) -> float:
+    rng = np.random.default_rng(seed)
+    total = 0.0
+    for _ in range(max(rows // 1000, 1)):
+        block = rng.random((1000, 16))
+        total += float(np.linalg.svd(block, compute_uv=False)[0])
+    return total
+
+
+HOLDOUT = {"holdout_sort": "compute", "holdout_slow_files": "io",
+           "holdout_hot_partition": "straggler"}
+"""Holdout workloads and the class each should get."""
 
 
 SLOWDOWN_ATTRIBUTE = "dask_profiling_slowdown"

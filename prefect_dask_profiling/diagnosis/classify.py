@@ -1,32 +1,65 @@
 """Bottleneck verdict: a flat dict of measured signals in, a verdict out (pure).
 
-A signal is a number named ``<source>.<name>``; the source is the instrument it came from:
+A signal is a number named ``<instrument>.<name>`` (``fine.cpu_fraction``,
+``tasks.busy_fraction``...). Each rule that reads a signal names the **source** of its
+evidence: the independent instrument *and the events it times*. Two signals that time the
+same events are one source, however many numbers they give:
 
-``fine``
-    Dask's fine performance metrics (``scheduler.cumulative_worker_metrics``, delta over the
-    measured phase): thread-cpu vs thread-noncpu, executor overhead, network, disk.
-``tasks``
-    Task start/stop records (the task stream): busy fraction, median task duration, p95/p50,
-    per-worker skew, the idle tail at the end of each batch, transfer and disk intervals.
-``scheduler``
-    The scheduler's own load: event-loop thread CPU per task and per second of wall.
-``transfer``
-    Workers' incoming transfer logs: bytes and seconds spent receiving payloads.
-``memory``
-    Worker memory and spill samples (managed / spilled bytes vs the memory limit).
-``worker``
-    The worker processes: CPU used plus CPU waited for (run-queue), heartbeat CPU samples,
-    per-worker fine metrics (seconds per executed task).
+``fine metrics``
+    Dask's fine performance metrics, ``execute`` context: thread-cpu vs thread-noncpu vs
+    executor / other overhead.
+``task records``
+    Task start/stop times (task stream, plugin aggregates, per-worker execute seconds):
+    busy fraction, typical duration, per-worker and per-task skew, the idle tail.
+``process CPU``
+    The worker processes' own CPU use: system-monitor samples in heartbeats and the
+    kernel's per-thread schedstat (the same CPU events, one source).
+``transfer log``
+    gather-dep events: the workers' incoming transfer logs, fine metrics' gather-dep network
+    time and the task records' ``transfer`` intervals all time the same transfers.
+``host network``
+    The worker hosts' network-interface byte counters (kernel), compared with the bytes the
+    transfer log accounts for: what is left came from outside the cluster.
+``disk events``
+    Spill disk-read/write time (fine metrics' disk activities and ``disk-*`` intervals).
+``memory samples``
+    Managed and spilled bytes against the memory limit, from worker heartbeats.
+``process io``
+    Bytes the worker processes caused to be written to storage (``/proc/<pid>/io``).
+``scheduler load``
+    The scheduler's event-loop thread CPU.
 ``calibration``
-    The fixed calibration kernel timed on each worker.
+    A fixed kernel timed on each worker.
 
-:func:`classify` evaluates each class's rules, counts the *distinct sources* that support it
-(three views of one number count once) and names a class only when at least
-:data:`MIN_SOURCES` independent sources agree and none of its *necessary* conditions fails
-(no spill → not spill-bound; tiny messages → not transfer-bound). Where signals disagree
-the verdict says so and lowers its confidence rather than guessing. :func:`classify` does
-no I/O and reads no clock: it is tested on generated signal sets.
-``signals.extract_signals`` builds the dict from a real run.
+:func:`classify` evaluates each class's rules, counts the *distinct sources* that agree
+and names a class when at least :data:`MIN_SOURCES` sources agree (``high``
+confidence) or two do (``medium``); one source alone is a ``low``-confidence guess. A class
+is never named when one of its *necessary* conditions fails (no spill → not spill-bound; no
+CPU evidence → not compute-bound). Where sources disagree the verdict lists the
+disagreement and lowers its confidence instead of guessing. :func:`classify` does no I/O
+and reads no clock: it is tested on generated signal sets.
+
+Thresholds (value, why this number)
+-----------------------------------
+:func:`threshold_table` renders :data:`RULES` as markdown (value, source, why this number):
+each threshold is a round number set from what the class *means*, not fitted to a
+workload. The synthetic workloads of the tests changed two *statistics*, never a number:
+the scheduler overhead ratio divides by the median task (a loaded host's few preempted
+tasks moved the time-weighted median 100x between runs), and ``compute`` no longer
+outvotes a specific class it is compatible with. The ``EXPLAINED`` exception that let
+transfer keep its confidence next to scheduler signals is gone: the scheduler class now
+requires its event loop to be busy (CPU plus run-queue wait), which large-payload waits
+do not produce.
+
+io or GIL contention?
+---------------------
+Both leave busy threads with little thread-cpu. The signal that tells them apart is the
+worker **process's** CPU in cores while several of its threads are busy
+(``monitor.busy_process_cores``): threads queueing on the GIL keep about one core busy
+(whoever holds the GIL runs); threads waiting on storage leave the process near zero. With
+one thread per worker there is no GIL contention between tasks, and a lock held by another
+process cannot be told from I/O by CPU signals: the host network bytes then decide (reads
+from outside the cluster), or the verdict says it cannot.
 """
 
 from __future__ import annotations
@@ -35,79 +68,150 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-CLASSES = ("spill", "transfer", "straggler", "scheduler", "compute")
+CLASSES = ("spill", "transfer", "straggler", "io", "scheduler", "compute")
 """Bottleneck classes, most specific first (the order that breaks ties)."""
 MIN_SOURCES = 3
-"""Independent sources needed before a class is named with confidence."""
+"""Distinct agreeing sources for a ``high``-confidence verdict."""
+MEDIUM_SOURCES = 2
+"""Distinct agreeing sources for a ``medium``-confidence verdict."""
+SOURCES = ("fine metrics", "task records", "process CPU", "transfer log", "host network",
+           "disk events", "memory samples", "process io", "scheduler load", "calibration")
+"""Independent sources of evidence (see the module docstring)."""
+GIL_PROCESS_CORES = 0.8
+"""Process CPU (cores) at or above which busy, off-CPU threads point at GIL contention."""
 
 
 @dataclass(frozen=True)
 class Rule:
-    """One test of one signal for one class: ``signal op threshold`` supports ``klass``."""
+    """One test of one signal for one class: ``signal op threshold`` supports ``klass``.
+
+    ``role`` is ``"support"`` (counts as evidence), ``"required"`` (also a necessary
+    condition: when measured and failing, the class is ruled out) or ``"any"`` (one of a
+    group of alternatives: at least one of the class's ``any`` rules must hold).
+    :data:`NEEDS` lists signals of which at least one must be measured at all.
+    """
 
     klass: str
     signal: str
     op: str
     threshold: float
+    source: str
     meaning: str
-    required: bool = False
-
-    @property
-    def source(self) -> str:
-        return self.signal.split(".", 1)[0]
+    why: str
+    role: str = "support"
 
     def passes(self, value: float) -> bool:
         return value >= self.threshold if self.op == ">=" else value <= self.threshold
 
 
+NEEDS: dict[str, tuple[str, ...]] = {
+    "compute": ("fine.cpu_fraction", "monitor.cpu_per_busy_thread"),
+}
+"""Per class, signals of which at least one must be measured: no CPU evidence, no compute."""
+
+_CPU = "the share of time a running task spends on CPU"
 RULES: tuple[Rule, ...] = (
-    # compute-bound: workers busy running CPU in task code, little else
-    Rule("compute", "fine.cpu_fraction", ">=", 0.5, "task time is CPU (thread-cpu share)"),
-    Rule("compute", "fine.code_share", ">=", 0.75,
-         "fine metrics: task code dominates executor overhead, network and disk"),
-    Rule("compute", "tasks.busy_fraction", ">=", 0.6, "worker threads busy most of the wall"),
-    Rule("compute", "worker.cpu_demand", ">=", 0.5,
-         "worker processes use or wait for a core per thread (CPU + run-queue wait)"),
-    Rule("compute", "scheduler.overhead_ratio", "<=", 0.05,
-         "scheduler CPU per task is small next to the typical task"),
+    # compute-bound: busy threads running on CPU
+    Rule("compute", "fine.cpu_fraction", ">=", 0.6, "fine metrics",
+         "task time is CPU (thread-cpu share of execute)",
+         f"{_CPU}; above 0.6 CPU is most of it (on a shared host run-queue waits count as "
+         "noncpu here, so this is not a necessary condition)"),
+    Rule("compute", "monitor.cpu_per_busy_thread", ">=", 0.6, "process CPU",
+         "worker processes use (or wait in the run queue for) about one core per busy thread",
+         "a CPU-bound thread uses a whole core; 0.6 leaves room for a shared host",
+         role="required"),
+    Rule("compute", "worker.cpu_demand", ">=", 0.5, "process CPU",
+         "worker processes use or wait for a core per thread (CPU + run-queue wait)",
+         "half the cores wanted: the cluster is CPU-saturated"),
+    Rule("compute", "tasks.busy_fraction", ">=", 0.5, "task records",
+         "worker threads are inside tasks for most of the wall",
+         "below half, threads wait for work, not in it: CPU used then is overhead",
+         role="required"),
+    # io-bound: busy threads waiting off-CPU on storage or services outside Dask
+    Rule("io", "tasks.busy_fraction", ">=", 0.5, "task records",
+         "worker threads are inside tasks for most of the wall (low CPU is not idleness)",
+         "below half, threads wait for work, not in it: scheduler or transfer", role="required"),
+    Rule("io", "fine.cpu_fraction", "<=", 0.4, "fine metrics",
+         "task time is mostly off CPU (thread-noncpu share of execute)",
+         f"{_CPU}; below 0.4 most of a task's wall is waiting"),
+    Rule("io", "monitor.cpu_per_busy_thread", "<=", 0.4, "process CPU",
+         "worker processes use (or wait for) a fraction of a core per busy thread",
+         "mirror of compute's 0.6, with the same margin", role="required"),
+    Rule("io", "host.external_share", ">=", 0.5, "host network",
+         "most bytes the worker hosts received did not come from Dask transfers",
+         "more than half the received bytes came from outside the cluster (storage, "
+         "services); measured only above 1 MB"),
     # scheduler-bound: many short tasks, dispatch overhead dominates
-    Rule("scheduler", "tasks.typical_s", "<=", 0.005,
-         "tasks are tiny (time-weighted median duration)"),
-    Rule("scheduler", "tasks.busy_fraction", "<=", 0.5, "worker threads wait for work"),
-    Rule("scheduler", "scheduler.overhead_ratio", ">=", 0.25,
-         "scheduler CPU per task is comparable to the task itself"),
-    Rule("scheduler", "scheduler.loop_busy", ">=", 0.4,
-         "the scheduler's event loop is busy for much of the wall"),
-    Rule("scheduler", "fine.overhead_share", ">=", 0.3,
-         "worker-side per-task overhead (executor, other) is a large share"),
-    # transfer-bound: data movement and idle gaps awaiting payloads
-    Rule("transfer", "transfer.mb_per_transfer", ">=", 0.5,
+    Rule("scheduler", "scheduler.overhead_ratio", ">=", 0.25, "scheduler load",
+         "scheduler CPU per task is comparable to the task itself",
+         "a quarter of a task's time again in the scheduler caps throughput",
+         role="required"),
+    Rule("scheduler", "scheduler.loop_busy", ">=", 0.3, "scheduler load",
+         "the scheduler's event loop runs or waits for a core for much of the wall",
+         "a scheduler idle 70% of the wall is not what the workers wait for",
+         role="required"),
+    Rule("scheduler", "tasks.typical_s", "<=", 0.005, "task records",
+         "tasks are tiny (time-weighted median duration)",
+         "5 ms is within 10x of the scheduler's ~0.5 ms of CPU per task"),
+    Rule("scheduler", "tasks.busy_fraction", "<=", 0.5, "task records",
+         "worker threads wait for work", "mirror of io's 0.5"),
+    Rule("scheduler", "fine.overhead_share", ">=", 0.3, "fine metrics",
+         "worker-side per-task overhead (executor, other) is a large share",
+         "a third of execute spent outside the task function"),
+    # transfer-bound: data movement between workers
+    Rule("transfer", "transfer.mb_per_transfer", ">=", 0.5, "transfer log",
          "payloads are large (mean MB per transfer); latency of tiny messages is not "
-         "transfer-bound", required=True),
-    Rule("transfer", "transfer.wait_fraction", ">=", 0.25,
-         "thread-seconds spent receiving payloads (worker transfer logs)"),
-    Rule("transfer", "fine.network_share", ">=", 0.3,
-         "fine metrics: network time in gather-dep vs task time"),
-    Rule("transfer", "tasks.transfer_share", ">=", 0.3,
-         "task records: transfer intervals vs compute intervals"),
-    Rule("transfer", "tasks.busy_fraction", "<=", 0.6, "threads idle awaiting payloads"),
-    # straggler-bound: one or few workers lag
-    Rule("straggler", "tasks.worker_skew", ">=", 2.0,
-         "slowest / fastest worker's median task time (same prefix)"),
-    Rule("straggler", "tasks.tail_fraction", ">=", 0.2,
-         "workers idle at the end of each batch waiting for the last one"),
-    Rule("straggler", "worker.seconds_per_task_skew", ">=", 2.0,
-         "worker-side fine metrics: slowest / fastest seconds per executed task"),
-    Rule("straggler", "calibration.min_index", "<=", 0.6,
-         "the fixed kernel runs much slower on one worker (unclipped index)"),
+         "transfer-bound", "below 0.5 MB a transfer is latency-, not bandwidth-bound",
+         role="required"),
+    Rule("transfer", "transfer.wait_fraction", ">=", 0.25, "transfer log",
+         "thread-seconds spent receiving payloads (worker transfer logs)",
+         "a quarter of the thread time receiving"),
+    Rule("transfer", "fine.network_share", ">=", 0.3, "transfer log",
+         "gather-dep network time vs task time (same transfers as the transfer log)",
+         "a third of the time on the network"),
+    Rule("transfer", "tasks.transfer_share", ">=", 0.3, "transfer log",
+         "transfer intervals vs compute intervals (same transfers as the transfer log)",
+         "a third of the time on the network"),
+    Rule("transfer", "tasks.busy_fraction", "<=", 0.6, "task records",
+         "threads idle awaiting payloads",
+         "threads idle 40% of the wall or more while payloads move"),
+    Rule("transfer", "host.dask_share", ">=", 0.5, "host network",
+         "most bytes the worker hosts received were Dask transfers between workers",
+         "mirror of io's external share"),
+    # straggler-bound: one worker or one task lags
+    Rule("straggler", "tasks.worker_skew", ">=", 2.0, "task records",
+         "slowest / fastest worker's median task time (same prefix)",
+         "one worker at half speed doubles the batch", role="any"),
+    Rule("straggler", "tasks.task_skew", ">=", 5.0, "task records",
+         "the longest task vs the p95 of its prefix",
+         "5x p95 is far outside the prefix's own spread", role="any"),
+    Rule("straggler", "tasks.tail_fraction", ">=", 0.2, "task records",
+         "workers idle at the end of each batch waiting for the last one",
+         "a fifth of the batch idle in the tail"),
+    Rule("straggler", "worker.seconds_per_task_skew", ">=", 2.0, "task records",
+         "worker-side execute seconds per task, slowest / fastest worker",
+         "as tasks.worker_skew"),
+    Rule("straggler", "monitor.cpu_imbalance", ">=", 1.5, "process CPU",
+         "the busiest worker process used much more CPU than the idlest",
+         "a third less CPU on one side: others sat idle"),
+    Rule("straggler", "calibration.min_index", "<=", 0.6, "calibration",
+         "the fixed kernel runs much slower on one worker (unclipped index)",
+         "0.6 is beyond run-to-run noise of the kernel (~10%)"),
     # spill-bound: memory pressure and disk
-    Rule("spill", "memory.spilled_peak_mb", ">=", 1.0, "workers spilled to disk",
-         required=True),
-    Rule("spill", "memory.managed_peak_fraction", ">=", 0.5,
-         "managed + spilled data reached a large share of the memory limit"),
-    Rule("spill", "fine.disk_share", ">=", 0.05, "fine metrics: disk read/write vs task time"),
-    Rule("spill", "tasks.disk_share", ">=", 0.05,
-         "task records: disk-read/disk-write intervals vs compute"),
+    Rule("spill", "memory.spilled_peak_mb", ">=", 1.0, "memory samples",
+         "workers spilled to disk", "any spill at all; below 1 MB is bookkeeping",
+         role="required"),
+    Rule("spill", "memory.managed_peak_fraction", ">=", 0.5, "memory samples",
+         "managed + spilled data reached a large share of the memory limit",
+         "Dask starts spilling at 0.6 of the limit by default"),
+    Rule("spill", "fine.disk_share", ">=", 0.05, "disk events",
+         "disk read/write vs task time (fine metrics)", "5% of task time on the disk"),
+    Rule("spill", "tasks.disk_share", ">=", 0.05, "disk events",
+         "disk-read/disk-write intervals vs compute (same disk events)",
+         "5% of task time on the disk"),
+    Rule("spill", "proc.write_mb", ">=", 10.0, "process io",
+         "worker processes wrote to storage (kernel io accounting)",
+         "10 MB written is more than logs; spill writes whole chunks"),
 )
 
 ACTIONS: dict[str, list[str]] = {
@@ -115,6 +219,14 @@ ACTIONS: dict[str, list[str]] = {
         "optimise the hottest task prefix ({top_prefix}): it is where the CPU goes",
         "add cores or workers: the cluster is saturated (busy fraction {busy})",
         "check BLAS/numexpr threading per worker before scaling threads",
+    ],
+    "io": [
+        "raise concurrency for the waits: more threads per worker (threads wait, not compute; "
+        "CPU per busy thread {cpu_per_thread}) or async I/O inside tasks",
+        "read fewer, larger pieces: merge range requests, larger blocks / chunks, "
+        "fewer small objects",
+        "run the workers next to the data (same region / zone as the bucket or service)",
+        "cache what is read more than once (local disk, fsspec caching, persist)",
     ],
     "scheduler": [
         "make tasks bigger (larger chunks, batching, map_blocks/map_partitions): typical task "
@@ -129,9 +241,10 @@ ACTIONS: dict[str, list[str]] = {
         "check serialization and compression of the moved types; faster links",
     ],
     "straggler": [
-        "handle the slow worker ({slow_worker}): exclude it, or restrict heavy tasks with "
-        "workers=/resources",
-        "split skewed tasks so no single task dominates the tail (p95/p50 {p95_p50})",
+        "look at the straggler ({straggler}): a slow worker can be excluded or avoided with "
+        "workers=/resources; a long task needs its input split",
+        "split skewed tasks so no single task dominates the tail (longest / p95 "
+        "{task_skew}, p95/p50 {p95_p50})",
         "rerun calibration with more repeats to separate hardware from noise",
     ],
     "spill": [
@@ -143,13 +256,35 @@ ACTIONS: dict[str, list[str]] = {
 }
 
 
+def check_classes(classes: Any) -> tuple[str, ...]:
+    """Validate a selection of class names; ``None`` means all of :data:`CLASSES`.
+
+    Raises
+    ------
+    ValueError
+        Naming each unknown class and the known ones.
+    """
+    if classes is None:
+        return CLASSES
+    if isinstance(classes, str):
+        classes = [c.strip() for c in classes.split(",") if c.strip()]
+    names = list(classes)
+    unknown = [c for c in names if c not in CLASSES]
+    if unknown:
+        raise ValueError(f"unknown bottleneck class(es) {', '.join(map(repr, unknown))}; "
+                         f"known: {', '.join(CLASSES)}")
+    if not names:
+        raise ValueError(f"no bottleneck class selected; known: {', '.join(CLASSES)}")
+    return tuple(c for c in CLASSES if c in names)
+
+
 def evaluate(signals: dict[str, Any]) -> list[dict[str, Any]]:
     """Evaluate every rule whose signal was measured.
 
     Returns
     -------
     One evidence row per evaluated rule: ``class, signal, source, value, op, threshold,
-    supports, meaning``. Rules whose signal is missing or not finite are skipped.
+    supports, meaning, role``. Rules whose signal is missing or not finite are skipped.
     """
     rows = []
     for rule in RULES:
@@ -159,78 +294,89 @@ def evaluate(signals: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append({"class": rule.klass, "signal": rule.signal, "source": rule.source,
                      "value": value, "op": rule.op, "threshold": rule.threshold,
                      "supports": rule.passes(value), "meaning": rule.meaning,
-                     "required": rule.required})
+                     "role": rule.role})
     return rows
 
 
-def classify(signals: dict[str, Any]) -> dict[str, Any]:
+def classify(signals: dict[str, Any], classes: Any = None) -> dict[str, Any]:
     """Classify the bottleneck from measured signals.
 
     Parameters
     ----------
     signals
-        ``{"<source>.<name>": number}``; missing, ``None`` or non-finite values are ignored.
-        Optional non-numeric context keys (``"context.top_prefix"``, ``"context.slow_worker"``)
-        fill in the recommended actions.
+        ``{"<instrument>.<name>": number}``; missing, ``None`` or non-finite values are
+        ignored. Optional non-numeric context keys (``"context.top_prefix"``,
+        ``"context.straggler"``, ``"context.slow_worker"``) fill in the recommended actions.
+    classes
+        Only consider these classes (names or a comma-separated string); default all.
 
     Returns
     -------
-    ``{primary, secondary, confidence, signals, sources, scores, disagreements, note,
-    actions}`` where ``signals`` lists the evidence for the primary class (value, threshold,
-    source), ``confidence`` is ``"high"``, ``"medium"`` or ``"low"`` and ``actions`` are the
-    recommended next steps ordered by expected impact (primary first).
+    ``{primary, secondary, confidence, agreeing_sources, signals, sources, scores,
+    disagreements, compatible, note, actions, evidence}``: ``signals`` lists the evidence
+    for the primary class (value, threshold, source), ``confidence`` is ``"high"``,
+    ``"medium"`` or ``"low"`` from the number of distinct agreeing sources, ``actions``
+    are the next steps ordered by expected impact (primary's first).
+
+    Raises
+    ------
+    ValueError
+        When ``classes`` names an unknown class, or ``signals`` is not a mapping.
     """
-    evidence = evaluate(signals)
-    scores = {k: _score(k, evidence) for k in CLASSES}
+    if not isinstance(signals, dict):
+        raise ValueError(f"signals must be a dict of name -> number, got "
+                         f"{type(signals).__name__}")
+    allowed = check_classes(classes)
+    evidence = [e for e in evaluate(signals) if e["class"] in allowed]
+    scores = {k: _score(k, evidence, signals) for k in allowed}
     disagreements: list[str] = []
-    qualified = []
-    for k in CLASSES:
-        if len(scores[k]["sources"]) < MIN_SOURCES:
+    candidates = []
+    for k in allowed:
+        n = len(scores[k]["sources"])
+        if n < MEDIUM_SOURCES:
             continue
         if scores[k]["gate"]:
-            disagreements.append(
-                f"{k}-bound has {len(scores[k]['sources'])} supporting sources but its "
-                f"necessary condition fails: {scores[k]['gate']}")
+            disagreements.append(f"{k}-bound has {n} agreeing sources but its necessary "
+                                 f"condition fails: {scores[k]['gate']}")
             continue
-        qualified.append(k)
+        candidates.append(k)
 
-    primary = _pick_primary(qualified, scores)
+    primary = _pick_primary(candidates, scores, allowed)
     if primary is None:
-        ranked = sorted(CLASSES, key=lambda k: (bool(scores[k]["gate"]),
-                                                -len(scores[k]["sources"]),
-                                                -scores[k]["ratio"], CLASSES.index(k)))
-        primary = ranked[0] if scores[ranked[0]]["supporting"] else None
+        open_ = [k for k in allowed if scores[k]["supporting"] and not scores[k]["gate"]]
+        if open_:
+            primary = max(open_, key=lambda k: (len(scores[k]["sources"]), scores[k]["ratio"],
+                                                -allowed.index(k)))
         best = len(scores[primary]["sources"]) if primary else 0
-        disagreements.append(
-            f"no class has {MIN_SOURCES} independent supporting sources (best: "
-            f"{primary or 'none'} with {best}); the verdict is a best guess")
-    others = [k for k in qualified if k != primary]
+        disagreements.append(f"no class has {MEDIUM_SOURCES} agreeing sources (best: "
+                             f"{primary or 'none'} with {best}); the verdict is a best guess")
+    others = [k for k in candidates if k != primary]
     if primary is not None:
         for k in _competing(primary, others):
             disagreements.append(
-                f"{k}-bound is also supported by {len(scores[k]['sources'])} independent "
-                f"sources ({', '.join(sorted(scores[k]['sources']))})")
-        against = [e for e in evidence if e["class"] == primary and not e["supports"]]
-        for e in against:
-            disagreements.append(
-                f"{e['signal']} = {_fmt(e['value'])} does not meet {e['op']} "
-                f"{_fmt(e['threshold'])} ({e['meaning']})")
-    secondary = _pick_secondary(primary, others, scores)
-    confidence = _confidence(primary, qualified, scores)
-    primary_evidence = [e for e in evidence if e["class"] == primary]
+                f"{k}-bound is also supported by {len(scores[k]['sources'])} sources "
+                f"({', '.join(sorted(scores[k]['sources']))})")
+        for e in evidence:
+            if e["class"] == primary and not e["supports"]:
+                disagreements.append(f"{e['signal']} = {_fmt(e['value'])} does not meet "
+                                     f"{e['op']} {_fmt(e['threshold'])} ({e['source']}: "
+                                     f"{e['meaning']})")
+        disagreements.extend(_contention_notes(primary, signals))
+    secondary = _pick_secondary(primary, others, scores, allowed)
+    confidence = _confidence(primary, candidates, scores)
     note = _note(primary, secondary, confidence, scores, disagreements)
-    compatible = _compatible_note(primary, others)
     return {
         "primary": primary or "undetermined",
         "secondary": secondary,
         "confidence": confidence,
-        "signals": primary_evidence,
+        "agreeing_sources": len(scores[primary]["sources"]) if primary else 0,
+        "signals": [e for e in evidence if e["class"] == primary],
         "sources": sorted(scores[primary]["sources"]) if primary else [],
         "scores": {k: {"supporting_sources": sorted(v["sources"]),
                        "supporting": v["supporting"], "evaluated": v["evaluated"],
-                       "ratio": v["ratio"]} for k, v in scores.items()},
+                       "ratio": v["ratio"], "gate": v["gate"]} for k, v in scores.items()},
         "disagreements": disagreements,
-        "compatible": compatible,
+        "compatible": _compatible_note(primary, others),
         "note": note,
         "actions": recommend(primary, secondary, signals),
         "evidence": evidence,
@@ -251,42 +397,94 @@ def recommend(primary: str | None, secondary: str | None,
     return out
 
 
-def _score(klass: str, evidence: list[dict[str, Any]]) -> dict[str, Any]:
+def threshold_table() -> str:
+    """The rules as a markdown table: class, signal, threshold, source, why this number."""
+    lines = ["| class | signal | threshold | source | role | why this number |",
+             "|---|---|---|---|---|---|"]
+    for r in RULES:
+        lines.append(f"| {r.klass} | `{r.signal}` | {r.op} {r.threshold:g} | {r.source} | "
+                     f"{r.role} | {r.why} |")
+    return "\n".join(lines)
+
+
+def _score(klass: str, evidence: list[dict[str, Any]], signals: dict[str, Any]) -> dict[str, Any]:
     rows = [e for e in evidence if e["class"] == klass]
     supporting = [e for e in rows if e["supports"]]
-    failed = [e for e in rows if e["required"] and not e["supports"]]
-    gate = "; ".join(f"{e['signal']} = {_fmt(e['value'])} not {e['op']} "
-                     f"{_fmt(e['threshold'])}" for e in failed)
+    failed = [e for e in rows if e["role"] == "required" and not e["supports"]]
+    gates = [f"{e['signal']} = {_fmt(e['value'])} not {e['op']} {_fmt(e['threshold'])}"
+             for e in failed]
+    needed = NEEDS.get(klass, ())
+    if needed and not any(e["signal"] in needed for e in rows):
+        gates.append(f"none of {', '.join(needed)} was measured")
+    alternatives = [e for e in rows if e["role"] == "any"]
+    if alternatives and not any(e["supports"] for e in alternatives):
+        gates.append(" and ".join(f"{e['signal']} = {_fmt(e['value'])} not {e['op']} "
+                                  f"{_fmt(e['threshold'])}" for e in alternatives))
+    gil = _gil_contention(signals)
+    if klass == "io" and gil:
+        gates.append(gil)
     return {"sources": {e["source"] for e in supporting}, "supporting": len(supporting),
             "evaluated": len(rows), "ratio": len(supporting) / len(rows) if rows else 0.0,
-            "gate": gate}
+            "gate": "; ".join(gates)}
 
 
-def _pick_primary(qualified: list[str], scores: dict[str, dict[str, Any]]) -> str | None:
-    """The most specific qualified class whose rules mostly agree, else the strongest."""
-    if not qualified:
+def _gil_contention(signals: dict[str, Any]) -> str:
+    """Why busy, off-CPU threads look like GIL contention rather than I/O ('' if not)."""
+    cores = _number(signals.get("monitor.busy_process_cores"))
+    threads = _number(signals.get("monitor.threads_per_worker"))
+    if cores is None or threads is None or threads < 2:
+        return ""
+    if cores >= GIL_PROCESS_CORES:
+        return (f"worker processes use {cores:.2f} cores with {threads:g} threads busy: "
+                "GIL or lock contention, not waiting on I/O")
+    return ""
+
+
+def _contention_notes(primary: str, signals: dict[str, Any]) -> list[str]:
+    notes = []
+    if primary in ("io", "compute") and _number(signals.get("monitor.cpu_wait_measured")) == 0:
+        notes.append("process CPU comes from system-monitor samples (CPU used, not CPU waited "
+                     "for): on a loaded host a CPU-bound stage can look like io")
+    return notes + _io_notes(primary, signals)
+
+
+def _io_notes(primary: str, signals: dict[str, Any]) -> list[str]:
+    if primary != "io":
+        return []
+    threads = _number(signals.get("monitor.threads_per_worker"))
+    if threads is not None and threads < 2 and _number(signals.get("host.external_share")) is None:
+        return ["one thread per worker: CPU signals cannot tell waiting on I/O from waiting on "
+                "a lock held by another process, and no external bytes were measured"]
+    return []
+
+
+def _pick_primary(candidates: list[str], scores: dict[str, dict[str, Any]],
+                  allowed: tuple[str, ...]) -> str | None:
+    """The specific class with the most agreeing sources (ties: the most specific one).
+
+    ``compute`` is what remains when no specific bottleneck qualifies: a straggler or a
+    spilling run still computes, so compute's evidence does not outvote theirs.
+    """
+    if not candidates:
         return None
-    for k in qualified:  # CLASSES order: specific bottlenecks before compute
-        if scores[k]["ratio"] >= 0.5:
-            return k
-    return max(qualified, key=lambda k: (len(scores[k]["sources"]), scores[k]["ratio"]))
+    specific = [k for k in candidates if k != "compute"] or candidates
+    return max(specific, key=lambda k: (len(scores[k]["sources"]), scores[k]["ratio"] >= 0.5,
+                                        -allowed.index(k)))
 
 
-def _pick_secondary(primary: str | None, others: list[str],
-                    scores: dict[str, dict[str, Any]]) -> str | None:
+def _pick_secondary(primary: str | None, others: list[str], scores: dict[str, dict[str, Any]],
+                    allowed: tuple[str, ...]) -> str | None:
     if primary is None:
         return None
-    if others:
-        return max(others, key=lambda k: (len(scores[k]["sources"]), scores[k]["ratio"]))
-    rest = [k for k in CLASSES if k != primary and len(scores[k]["sources"]) >= 2
-            and not scores[k]["gate"]]
+    rest = others or [k for k in allowed if k != primary and len(scores[k]["sources"]) >= 1
+                      and not scores[k]["gate"] and scores[k]["ratio"] >= 0.5]
     if not rest:
         return None
     return max(rest, key=lambda k: (len(scores[k]["sources"]), scores[k]["ratio"]))
 
 
 def _competing(primary: str, others: list[str]) -> list[str]:
-    """Other qualified classes that contradict the primary.
+    """Other candidate classes that contradict the primary.
 
     Compute-bound alongside a specific bottleneck is no contradiction (a straggler or a
     spilling run still computes); two specific bottlenecks at once are.
@@ -294,26 +492,18 @@ def _competing(primary: str, others: list[str]) -> list[str]:
     return [k for k in others if not (k == "compute" and primary != "compute")]
 
 
-# (primary, other): the other class's signals are a consequence of the primary's
-# bottleneck. Transfer-bound already requires large payloads; tiny tasks and idle threads
-# waiting on those payloads then also look "scheduler-bound". Still listed as a
-# disagreement, but it does not lower the confidence.
-EXPLAINED = {("transfer", "scheduler")}
-
-
-def _confidence(primary: str | None, qualified: list[str],
+def _confidence(primary: str | None, candidates: list[str],
                 scores: dict[str, dict[str, Any]]) -> str:
-    if primary is None or primary not in qualified:
+    """high: >= MIN_SOURCES agree, nothing competes; medium: two agree, or three with a
+    weaker competitor; low: a best guess or an even contest."""
+    if primary is None or primary not in candidates:
         return "low"
-    competing = [k for k in _competing(primary, [k for k in qualified if k != primary])
-                 if (primary, k) not in EXPLAINED]
-    s = scores[primary]
+    n = len(scores[primary]["sources"])
+    competing = _competing(primary, [k for k in candidates if k != primary])
     if competing:
-        return "medium" if len(s["sources"]) > max(len(scores[k]["sources"])
-                                                    for k in competing) else "low"
-    if len(s["sources"]) >= MIN_SOURCES + 1 and s["ratio"] >= 0.75:
-        return "high"
-    return "medium"
+        rival = max(len(scores[k]["sources"]) for k in competing)
+        return "medium" if n > rival else "low"
+    return "high" if n >= MIN_SOURCES else "medium"
 
 
 def _compatible_note(primary: str | None, others: list[str]) -> list[str]:
@@ -327,13 +517,13 @@ def _note(primary: str | None, secondary: str | None, confidence: str,
     if primary is None:
         return "no signal supports any bottleneck class; measure a larger workload"
     s = scores[primary]
-    text = (f"{primary}-bound ({confidence} confidence): {s['supporting']} of {s['evaluated']} "
-            f"rules hold, from {len(s['sources'])} independent sources "
-            f"({', '.join(sorted(s['sources']))})")
+    text = (f"{primary}-bound ({confidence} confidence): {len(s['sources'])} agreeing "
+            f"source(s) ({', '.join(sorted(s['sources']))}), {s['supporting']} of "
+            f"{s['evaluated']} rules hold")
     if secondary:
         text += f"; secondary: {secondary}"
     if disagreements:
-        text += f"; signals disagree ({len(disagreements)} point(s), listed)"
+        text += f"; sources disagree ({len(disagreements)} point(s), listed)"
     return text
 
 
@@ -342,14 +532,19 @@ def _action_context(signals: dict[str, Any]) -> dict[str, str]:
         v = _number(signals.get(key))
         return "?" if v is None else f"{v * scale:.{digits}f}"
 
+    straggler = signals.get("context.straggler") or (
+        f"worker {signals['context.slow_worker']}" if signals.get("context.slow_worker")
+        else None)
     return {
         "top_prefix": str(signals.get("context.top_prefix") or "?"),
-        "slow_worker": str(signals.get("context.slow_worker") or "?"),
+        "straggler": str(straggler or "?"),
         "busy": num("tasks.busy_fraction", digits=2),
-        "median_ms": num("tasks.typical_s", 1000, 2),
+        "cpu_per_thread": num("monitor.cpu_per_busy_thread", digits=2),
+        "median_ms": num("tasks.median_s", 1000, 2),
         "overhead_ms": num("scheduler.cpu_per_task_s", 1000, 2),
         "mb_moved": num("transfer.mb_moved"),
         "bandwidth": num("transfer.bandwidth_mb_s"),
+        "task_skew": num("tasks.task_skew"),
         "p95_p50": num("tasks.p95_p50"),
         "spilled_mb": num("memory.spilled_peak_mb"),
     }

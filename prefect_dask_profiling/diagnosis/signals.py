@@ -86,6 +86,7 @@ def task_signals(stream: list[dict[str, Any]], batches: list[dict[str, Any]], th
     median = _quantile(durations, 0.5)
     p95 = _quantile(durations, 0.95)
     skew, slow = _worker_skew(compute)
+    task_skew, skewed = _task_skew(compute)
     return {
         "tasks.count": len(compute), "tasks.compute_s": compute_s,
         "tasks.median_s": median, "tasks.p95_s": p95,
@@ -95,10 +96,51 @@ def task_signals(stream: list[dict[str, Any]], batches: list[dict[str, Any]], th
         "tasks.busy_fraction": ratio(compute_s, threads * wall),
         "tasks.transfer_share": ratio(transfer_s, compute_s + transfer_s),
         "tasks.disk_share": ratio(disk_s, compute_s),
-        "tasks.worker_skew": skew,
+        "tasks.worker_skew": skew, "tasks.task_skew": task_skew,
         "tasks.tail_fraction": _tail_fraction(compute, batches, workers),
         "context.slow_worker": slow,
+        "context.straggler": _straggler_name(skew, slow, task_skew, skewed),
     }
+
+
+def _straggler_name(worker_skew: float | None, slow: str | None, task_skew: float | None,
+                    skewed: str | None) -> str | None:
+    """Name what lags: a task prefix (one long task) or a worker, whichever stands out more."""
+    by_task = (task_skew or 0.0) / 5.0
+    by_worker = (worker_skew or 0.0) / 2.0
+    if skewed and by_task >= max(by_worker, 1.0):
+        return f"task prefix {skewed} (longest task {task_skew:.1f}x its prefix's p95)"
+    if slow and by_worker >= 1.0:
+        return f"worker {slow} ({worker_skew:.1f}x the fastest worker's task time)"
+    return None
+
+
+MIN_SKEW_TASKS = 10
+"""Tasks a prefix needs before its longest task is compared with its p95."""
+
+
+def _task_skew(compute: list[tuple[str, str, float, float]]) -> tuple[float | None, str | None]:
+    """Largest ratio of a prefix's longest task to the p95 of its other tasks.
+
+    The longest task is left out of the p95 so that one outlier cannot hide itself in a
+    small prefix. Prefixes with fewer than :data:`MIN_SKEW_TASKS` tasks, or whose p95 is
+    under a millisecond (timer noise), are skipped.
+    """
+    by_prefix: dict[str, list[float]] = {}
+    for _, prefix, start, stop in compute:
+        by_prefix.setdefault(prefix, []).append(stop - start)
+    best: tuple[float | None, str | None] = (None, None)
+    for prefix, durations in by_prefix.items():
+        if len(durations) < MIN_SKEW_TASKS:
+            continue
+        rest = sorted(durations)[:-1]
+        p95 = _quantile(rest, 0.95)
+        if not p95 or p95 < 0.001:
+            continue
+        r = max(durations) / p95
+        if best[0] is None or r > best[0]:
+            best = (r, prefix)
+    return best
 
 
 def _weighted_median(durations: list[float]) -> float | None:
@@ -167,16 +209,22 @@ def scheduler_signals(before: dict[str, Any], after: dict[str, Any], n_tasks: in
     """Signals from the scheduler's event-loop thread CPU and tick counters.
 
     ``wall`` is the measured time (sum of batch walls); the loop's CPU between batches
-    (forgetting results) is small and counted against it. ``typical_s`` is the
-    time-weighted median task duration.
+    (forgetting results) is small and counted against it. ``scheduler.loop_busy`` is the
+    loop thread's CPU plus its run-queue wait (when the kernel reports it) per second of wall:
+    the time the loop wanted a core. ``typical_s`` is the median
+    task duration: what most tasks cost (a few tasks slowed by a loaded host move the
+    time-weighted median by 100x, which made the overhead ratio unstable).
     """
     cpu = after["loop_cpu"] - before["loop_cpu"]
+    wanted = cpu
+    if after.get("loop_wait") is not None and before.get("loop_wait") is not None:
+        wanted += after["loop_wait"] - before["loop_wait"]
     ticks = after["ticks"] - before["ticks"]
     per_task = ratio(cpu, n_tasks)
     mean_tick = ratio(after["tick_total"] - before["tick_total"], ticks)
     return {"scheduler.cpu_s": cpu, "scheduler.cpu_per_task_s": per_task,
             "scheduler.overhead_ratio": ratio(per_task, typical_s),
-            "scheduler.loop_busy": ratio(cpu, wall),
+            "scheduler.loop_busy": ratio(wanted, wall),
             "scheduler.tick_mean_ms": None if mean_tick is None else mean_tick * 1000,
             "scheduler.tick_lag": ratio(mean_tick, after.get("tick_interval"))}
 
@@ -194,10 +242,10 @@ def transfer_signals(workers_after: dict[str, Any], threads: int,
             "transfer.wait_fraction": ratio(seconds, threads * wall)}
 
 
-def worker_signals(before: dict[str, Any], after: dict[str, Any], record,
-                   nthreads: dict[str, int], window: tuple[float, float]) -> dict[str, Any]:
-    """Signals from the worker processes: heartbeat CPU samples, per-worker fine metrics and
-    run-queue accounting (``worker.cpu_demand`` = CPU used + CPU waited for, per thread)."""
+def worker_signals(before: dict[str, Any], after: dict[str, Any],
+                   nthreads: dict[str, int]) -> dict[str, Any]:
+    """Signals from the worker probes: per-worker execute seconds per task and run-queue
+    accounting (``worker.cpu_demand`` = CPU used + CPU waited for, per thread)."""
     per_task = {}
     for w, a in after.items():
         b = before.get(w, {"executed": 0, "exec_s": 0.0})
@@ -216,14 +264,135 @@ def worker_signals(before: dict[str, Any], after: dict[str, Any], record,
         wanted += (c1 - c0) + (q1 - q0)
         available += (t1 - t0) * max(int(nthreads.get(w) or 1), 1)
     demand = min(wanted / available, 1.0) if available > 0 else None
-    samples = record.samples
+    return {"worker.seconds_per_task_skew": skew, "worker.cpu_demand": demand}
+
+
+def schedstat_cpu_seconds(before: dict[str, Any], after: dict[str, Any],
+                          wanted: bool = False) -> dict[str, float]:
+    """CPU seconds each worker process used between two probes (kernel schedstat).
+
+    With ``wanted``, CPU used plus CPU waited for in the run queue: on a shared host a
+    CPU-bound thread that waits for a core is still CPU-bound, though Dask's fine metrics
+    count the wait as thread-noncpu.
+    """
+    out = {}
+    for w, a in after.items():
+        b = before.get(w) or {}
+        if a.get("schedstat") and b.get("schedstat"):
+            out[w] = a["schedstat"][1] - b["schedstat"][1]
+            if wanted:
+                out[w] += a["schedstat"][2] - b["schedstat"][2]
+    return out
+
+
+def task_thread_wanted_seconds(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+    """CPU used plus run-queue wait of each worker's task threads between two probes.
+
+    Threads present in both probes only (a thread that exited took its counters with it).
+    """
+    out = {}
+    for w, a in after.items():
+        b = (before.get(w) or {}).get("task_threads") or {}
+        now = a.get("task_threads") or {}
+        common = set(now) & set(b)
+        if common:
+            out[w] = sum((now[t][0] - b[t][0]) + (now[t][1] - b[t][1]) for t in common)
+    return out
+
+
+def sampled_cpu_seconds(samples, window: tuple[float, float]) -> dict[str, float]:
+    """CPU seconds each worker process used in ``window``, from system-monitor samples.
+
+    Each heartbeat sample carries the process's CPU percent; the mean over the window times
+    the window's length estimates CPU seconds. Workers without a sample in the window are
+    left out (absent, not zero).
+    """
+    if samples is None or len(samples) == 0:
+        return {}
     s = samples[(samples["time"] >= window[0]) & (samples["time"] <= window[1])]
-    cpu_fraction = None
-    if not s.empty:
-        threads = s["worker"].map(lambda w: max(int(nthreads.get(w) or 1), 1))
-        cpu_fraction = float((s["cpu"] / (100.0 * threads)).clip(upper=1.0).mean())
-    return {"worker.seconds_per_task_skew": skew, "worker.cpu_fraction": cpu_fraction,
-            "worker.cpu_demand": demand, "worker.samples": len(s)}
+    length = window[1] - window[0]
+    if s.empty or length <= 0:
+        return {}
+    return {str(w): float(g["cpu"].mean()) / 100.0 * length for w, g in s.groupby("worker")}
+
+
+def monitor_signals(cpu_s: dict[str, float], nthreads: dict[str, int], compute_s: float | None,
+                    wall: float, wanted_s: dict[str, float] | None = None) -> dict[str, Any]:
+    """Signals from the worker processes' own CPU use (``process CPU`` source).
+
+    ``monitor.cpu_per_busy_thread`` is CPU per thread-second spent in tasks: from
+    ``wanted_s`` (used + run-queue wait, of the task threads when the probe could tell them
+    apart) when the kernel gave it, else from ``cpu_s``.
+
+    Parameters
+    ----------
+    cpu_s
+        CPU seconds per worker process over the measured time.
+    wanted_s
+        CPU seconds used plus waited for, per worker process (optional).
+    nthreads
+        Threads per worker.
+    compute_s
+        Thread-seconds spent inside tasks over the same time (task records).
+    wall
+        The measured time in seconds.
+    """
+    out: dict[str, Any] = {"monitor.cpu_per_busy_thread": None,
+                           "monitor.busy_process_cores": None,
+                           "monitor.threads_per_worker": None, "monitor.cpu_imbalance": None}
+    if not cpu_s or wall <= 0:
+        return out
+    total = sum(cpu_s.values())
+    threads = [max(int(nthreads.get(w) or 1), 1) for w in cpu_s]
+    out["monitor.threads_per_worker"] = sum(threads) / len(threads)
+    out["monitor.busy_process_cores"] = total / (wall * len(cpu_s))
+    if compute_s and compute_s > 0.05 * wall:
+        want = sum(wanted_s.values()) if wanted_s else total
+        out["monitor.cpu_per_busy_thread"] = min(want / compute_s, 1.5)
+    basis = wanted_s if wanted_s and len(wanted_s) == len(cpu_s) else cpu_s
+    if len(basis) >= 2 and max(basis.values()) >= 0.3 * wall:
+        # CPU wanted by the task threads when known: on a saturated host the CPU *used*
+        # evens out between a busy and an idle worker, the CPU wanted does not
+        out["monitor.cpu_imbalance"] = min(max(basis.values()) /
+                                           max(min(basis.values()), 0.05 * wall), 20.0)
+    return out
+
+
+def host_signals(before: dict[str, Any], after: dict[str, Any], transfer_bytes: float,
+                 scheduler_netns: str | None = None) -> dict[str, Any]:
+    """Signals from the worker hosts' interface counters and the processes' io accounting.
+
+    Received bytes are counted once per network namespace (workers sharing a host share its
+    counters). When a worker shares the scheduler's namespace, its counters also carry the
+    cluster's control traffic, so the host shares are left unmeasured.
+    """
+    received: dict[str, float] = {}
+    written = 0.0
+    measured = shared = False
+    for w, a in after.items():
+        b = before.get(w) or {}
+        if a.get("io_write") is not None and b.get("io_write") is not None:
+            written += a["io_write"] - b["io_write"]
+            measured = True
+        ns = a.get("netns")
+        if a.get("net_recv") is None or b.get("net_recv") is None or ns is None:
+            continue
+        if scheduler_netns is not None and ns == scheduler_netns:
+            shared = True
+        received[ns] = max(received.get(ns, 0.0), a["net_recv"] - b["net_recv"])
+    out: dict[str, Any] = {"proc.write_mb": written / 1e6 if measured else None,
+                           "host.received_mb": None, "host.external_mb": None,
+                           "host.external_share": None, "host.dask_share": None}
+    if not received or shared:
+        return out
+    total = sum(received.values())
+    external = max(total - transfer_bytes, 0.0)
+    out["host.received_mb"] = total / 1e6
+    out["host.external_mb"] = external / 1e6
+    if total >= 1e6:
+        out["host.external_share"] = external / total
+        out["host.dask_share"] = min(transfer_bytes / total, 1.0)
+    return out
 
 
 def memory_signals(record, window: tuple[float, float]) -> dict[str, float | None]:
@@ -260,10 +429,19 @@ def extract_signals(m: dict[str, Any]) -> dict[str, Any]:
     tasks = task_signals(m["stream"], batches, m["threads"], sorted(m["nthreads"]))
     signals.update(tasks)
     signals.update(scheduler_signals(m["scheduler_before"], m["scheduler_after"],
-                                     tasks["tasks.count"], tasks["tasks.typical_s"], wall))
-    signals.update(transfer_signals(m["workers_after"], m["threads"], wall))
-    signals.update(worker_signals(m["workers_before"], m["workers_after"], m["record"],
-                                  m["nthreads"], window))
+                                     tasks["tasks.count"], tasks["tasks.median_s"], wall))
+    transfer = transfer_signals(m["workers_after"], m["threads"], wall)
+    signals.update(transfer)
+    signals.update(worker_signals(m["workers_before"], m["workers_after"], m["nthreads"]))
+    cpu_s = schedstat_cpu_seconds(m["workers_before"], m["workers_after"])
+    if not cpu_s:
+        cpu_s = sampled_cpu_seconds(m["record"].samples, window)
+    wanted = (task_thread_wanted_seconds(m["workers_before"], m["workers_after"])
+              or schedstat_cpu_seconds(m["workers_before"], m["workers_after"], wanted=True))
+    signals.update(monitor_signals(cpu_s, m["nthreads"], tasks["tasks.compute_s"], wall,
+                                   wanted or None))
+    signals.update(host_signals(m["workers_before"], m["workers_after"],
+                                transfer["transfer.mb_moved"] * 1e6, m.get("scheduler_netns")))
     signals.update(memory_signals(m["record"], window))
     cal = m["calibration"]
     spreads = [w["spread"] for w in cal["workers"]]

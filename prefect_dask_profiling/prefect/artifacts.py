@@ -2,24 +2,28 @@
 
 Created in the flow run, keys lowercase with dashes derived from the pipeline name:
 ``<pipeline>-summary`` (table), ``<pipeline>-run`` (markdown), ``<pipeline>-regression``
-(table, also when everything is ok) and ``<pipeline>-report-<stage>`` (link per stage).
+(table, also when everything is ok), ``<pipeline>-report-<stage>`` (link per stage) and
+``<pipeline>-trend`` (link to the stored trend page, presigned on S3).
 Values are JSON-clean (no NaN/inf, no numpy scalars). A failure to create an artifact is
 a warning: the summaries are already stored by then.
 """
 
 from __future__ import annotations
 
+import contextvars
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from prefect_dask_profiling._util import artifact_key, json_clean
+from prefect_dask_profiling.regression.drift import flagged_markdown
 
 if TYPE_CHECKING:
     from prefect_dask_profiling.finishing import FinishResult
 
-SUMMARY_ARTIFACT_COLUMNS = ["stage", "prefix", "tasks", "total_s", "p50_s", "p95_s", "gb_out",
-                            "share"]
+SUMMARY_ARTIFACT_COLUMNS = ["stage", "prefix", "tasks", "errors", "total_s", "p50_s", "p95_s",
+                            "gb_out", "share"]
 VERDICT_ARTIFACT_COLUMNS = ["stage", "prefix", "verdict", "cause", "baseline_s", "latest_s",
                             "ratio", "robust_z", "tasks_ratio", "share", "n_history"]
 
@@ -55,13 +59,22 @@ def run_markdown(result: FinishResult, links: dict[str, str], trend: str | None)
     for scope, row in result.utilisation.iterrows():
         lines.append(f"| {scope} | {_fmt(row['utilisation'])} | {_fmt(row['wall_s'])} | "
                      f"{_fmt(row['task_s'])} | {row['reading']} |")
-    lines += ["", "## Stages", "", "| stage | tasks | task s | report |", "|---|---|---|---|"]
+    lines += ["", "## Stages", "", "| stage | tasks | task s | bottleneck | evidence | report |",
+              "|---|---|---|---|---|---|"]
     for s in m["stages"]:
         link = links.get(s["name"])
         report = f"[report]({link})" if link else (s.get("note") or "")
-        lines.append(f"| {s['name']} | {s['tasks']} | {_fmt(s['task_s'])} | {report} |")
+        verdict, evidence = _bottleneck(s.get("diagnosis"))
+        lines.append(f"| {s['name']} | {s['tasks']} | {_fmt(s['task_s'])} | {verdict} | "
+                     f"{evidence} | {report} |")
+    for stage, why in (m.get("explanations") or {}).items():
+        lines += ["", f"**Why {stage} regressed:** {why.get('text', '')}"]
+    flagged = flagged_markdown(result.verdicts, result.extras.get("drift"))
+    if flagged:
+        lines += ["", *flagged]
     if trend:
-        lines += ["", f"Trend of total seconds per prefix: `{trend}`"]
+        lines += ["", f"[Trend of total seconds per prefix]({trend})"
+                  if "://" in trend else f"Trend of total seconds per prefix: `{trend}`"]
     if result.location:
         lines += ["", f"Stored at `{result.location}`"]
     if m["warnings"]:
@@ -74,45 +87,85 @@ def run_markdown(result: FinishResult, links: dict[str, str], trend: str | None)
     return "\n".join(lines) + "\n"
 
 
+def _bottleneck(diagnosis: Any) -> tuple[str, str]:
+    """A stored stage diagnosis as (verdict, supporting evidence); blank for old runs."""
+    from prefect_dask_profiling.diagnosis.stages import Diagnosis
+
+    d = Diagnosis.from_dict(diagnosis)
+    return ("", "") if d is None else (d.summary(), d.evidence())
+
+
+def regression_rows(result: FinishResult) -> list[dict[str, Any]]:
+    """The regression table's rows, each regressed stage's explanation in ``why``."""
+    explanations = result.manifest.get("explanations") or {}
+    frame = result.verdicts.copy()
+    if "stage" in frame and "verdict" in frame:
+        frame["why"] = [explanations.get(st, {}).get("text", "") if v == "regression" else ""
+                        for st, v in zip(frame["stage"], frame["verdict"], strict=True)]
+    return table_rows(frame, [*VERDICT_ARTIFACT_COLUMNS, "why"])
+
+
 def publish(result: FinishResult, links: dict[str, str],
             trend_location: str | None = None) -> list[str]:
-    """Create the run's artifacts in the current flow run; return warnings, never raise."""
+    """Create the run's artifacts in the current flow run; return warnings, never raise.
+
+    The artifacts are one group: built here, then posted together through one API client,
+    concurrently (one round trip of wall time instead of one per artifact; the Prefect API
+    has no bulk endpoint for artifacts).
+    """
     import httpx
-    from prefect.artifacts import (
-        create_link_artifact,
-        create_markdown_artifact,
-        create_table_artifact,
-    )
+    from prefect.artifacts import LinkArtifact, MarkdownArtifact, TableArtifact
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import ArtifactCreate
     from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+    from prefect.utilities.context import get_task_and_flow_run_ids
 
     key = artifact_key(result.pipeline)
-    jobs = [
-        lambda: create_table_artifact(
-            table_rows(result.summary, SUMMARY_ARTIFACT_COLUMNS), key=f"{key}-summary",
-            description=f"Per-prefix task summary of run {result.run_id}"),
-        lambda: create_markdown_artifact(
-            run_markdown(result, links, trend_location), key=f"{key}-run",
-            description=f"Utilisation, stages and reports of run {result.run_id}"),
-        lambda: create_table_artifact(
-            table_rows(result.verdicts, VERDICT_ARTIFACT_COLUMNS), key=f"{key}-regression",
-            description=f"Regression check of run {result.run_id}"),
+    artifacts = [
+        TableArtifact(table=table_rows(result.summary, SUMMARY_ARTIFACT_COLUMNS),
+                      key=f"{key}-summary",
+                      description=f"Per-prefix task summary of run {result.run_id}"),
+        MarkdownArtifact(markdown=run_markdown(result, links, trend_location), key=f"{key}-run",
+                         description=f"Utilisation, stages and reports of run {result.run_id}"),
+        TableArtifact(table=table_rows(result.verdicts, VERDICT_ARTIFACT_COLUMNS),
+                      key=f"{key}-regression",
+                      description=f"Regression check of run {result.run_id}"),
     ]
+    if trend_location:
+        artifacts.append(LinkArtifact(
+            link=trend_location, link_text=f"{result.pipeline} trend", key=f"{key}-trend",
+            description=f"Total seconds per prefix over the baseline, run {result.run_id}"))
     for stage_name, link in links.items():
-        jobs.append(lambda s=stage_name, u=link: create_link_artifact(
-            u, link_text=f"{result.pipeline} {s} report", key=artifact_key(key, "report", s),
-            description=f"Dask performance report of stage {s}, run {result.run_id}"))
+        artifacts.append(LinkArtifact(
+            link=link, link_text=f"{result.pipeline} {stage_name} report",
+            key=artifact_key(key, "report", stage_name),
+            description=f"Dask performance report of stage {stage_name}, run {result.run_id}"))
+    task_run_id, flow_run_id = get_task_and_flow_run_ids()
+    requests = [ArtifactCreate(type=a.type, key=a.key, description=a.description,
+                               task_run_id=task_run_id, flow_run_id=flow_run_id,
+                               data=a.format(_sync=True))
+                for a in artifacts]
     warnings = []
     # The run's client retries a lost API for about a minute per request; artifacts are
-    # not worth that: one retry, and after a transport failure the rest are skipped.
+    # not worth that: one retry, and a transport failure is reported once for the group.
     retries = min(PREFECT_CLIENT_MAX_RETRIES.value(), 1)
     with temporary_settings({PREFECT_CLIENT_MAX_RETRIES: retries}):
-        for n, job in enumerate(jobs):
-            try:
-                job()
-            except Exception as exc:
-                warnings.append(f"artifact not created: {exc!r}")
-                if isinstance(exc, httpx.TransportError):
-                    warnings.append(f"{len(jobs) - n - 1} more artifact(s) not created: the "
-                                    "Prefect API did not answer")
-                    break
+        try:
+            with get_client(sync_client=True) as client, ThreadPoolExecutor(
+                    max_workers=min(8, len(requests)),
+                    thread_name_prefix="dask-profiling-artifacts") as pool:
+                # each thread runs in a copy of this context: Prefect's settings (the API
+                # URL) and run context live in context variables
+                futures = [pool.submit(contextvars.copy_context().run, client.create_artifact,
+                                       artifact=r) for r in requests]
+                errors = [f.exception() for f in futures]
+        except Exception as exc:  # the client itself could not be opened
+            errors = [exc] * len(requests)
+    failed = [e for e in errors if e is not None]
+    lost = [e for e in failed if isinstance(e, httpx.TransportError)]
+    for exc in [e for e in failed if not isinstance(e, httpx.TransportError)]:
+        warnings.append(f"artifact not created: {exc!r}")
+    if lost:
+        warnings.append(f"artifact not created: {lost[0]!r}")
+        warnings.append(f"{len(lost)} artifact(s) not created: the Prefect API did not answer")
     return warnings

@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from distributed.metrics import time
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 TASK_STREAM_PLUGIN = "task-stream"
 _TASKS_IN_REPORT = re.compile(r"number of tasks:\s*(\d+)")
@@ -49,7 +53,7 @@ def _window_state(dask_scheduler) -> dict:
             "limit": plugin.buffer.maxlen or 0, "installed": installed}
 
 
-def open_window(client) -> ReportWindow:
+def open_window(client: Client) -> ReportWindow:
     """Mark the start of a report window (installs Dask's task-stream recorder)."""
     start = time()
     state = client.run_on_scheduler(_window_state)
@@ -57,16 +61,88 @@ def open_window(client) -> ReportWindow:
                         stream_limit=state["limit"], installed_stream=state["installed"])
 
 
-def render(client, window: ReportWindow, timeout: float = 120.0) -> RenderedReport:
-    """Render the performance report of everything since ``window`` opened."""
-    index = client.sync(client.scheduler.get_task_stream_index)
-    tasks = index - window.index
-    html = client.sync(client.scheduler.performance_report, start=window.start,
-                       last_count=window.last_count, code="", callback_timeout=timeout)
+@dataclass(frozen=True)
+class WindowEnd:
+    """Where a stage's report ends: wall time and task-stream cursor at the stage's exit."""
+
+    stop: float
+    index: int
+
+
+def close_window(client: Client) -> WindowEnd:
+    """Mark the end of a report window (one cheap round trip; nothing is rendered)."""
+    stop = time()
+    return WindowEnd(stop=stop, index=client.sync(client.scheduler.get_task_stream_index))
+
+
+def render(client: Client, window: ReportWindow, end: WindowEnd | None = None,
+           timeout: float = 120.0) -> RenderedReport:
+    """Render the performance report of ``window``, up to ``end`` (default: now).
+
+    With ``end`` the report may be rendered later, while other work runs: its task stream
+    stops at the stage's last task and its profiles at ``end.stop``, so the next stage's
+    tasks do not leak in (the
+    system-monitor and log tabs still run to the render time).
+    """
+    end = end or close_window(client)
+    tasks = end.index - window.index
+    html = client.run_on_scheduler(_bounded_report_function(), start=window.start,
+                                   stop=end.stop, last_count=window.last_count,
+                                   first=window.index, last=end.index,
+                                   callback_timeout=timeout)
     match = _TASKS_IN_REPORT.search(html)
     shown = int(match.group(1)) if match else tasks
     truncated = bool(window.stream_limit) and tasks > window.stream_limit
     return RenderedReport(html=html, tasks=max(tasks, shown), truncated=truncated)
+
+
+def _bounded_report_function():
+    """A scheduler-side coroutine: Dask's ``performance_report`` with an end time.
+
+    Dask's report runs from ``start`` to *now*. Its task stream and profiles are read
+    through ``get_task_stream``/``get_profile``; a wrapper around those two (installed once
+    per scheduler, inert unless a render is in progress) bounds them to the window, read
+    from a context variable local to the render's own asyncio task so concurrent renders of
+    other runs are not affected: the task stream by the recorder's append counter (exact),
+    the profiles by the stage's end time. Built in a function so it travels by value (the
+    scheduler need not have this package).
+    """
+
+    async def bounded_report(dask_scheduler, start: float, stop: float, last_count: int,
+                             first: int, last: int) -> str:
+        import contextvars
+
+        var = dask_scheduler.__dict__.get("_dask_profiling_report_window")
+        if var is None:
+            var = contextvars.ContextVar("dask_profiling_report_window", default=None)
+            stream, profile = dask_scheduler.get_task_stream, dask_scheduler.get_profile
+
+            def get_task_stream(start=None, stop=None, count=None, start_index=None):
+                window = var.get()
+                if window is None or stop is not None or start_index is not None:
+                    return stream(start=start, stop=stop, count=count,
+                                  start_index=start_index)
+                # by the recorder's append counter, not by time: exact at stage boundaries
+                # whatever the clock offsets between workers and scheduler
+                records = stream(start_index=window[1])
+                return records[: max(0, window[2] - window[1])]
+
+            async def get_profile(*args, stop=None, **kwargs):
+                window = var.get()
+                bound = window[0] if window is not None and stop is None else stop
+                return await profile(*args, stop=bound, **kwargs)
+
+            dask_scheduler.get_task_stream = get_task_stream
+            dask_scheduler.get_profile = get_profile
+            dask_scheduler._dask_profiling_report_window = var
+        token = var.set((stop, first, last))
+        try:
+            return await dask_scheduler.performance_report(start=start, last_count=last_count,
+                                                           code="")
+        finally:
+            var.reset(token)
+
+    return bounded_report
 
 
 def _drop_task_stream(dask_scheduler, keep_if_prefix: str) -> bool:
@@ -76,6 +152,6 @@ def _drop_task_stream(dask_scheduler, keep_if_prefix: str) -> bool:
     return dask_scheduler.plugins.pop(TASK_STREAM_PLUGIN, None) is not None
 
 
-def release_task_stream(client, keep_if_prefix: str = "task-timings-") -> bool:
+def release_task_stream(client: Client, keep_if_prefix: str = "task-timings-") -> bool:
     """Remove Dask's task-stream recorder unless another profiled run still uses it."""
     return client.run_on_scheduler(_drop_task_stream, keep_if_prefix=keep_if_prefix)

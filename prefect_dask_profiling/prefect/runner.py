@@ -14,7 +14,7 @@ flow-run context, so it can neither attach artifacts to the run nor fail it on a
 regression. Forgetting it is visible, not silent: ``__exit__`` still stores the summaries,
 and both the manifest and the logs say that no verdict was applied.
 
-Facts this class is built around (see the project notes): Prefect enters a ``duplicate()``
+Facts of Prefect and prefect-dask this class is built around: Prefect enters a ``duplicate()``
 of the runner for every flow run *and inside every Dask worker task*, so extra arguments
 are copied in :meth:`duplicate` and the worker-side copies do nothing but re-enter the
 stage of the task they run in; raising in ``__enter__`` leaves a flow run stuck in Running,
@@ -25,25 +25,43 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import inspect
 import logging
 import pickle
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dask
 import distributed
-import fsspec
 from prefect_dask import DaskTaskRunner
 
-from prefect_dask_profiling._util import validate_name
-from prefect_dask_profiling.regression.verdict import RegressionDetected
-from prefect_dask_profiling.stage import running_task_annotations
-from prefect_dask_profiling.timing.plugin import RUN_ANNOTATION, STAGE_ANNOTATION
+from prefect_dask_profiling._util import positive_int, positive_number, validate_name
+from prefect_dask_profiling.regression.rule import RegressionRule
+from prefect_dask_profiling.stage import running_task_annotations, running_task_key
+from prefect_dask_profiling.store.url import check_store_url, redacted_options
+from prefect_dask_profiling.timing.plugin import (
+    PARENT_ANNOTATION,
+    RUN_ANNOTATION,
+    STAGE_ANNOTATION,
+)
+
+if TYPE_CHECKING:
+    from prefect_dask_profiling.regression.verdict import RegressionDetected
 
 logger = logging.getLogger("prefect_dask_profiling")
+
+
+def __getattr__(name: str) -> Any:
+    # Re-exported lazily: the verdict module needs pandas, which this module must not load in
+    # the Dask workers, where Prefect unpickles the runner around every task.
+    if name == "RegressionDetected":
+        from prefect_dask_profiling.regression.verdict import RegressionDetected
+
+        return RegressionDetected
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["ProfiledDaskTaskRunner", "ProfilingOptions", "RegressionDetected", "finish",
            "profiled"]
@@ -80,7 +98,9 @@ class ProfilingOptions:
     sample_interval
         Seconds between worker memory/CPU samples.
     check_options
-        Extra keyword arguments for ``detect_regressions`` (``min_seconds``, ...).
+        The other settings of :class:`~prefect_dask_profiling.regression.rule.RegressionRule`
+        by name (``z_threshold``, ``min_seconds``, ``min_share``, ``min_history``, ...); each
+        value is checked here.
     store_timeout
         Upper bound in seconds for any one call to the store; when the store does not
         answer, the run's files wait in the local spool (``dask-profiling upload-pending``).
@@ -93,30 +113,20 @@ class ProfilingOptions:
     report_retention_days: int = 30
     stage_reports: bool = True
     on_regression: str = "fail"
-    threshold: float = 2.0
-    history: int = 8
+    threshold: float = RegressionRule.threshold
+    history: int = RegressionRule.history
     sample_interval: float = 1.0
     check_options: dict[str, Any] = field(default_factory=dict)
     store_timeout: float = 10.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.report_retention_days, bool) or not isinstance(
-                self.report_retention_days, int) or self.report_retention_days < 1:
-            raise ValueError("report_retention_days must be a positive whole number of days, "
-                             f"got {self.report_retention_days!r}")
+        positive_int(self.report_retention_days, "report_retention_days")
         if self.on_regression not in ON_REGRESSION:
             raise ValueError(f"on_regression must be one of {ON_REGRESSION}, "
                              f"got {self.on_regression!r}")
-        if not isinstance(self.threshold, (int, float)) or not self.threshold > 1:
-            raise ValueError(f"threshold must be a number > 1, got {self.threshold!r}")
-        if isinstance(self.history, bool) or not isinstance(self.history, int) or self.history < 1:
-            raise ValueError(f"history must be a whole number >= 1, got {self.history!r}")
-        if not isinstance(self.sample_interval, (int, float)) or self.sample_interval < 0:
-            raise ValueError(f"sample_interval must be >= 0 seconds, got {self.sample_interval!r}")
-        if isinstance(self.store_timeout, bool) or not isinstance(
-                self.store_timeout, (int, float)) or not 0 < self.store_timeout < float("inf"):
-            raise ValueError(f"store_timeout must be a positive number of seconds, "
-                             f"got {self.store_timeout!r}")
+        self.rule  # noqa: B018 - threshold, history and check_options: refused here if bad
+        positive_number(self.sample_interval, "sample_interval (seconds)", allow_zero=True)
+        positive_number(self.store_timeout, "store_timeout (seconds)")
         if self.pipeline is not None:
             validate_name(self.pipeline, "pipeline")
         if self.version is not None:
@@ -125,24 +135,26 @@ class ProfilingOptions:
             check_store_url(self.store)
         if self.storage_options is not None and not isinstance(self.storage_options, dict):
             raise ValueError("storage_options must be a dict")
-        from prefect_dask_profiling.regression.verdict import detect_regressions
 
-        allowed = set(inspect.signature(detect_regressions).parameters) - {
-            "history", "latest", "threshold"}
-        unknown = set(self.check_options) - allowed
-        if unknown:
-            raise ValueError(f"check_options has unknown keys {sorted(unknown)}; "
-                             f"allowed: {sorted(allowed)}")
+    def __repr__(self) -> str:
+        """Every field, with the credential values of ``storage_options`` as ``***``."""
+        fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
+                           if f.name != "storage_options")
+        return (f"ProfilingOptions(storage_options="
+                f"{redacted_options(self.storage_options)!r}, {fields})")
+
+    @property
+    def rule(self) -> RegressionRule:
+        """The regression rule these options describe (validated)."""
+        return RegressionRule.from_options(self.threshold, self.history, self.check_options)
 
 
-def check_store_url(url: str) -> str:
-    """Raise ``ValueError`` naming the protocol if fsspec does not know it."""
-    if not isinstance(url, str) or not url:
-        raise ValueError(f"store must be a non-empty URL string, got {url!r}")
-    protocol = fsspec.utils.get_protocol(url)
-    if protocol not in fsspec.available_protocols():
-        raise ValueError(f"store URL {url!r} has an unknown protocol {protocol!r}")
-    return url
+def _copy_dict(value: dict | None) -> Any:
+    """A copy of ``value`` when it is a dict, ``{}`` for None; anything else is left for
+    :class:`ProfilingOptions` to refuse by name."""
+    if value is None:
+        return {}
+    return dict(value) if isinstance(value, dict) else value
 
 
 def _in_dask_worker() -> bool:
@@ -174,7 +186,9 @@ class ProfiledDaskTaskRunner(DaskTaskRunner):
                  *, store: str | None = None, storage_options: dict | None = None,
                  pipeline: str | None = None, version: str | None = None,
                  report_retention_days: int = 30, stage_reports: bool = True,
-                 on_regression: str = "fail", threshold: float = 2.0, history: int = 8,
+                 on_regression: str = "fail",
+                 threshold: float = RegressionRule.threshold,
+                 history: int = RegressionRule.history,
                  sample_interval: float = 1.0, check_options: dict | None = None,
                  store_timeout: float = 10.0,
                  profiling: ProfilingOptions | None = None) -> None:
@@ -182,7 +196,7 @@ class ProfiledDaskTaskRunner(DaskTaskRunner):
             store=store, storage_options=storage_options, pipeline=pipeline, version=version,
             report_retention_days=report_retention_days, stage_reports=stage_reports,
             on_regression=on_regression, threshold=threshold, history=history,
-            sample_interval=sample_interval, check_options=dict(check_options or {}),
+            sample_interval=sample_interval, check_options=_copy_dict(check_options),
             store_timeout=store_timeout)
         super().__init__(cluster=cluster, address=address, cluster_class=cluster_class,
                          cluster_kwargs=cluster_kwargs, adapt_kwargs=adapt_kwargs,
@@ -237,11 +251,21 @@ class ProfiledDaskTaskRunner(DaskTaskRunner):
             super().__exit__(*exc_info)
 
     def _reenter_running_stage(self) -> None:
-        """Worker-side copy: attribute the task's inner Dask work to its stage and run."""
+        """Worker-side copy: tag the Dask work the task body launches.
+
+        Prefect enters this copy around the task body, in the thread that runs it, so every
+        graph the body submits (``compute``, ``persist``, ``submit``, through any client,
+        ``get_dask_client()`` included) carries the task's stage and run, and the key of
+        the Prefect task as its parent: the scheduler plugin then counts the time the task
+        spent waiting on that work as orchestration, not as task time.
+        """
         running = running_task_annotations()
-        inherited = {k: running[k] for k in (STAGE_ANNOTATION, RUN_ANNOTATION) if k in running}
-        if inherited:
-            self._exit_stack.enter_context(dask.annotate(**inherited))
+        tags = {k: running[k] for k in (STAGE_ANNOTATION, RUN_ANNOTATION) if k in running}
+        key = running_task_key()
+        if key is not None:
+            tags[PARENT_ANNOTATION] = key
+        if tags:
+            self._exit_stack.enter_context(dask.annotate(**tags))
 
     # -- flow-side API ---------------------------------------------------------------------
 

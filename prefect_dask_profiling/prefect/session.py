@@ -7,22 +7,28 @@ storage or artifacts fail — except the regression verdict, which fails the flo
 
 from __future__ import annotations
 
+import contextvars
 import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dask
 import distributed
 
 from prefect_dask_profiling._util import validate_name
+from prefect_dask_profiling.environment import environment
 from prefect_dask_profiling.finishing import FinishResult, FinishSettings, finish_run
 from prefect_dask_profiling.prefect import reports
 from prefect_dask_profiling.regression.verdict import RegressionDetected
 from prefect_dask_profiling.stage import open_stage_name, reset_listener, set_listener
-from prefect_dask_profiling.store.manifest import RunContext, StageInfo, environment
+from prefect_dask_profiling.store.manifest import RunContext, StageInfo
 from prefect_dask_profiling.summary.record import RunRecord
 from prefect_dask_profiling.timing import plugin
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 logger = logging.getLogger("prefect_dask_profiling")
 
@@ -45,7 +51,7 @@ class OpenStage:
 class Session:
     """Flow-side state of one profiled run."""
 
-    def __init__(self, runner, client, plugin_name: str, scope: str) -> None:
+    def __init__(self, runner: Any, client: Client, plugin_name: str, scope: str) -> None:
         from prefect_dask_profiling.store.runs import new_run_id
 
         self.runner = runner
@@ -65,6 +71,8 @@ class Session:
         self._installed_stream = False
         self._store = None
         self._store_url: str | None = None
+        self._report_pool: ThreadPoolExecutor | None = None
+        self._pending_reports: list[Future] = []
 
     # -- start / stop ----------------------------------------------------------------------
 
@@ -85,6 +93,10 @@ class Session:
 
     def close(self) -> None:
         """Remove the plugin and the task-stream recorder we caused (before client close)."""
+        self.wait_reports()
+        if self._report_pool is not None:
+            self._report_pool.shutdown(wait=True)
+            self._report_pool = None
         try:
             plugin.uninstall(self.client, self.plugin_name)
             if self._installed_stream:
@@ -106,7 +118,7 @@ class Session:
         """Store this run at ``url`` instead of the runner's store (before it finishes)."""
         if url is None or self.finished:
             return
-        from prefect_dask_profiling.prefect.runner import check_store_url
+        from prefect_dask_profiling.store.url import check_store_url
 
         self.options = replace(self.options, store=check_store_url(url))
 
@@ -209,19 +221,55 @@ class Session:
         except Exception as exc:
             self.warnings.append(f"stage {name!r}: snapshot failed: {exc!r}")
         if token.window is not None:
-            self._store_report(info, token.window)
+            self._submit_report(info, token.window)
         self.stages.append(info)
 
-    def _store_report(self, info: StageInfo, window: reports.ReportWindow) -> None:
+    def _submit_report(self, info: StageInfo, window: reports.ReportWindow) -> None:
+        """Mark the stage's end now; render and store its report while the next stage runs.
+
+        Rendering takes the scheduler about half a second per report (Bokeh), which would
+        otherwise hold up the flow at every stage exit. One background thread renders the
+        reports in stage order; :meth:`wait_reports` (called by ``finish()`` and at close)
+        waits for them, so the stored run and its artifacts link every report.
+        """
         try:
-            rendered = reports.render(self.client, window)
+            end = reports.close_window(self.client)
+        except Exception as exc:
+            info.note = f"report not rendered: {exc!r}"
+            return
+        try:
+            self.capture()  # the flow-run context is not visible from the report thread
+        except Exception:
+            logger.debug("capture failed", exc_info=True)
+        if self._report_pool is None:
+            self._report_pool = ThreadPoolExecutor(max_workers=1,
+                                                   thread_name_prefix="dask-profiling-report")
+        self._pending_reports.append(self._report_pool.submit(
+            contextvars.copy_context().run, self._store_report, info, window, end))
+
+    def wait_reports(self) -> None:
+        """Wait for the stage reports still being rendered or uploaded (never raises).
+
+        Each render is bounded by its own timeout; a report that failed leaves a note on its
+        stage, not an error.
+        """
+        pending, self._pending_reports = self._pending_reports, []
+        for future in pending:
+            try:
+                future.result()
+            except Exception as exc:  # _store_report notes its own failures; belt and braces
+                self.warnings.append(f"stage report failed: {exc!r}")
+
+    def _store_report(self, info: StageInfo, window: reports.ReportWindow,
+                      end: reports.WindowEnd | None = None) -> None:
+        try:
+            rendered = reports.render(self.client, window, end)
         except Exception as exc:
             info.note = f"report not rendered: {exc!r}"
             return
         if rendered.tasks == 0:
             info.note = "no tasks ran in this stage: no report"
             return
-        self.capture()
         if not self.ctx.pipeline:
             info.note = "report not stored: stage opened outside a flow run"
             return
@@ -249,7 +297,8 @@ class Session:
         if self.finished:
             if self.result is not None and self.result.regressed and error is None and (
                     publish and self.options.on_regression == "fail"):
-                raise RegressionDetected(self.result.verdicts)
+                raise RegressionDetected(self.result.verdicts,
+                                         self.result.extras.get("failure_message"))
             return self.result
         self.finished = True
         try:
@@ -260,7 +309,8 @@ class Session:
             return None
         if (self.result.regressed and error is None and publish
                 and self.options.on_regression == "fail"):
-            raise RegressionDetected(self.result.verdicts)
+            raise RegressionDetected(self.result.verdicts,
+                                     self.result.extras.get("failure_message"))
         return self.result
 
     def finish_unattended(self, error: BaseException | None) -> None:
@@ -307,6 +357,7 @@ class Session:
             self.ctx.pipeline = self.options.pipeline or "unnamed"
             self.ctx.version = self.options.version or "unversioned"
         record = self._collect()  # first: a failed collection adds its warning to self.warnings
+        self.wait_reports()  # the last stage's report rendered during the collection
         warnings = [*self.warnings, *([extra_warning] if extra_warning else [])]
         options = self.options
         settings = FinishSettings(
@@ -323,13 +374,31 @@ class Session:
         if not result.judged:
             _run_log(logging.WARNING, f"dask-profiling: run {result.run_id} stored unjudged: "
                      f"{result.manifest.get('unjudged_reason')}")
+        links = self._report_links(self.stages)
+        trend = self._link(result.trend_location)
         if publish:
             from prefect_dask_profiling.prefect.artifacts import publish as publish_artifacts
 
-            links = self._report_links(self.stages)
-            for w in publish_artifacts(result, links, trend_location=result.trend_location):
+            for w in publish_artifacts(result, links, trend_location=trend):
                 logger.warning("dask-profiling: %s", w)
+        from prefect_dask_profiling.prefect.events import emit_detection_events
+
+        _, event_warnings = emit_detection_events(
+            result, links, trend, fail_on_regression=options.on_regression == "fail")
+        for w in event_warnings:
+            logger.warning("dask-profiling: %s", w)
         return result
+
+    def _link(self, location: str | None) -> str | None:
+        """A presigned link to a stored file on S3 (as for reports), else its location."""
+        if not location:
+            return None
+        expires = min(MAX_LINK_SECONDS, self.options.report_retention_days * 86400)
+        try:
+            return self.store.presign(location, expires) or location
+        except Exception as exc:
+            logger.debug("presign failed: %r", exc)
+            return location
 
     def _report_links(self, infos: list[StageInfo]) -> dict[str, str]:
         links = {}
@@ -358,7 +427,7 @@ def _source_hash(flow) -> str | None:
         return None
 
 
-def _alive(client) -> bool:
+def _alive(client: Client) -> bool:
     try:
         return client.status == "running"
     except Exception:

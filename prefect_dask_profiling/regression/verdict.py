@@ -1,9 +1,9 @@
 """Regression verdicts: each prefix's latest total time against the median of its history.
 
-The seed's rule — flag prefixes whose time more than doubled against the median of the last
+The basic rule — flag prefixes whose time more than doubled against the median of the last
 few runs — made robust for nightly use on shared cloud machines:
 
-* **ratio** ``latest / median(history) >= threshold`` (2.0, the seed's "more than doubled");
+* **ratio** ``latest / median(history) >= threshold`` (2.0: "more than doubled");
 * **robust z** ``(latest - median) / spread >= z_threshold`` (3.5, Iglewicz & Hoaglin's
   modified-z cut-off), where ``spread = max(1.4826 * MAD, mad_floor * median, abs_floor_s)``.
   1.4826 * MAD estimates the standard deviation of normal noise while ignoring outliers in the
@@ -22,6 +22,9 @@ baseline). The cause splits ``log(ratio) = log(tasks ratio) + log(per-task ratio
 tasks" (e.g. a catalogue returning twice the items), "slower tasks" (e.g. a dependency that
 lost range-request merging) or "both".
 
+The settings, their defaults and their ranges live in :class:`~.rule.RegressionRule`;
+whether a whole run counts as regressed is :func:`run_outcome`.
+
 Everything here is pure: pandas in, pandas out, no I/O. The tables are small (prefixes x
 runs), so the work is done on numpy arrays indexed by a (stage, prefix) code: pandas'
 per-call overhead would otherwise dominate.
@@ -31,10 +34,14 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from prefect_dask_profiling._util import InvalidInput
+from prefect_dask_profiling.regression.rule import CHECK_OPTION_KEYS, RegressionRule
 
 KEYS = ["stage", "prefix"]
 HISTORY_COLUMNS = ["run_id", "stage", "prefix", "tasks", "total_s"]
@@ -82,10 +89,57 @@ def describe(rows: pd.DataFrame) -> str:
     return f"regression in {len(parts)} {noun}: " + "; ".join(parts)
 
 
-def detect_regressions(history: pd.DataFrame, latest: pd.DataFrame, threshold: float = 2.0,
-                       z_threshold: float = 3.5, min_seconds: float = 1.0,
-                       min_share: float = 0.05, min_history: int = 3, mad_floor: float = 0.05,
-                       abs_floor_s: float = 0.1) -> pd.DataFrame:
+@dataclass(frozen=True)
+class RunOutcome:
+    """What a run's verdicts mean for the run as a whole.
+
+    Attributes
+    ----------
+    regressed
+        The run counts as regressed: judged, not failed or incomplete, and at least one
+        prefix regressed. Only such a run fails a flow (``on_regression="fail"``) or makes
+        ``dask-profiling check`` exit 1.
+    judged
+        A verdict table exists for the run.
+    reason
+        Why the run is not judged regressed although prefixes regressed, or why it is not
+        judged; empty otherwise.
+    """
+
+    regressed: bool
+    judged: bool
+    reason: str = ""
+
+
+def run_outcome(verdicts: pd.DataFrame | None, *, failed: bool = False,
+                incomplete: bool = False) -> RunOutcome:
+    """Whether a run counts as regressed, from its verdicts and how the run ended.
+
+    A run that failed or whose record is incomplete is never judged regressed: its times
+    are partial, so a "regression" would only say that it stopped early (the failure is
+    reported on its own). A run without verdicts (the check could not run) is unjudged.
+
+    Parameters
+    ----------
+    verdicts
+        The output of :func:`detect_regressions`, or ``None`` when it could not be computed.
+    failed
+        The flow body raised, or the flow run ended in a failed state for another reason.
+    incomplete
+        The run's record is incomplete (the final collection failed).
+    """
+    if verdicts is None:
+        return RunOutcome(regressed=False, judged=False, reason="the verdict was not computed")
+    flagged = bool((verdicts["verdict"] == "regression").any()) if len(verdicts) else False
+    if flagged and (failed or incomplete):
+        why = "failed" if failed else "incomplete"
+        return RunOutcome(regressed=False, judged=True,
+                          reason=f"the run is {why}: its regressed prefixes do not count")
+    return RunOutcome(regressed=flagged, judged=True)
+
+
+def detect_regressions(history: pd.DataFrame, latest: pd.DataFrame, *,
+                       rule: RegressionRule | None = None, **settings: Any) -> pd.DataFrame:
     """Compare the latest run's per-prefix times against the baseline runs.
 
     Parameters
@@ -95,22 +149,17 @@ def detect_regressions(history: pd.DataFrame, latest: pd.DataFrame, threshold: f
         columns are ignored). Rows repeated for one (run, stage, prefix) are added up.
     latest
         The latest run's summary: ``stage, prefix, tasks, total_s`` (the ``tasks.csv`` columns).
-    threshold
-        Minimum ``latest / baseline`` ratio for a regression (must be > 1); an improvement
-        needs ``ratio <= 1 / threshold``.
-    z_threshold
-        Minimum robust z for a regression (``<= -z_threshold`` for an improvement).
-    min_seconds
-        Minimum absolute change in seconds.
-    min_share
-        Minimum share of the run's task time: of the latest run for a regression, of the
-        baseline for an improvement.
-    min_history
-        Minimum number of baseline runs (overall and for the prefix) to give a verdict.
-    mad_floor
-        Floor of the spread as a fraction of the baseline median.
-    abs_floor_s
-        Absolute floor of the spread, in seconds (matters when the median is ~0).
+    rule
+        The settings of the check; default :class:`~.rule.RegressionRule` ().
+    **settings
+        Single settings by name, overriding ``rule``: ``threshold`` (minimum
+        ``latest / baseline`` ratio, > 1; an improvement needs ``ratio <= 1 / threshold``),
+        ``z_threshold`` (minimum robust z), ``min_seconds`` (minimum absolute change),
+        ``min_share`` (minimum share of the run's task time: of the latest run for a
+        regression, of the baseline for an improvement), ``min_history`` (minimum number of
+        baseline runs, overall and for the prefix), ``mad_floor`` (floor of the spread as a
+        fraction of the median), ``abs_floor_s`` (absolute floor of the spread, seconds).
+        Defaults, ranges and reasons: :class:`~.rule.RegressionRule`.
 
     Returns
     -------
@@ -119,9 +168,14 @@ def detect_regressions(history: pd.DataFrame, latest: pd.DataFrame, threshold: f
     insufficient-history, ok; ``cause`` is "more tasks", "slower tasks" or "both" for
     regressions ("fewer tasks", "faster tasks" or "both" for improvements), else empty.
     Non-finite or negative times are treated as missing; ``note`` says so.
+
+    Raises
+    ------
+    ValueError
+        For a setting out of range or unknown (``InvalidInput``), or a table that lacks a
+        column.
     """
-    _check_arguments(threshold, z_threshold, min_seconds, min_share, min_history, mad_floor,
-                     abs_floor_s)
+    rule = _rule(rule, settings)
     _require(history, HISTORY_COLUMNS, "history")
     _require(latest, LATEST_COLUMNS, "latest")
     codes = _Codes()
@@ -129,12 +183,12 @@ def detect_regressions(history: pd.DataFrame, latest: pd.DataFrame, threshold: f
     last = _Rows.read(latest, codes, "latest")
     runs = _Codes()
     hist_runs = np.array([runs.code(str(r)) for r in history["run_id"]], dtype=np.intp)
-    out = _baseline(hist, hist_runs[hist.kept], len(codes), len(runs), mad_floor, abs_floor_s)
+    out = _baseline(hist, hist_runs[hist.kept], len(codes), len(runs), rule.mad_floor,
+                    rule.abs_floor_s)
     out.update(_latest(last, len(codes)))
     _measure(out)
-    n_runs_ok = len(np.unique(hist_runs[hist.kept])) >= min_history
-    out["verdict"] = _verdicts(out, n_runs_ok, threshold, z_threshold, min_seconds,
-                               min_share, min_history)
+    n_runs_ok = len(np.unique(hist_runs[hist.kept])) >= rule.min_history
+    out["verdict"] = _verdicts(out, n_runs_ok, rule)
     out["cause"] = _causes(out)
     out["stage"] = np.array([k[0] for k in codes.keys], dtype=object)
     out["prefix"] = np.array([k[1] for k in codes.keys], dtype=object)
@@ -247,23 +301,16 @@ def _fraction(values: np.ndarray) -> np.ndarray:
     return values / total if total > 0 else np.zeros_like(values)
 
 
-def _check_arguments(threshold: float, z_threshold: float, min_seconds: float,
-                     min_share: float, min_history: int, mad_floor: float,
-                     abs_floor_s: float) -> None:
-    if not (isinstance(threshold, int | float) and math.isfinite(threshold) and threshold > 1):
-        raise ValueError(f"threshold must be a finite number > 1, got {threshold!r}")
-    if not (math.isfinite(z_threshold) and z_threshold > 0):
-        raise ValueError(f"z_threshold must be a finite number > 0, got {z_threshold!r}")
-    if not (math.isfinite(min_seconds) and min_seconds >= 0):
-        raise ValueError(f"min_seconds must be a finite number >= 0, got {min_seconds!r}")
-    if not (math.isfinite(min_share) and 0 <= min_share <= 1):
-        raise ValueError(f"min_share must be between 0 and 1, got {min_share!r}")
-    if isinstance(min_history, bool) or not isinstance(min_history, int) or min_history < 1:
-        raise ValueError(f"min_history must be an integer >= 1, got {min_history!r}")
-    if not (math.isfinite(mad_floor) and mad_floor >= 0):
-        raise ValueError(f"mad_floor must be a finite number >= 0, got {mad_floor!r}")
-    if not (math.isfinite(abs_floor_s) and abs_floor_s > 0):
-        raise ValueError(f"abs_floor_s must be a finite number > 0, got {abs_floor_s!r}")
+def _rule(rule: RegressionRule | None, settings: dict[str, Any]) -> RegressionRule:
+    """``rule`` (default settings when None) with single ``settings`` replaced, validated."""
+    if rule is not None and not isinstance(rule, RegressionRule):
+        raise InvalidInput(f"rule must be a RegressionRule, got {type(rule).__name__}")
+    unknown = sorted(set(settings) - {"threshold", *CHECK_OPTION_KEYS})
+    if unknown:
+        raise InvalidInput(f"unknown regression setting(s) {unknown}; allowed: "
+                           f"{['threshold', *CHECK_OPTION_KEYS]}")
+    base = rule if rule is not None else RegressionRule()
+    return replace(base, **settings) if settings else base
 
 
 def _require(frame: pd.DataFrame, columns: list[str], name: str) -> None:
@@ -281,10 +328,10 @@ def _divide(num: np.ndarray, den: np.ndarray) -> np.ndarray:
     return np.where((num == 0) & (den == 0), 1.0, ratio)
 
 
-def _verdicts(out: dict[str, np.ndarray], n_runs_ok: bool, threshold: float,
-              z_threshold: float, min_seconds: float, min_share: float,
-              min_history: int) -> np.ndarray:
+def _verdicts(out: dict[str, np.ndarray], n_runs_ok: bool, rule: RegressionRule) -> np.ndarray:
     """The verdict of each key; the first matching condition wins."""
+    threshold, z_threshold = rule.threshold, rule.z_threshold
+    min_seconds, min_share, min_history = rule.min_seconds, rule.min_share, rule.min_history
     has_latest, n = ~np.isnan(out["latest_s"]), out["n_history"]
     ratio, z, delta = out["ratio"], out["robust_z"], out["delta_s"]
     with np.errstate(invalid="ignore"):

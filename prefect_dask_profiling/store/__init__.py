@@ -1,1 +1,33 @@
-"""Object storage for runs: layout, URL validation, manifests, writing, spool, lifecycle."""
+"""Object storage for runs: layout, URL validation, manifests, writing, spool, lifecycle.
+
+The public names, in one place::
+
+    from prefect_dask_profiling.store import RunStore, StoreError, new_run_id
+
+They are imported on first use: the runner imports :mod:`.url` inside every Dask worker task,
+which must not pay for pandas and fsspec's S3 code there.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_PUBLIC = {
+    "StoreError": "errors",
+    "SCHEMA_VERSION": "manifest", "STATUSES": "manifest", "Manifest": "manifest",
+    "RunContext": "manifest", "StageInfo": "manifest", "build_manifest": "manifest",
+    "DeliveryReport": "runs", "RunStore": "runs", "WriteResult": "runs", "new_run_id": "runs",
+    "parse_age": "runs", "report_link": "runs",
+    "UploadResult": "spool", "default_spool_dir": "spool",
+    "TASKS_COLUMNS": "tables",
+    "DEFAULT_URL": "url", "check_store_url": "url", "public_url": "url",
+}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PUBLIC:
+        return getattr(importlib.import_module(f"{__name__}.{_PUBLIC[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

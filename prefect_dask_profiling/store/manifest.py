@@ -6,20 +6,67 @@ environment; written last by :meth:`~prefect_dask_profiling.store.runs.RunStore.
 
 from __future__ import annotations
 
-import platform
+import hashlib
+import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from importlib import metadata
-from typing import Any
+from typing import Any, Required, TypedDict, cast
 
 import pandas as pd
 
-from prefect_dask_profiling._util import json_clean
+from prefect_dask_profiling._util import json_clean, validate_name
+from prefect_dask_profiling.environment import environment as environment  # re-exported
+from prefect_dask_profiling.store.errors import StoreError
 
 SCHEMA_VERSION = 1
-FINGERPRINT_PACKAGES = ("dask", "distributed", "prefect", "prefect-dask", "pandas", "numpy",
-                        "prefect-dask-profiling")
+# Index statuses. ``unjudged``: the run is stored but its verdict could not be computed.
 STATUSES = ("healthy", "regressed", "failed", "incomplete", "unjudged")
+# Keys a stored manifest must have to be read back.
+MANIFEST_REQUIRED = ("schema_version", "run_id", "pipeline", "version", "status", "files")
+# Manifest keys copied into a run's index marker (readable without opening the run).
+INDEX_FIELDS = ("run_id", "pipeline", "version", "status", "state", "regressed", "started",
+                "ended", "wall_s", "source_hash", "flow_run_id", "flow_run_name")
+
+
+class FileEntry(TypedDict):
+    """Size and checksum of one stored file of a run (checked when it is read back)."""
+
+    size: int
+    sha256: str
+
+
+class Manifest(TypedDict, total=False):
+    """The manifest document of one stored run (``manifest.json``, plain JSON).
+
+    ``files`` is added by the store when the run is written; steps of the run's end may add
+    further keys (``finish_seconds``, ``spool_delivery``, ...), which readers ignore.
+    """
+
+    schema_version: Required[int]
+    run_id: Required[str]
+    pipeline: Required[str]
+    version: Required[str]
+    status: Required[str]
+    files: dict[str, FileEntry]
+    state: str
+    regressed: bool
+    unjudged_reason: str | None
+    source_hash: str | None
+    flow_run_id: str | None
+    flow_run_name: str | None
+    deployment: str | None
+    baseline: dict[str, Any]
+    started: str
+    ended: str
+    wall_s: float | None
+    workers: int
+    threads: int
+    utilisation: dict[str, Any]
+    stages: list[dict[str, Any]]
+    environment: dict[str, Any]
+    warnings: list[str]
+    finish_seconds: dict[str, float]
+    spool_delivery: dict[str, Any]
 
 
 @dataclass
@@ -32,6 +79,8 @@ class StageInfo:
     task_s: float = 0.0
     report: dict[str, Any] | None = None
     note: str | None = None
+    # the stage's bottleneck verdict (diagnosis.stages.Diagnosis.to_dict); absent in old runs
+    diagnosis: dict[str, Any] | None = None
 
 
 @dataclass
@@ -46,46 +95,6 @@ class RunContext:
     flow_run_name: str | None = None
     deployment: str | None = None
     started: datetime = field(default_factory=lambda: datetime.now(UTC))
-
-
-def package_version(name: str) -> str | None:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def environment(client=None) -> dict[str, Any]:
-    """Versions of the stack here and any client/scheduler/worker mismatch."""
-    env: dict[str, Any] = {"python": platform.python_version()}
-    for name in FINGERPRINT_PACKAGES:
-        env[name.replace("-", "_")] = package_version(name)
-    env["mismatches"] = version_mismatches(client) if client is not None else []
-    return env
-
-
-def version_mismatches(client) -> list[str]:
-    """Packages whose versions differ between client, scheduler and workers."""
-    try:
-        versions = client.get_versions(check=False)
-    except Exception as exc:  # a dying cluster must not cost the summary
-        return [f"versions not collected: {exc!r}"]
-    sides = {"client": versions.get("client", {}), "scheduler": versions.get("scheduler", {})}
-    sides.update({f"worker {w}": v for w, v in (versions.get("workers") or {}).items()})
-    mismatches = []
-    for pkg in ("python", "dask", "distributed", "msgpack", "cloudpickle", "numpy", "pandas",
-                "toolz", "tornado", "lz4"):
-        seen = {}
-        for side, info in sides.items():
-            value = (info.get("packages") or {}).get(pkg)
-            if pkg == "python":
-                value = (info.get("host") or {}).get("python") or value
-            if value is not None:
-                seen.setdefault(str(value), []).append(side)
-        if len(seen) > 1:
-            detail = "; ".join(f"{v} on {', '.join(s)}" for v, s in seen.items())
-            mismatches.append(f"{pkg}: {detail}")
-    return mismatches
 
 
 def status_for(state: str, regressed: bool, judged: bool = True) -> str:
@@ -106,7 +115,7 @@ def build_manifest(ctx: RunContext, *, state: str, regressed: bool,
                    threads: int, env: dict[str, Any], warnings: list[str],
                    baseline: dict[str, Any] | None = None,
                    ended: datetime | None = None, judged: bool = True,
-                   unjudged_reason: str | None = None) -> dict[str, Any]:
+                   unjudged_reason: str | None = None) -> Manifest:
     """The manifest document (``files`` is added by the store)."""
     ended = ended or datetime.now(UTC)
     util = {"run": None, "stages": {}}
@@ -116,7 +125,7 @@ def build_manifest(ctx: RunContext, *, state: str, regressed: bool,
             util["run"] = value
         else:
             util["stages"][scope] = value
-    return json_clean({
+    return cast(Manifest, json_clean({
         "schema_version": SCHEMA_VERSION,
         "run_id": ctx.run_id, "pipeline": ctx.pipeline, "version": ctx.version,
         "source_hash": ctx.source_hash, "flow_run_id": ctx.flow_run_id,
@@ -129,4 +138,84 @@ def build_manifest(ctx: RunContext, *, state: str, regressed: bool,
         "workers": workers, "threads": threads, "utilisation": util,
         "stages": [s.__dict__ for s in stages],
         "environment": env, "warnings": warnings,
-    })
+    }))
+
+
+# ---------------------------------------------------------------------- stored form
+def sha256(data: bytes) -> str:
+    """Hex SHA-256 of ``data`` (the checksum kept for every stored file)."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def dump(doc: Any) -> bytes:
+    """``doc`` as the indented JSON bytes the store writes."""
+    return json.dumps(json_clean(doc), indent=2).encode()
+
+
+def complete_manifest(pipeline: str, run_id: str, manifest: dict[str, Any],
+                      files: dict[str, bytes]) -> Manifest:
+    """``manifest`` with its defaults filled in and ``files`` (size and sha256 of each).
+
+    ``ValueError`` when it names another run or pipeline, another schema, or an unknown
+    status.
+    """
+    if not isinstance(manifest, dict):
+        raise ValueError("manifest must be a dict")
+    doc = dict(manifest)
+    for key, value in (("pipeline", pipeline), ("run_id", run_id)):
+        if doc.setdefault(key, value) != value:
+            raise ValueError(f"manifest {key} {doc[key]!r} differs from {value!r}")
+    if doc.setdefault("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
+        raise ValueError(f"manifest schema_version must be {SCHEMA_VERSION}")
+    validate_name(doc.setdefault("version", "unknown"), "version")
+    if doc.setdefault("status", "incomplete") not in STATUSES:
+        raise ValueError(f"manifest status must be one of {', '.join(STATUSES)}, "
+                         f"got {doc['status']!r}")
+    doc.setdefault("state", "UNKNOWN")
+    doc.setdefault("warnings", [])
+    doc["files"] = {name: {"size": len(data), "sha256": sha256(data)}
+                    for name, data in files.items()}
+    return cast(Manifest, json_clean(doc))
+
+
+def marker_doc(manifest: Manifest) -> dict[str, Any]:
+    """The body of a run's index marker: the manifest fields a listing may show."""
+    return {k: manifest.get(k) for k in INDEX_FIELDS}
+
+
+def parse_manifest(data: bytes, pipeline: str, run_id: str, where: str) -> Manifest:
+    """The manifest stored as ``data`` at ``where``; ``StoreError`` naming ``where`` if it is
+    not UTF-8 JSON, not a manifest, of another schema, incomplete or of another run."""
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise StoreError(f"{where} is not valid JSON ({reason})") from None
+    if not isinstance(doc, dict) or "schema_version" not in doc:
+        raise StoreError(f"{where} is not a dask-profiling manifest (no schema_version)")
+    if doc["schema_version"] != SCHEMA_VERSION:
+        raise StoreError(f"{where} has schema_version {doc['schema_version']!r}; this "
+                         f"version of dask-profiling reads {SCHEMA_VERSION}")
+    missing = [k for k in MANIFEST_REQUIRED if k not in doc]
+    if missing:
+        raise StoreError(f"{where} lacks {', '.join(missing)}")
+    if doc["run_id"] != run_id or doc["pipeline"] != pipeline:
+        raise StoreError(f"{where} belongs to run {doc['run_id']!r} of pipeline "
+                         f"{doc['pipeline']!r}")
+    if not isinstance(doc["files"], dict):
+        raise StoreError(f"{where} has a malformed 'files' entry")
+    if doc["status"] not in STATUSES or not isinstance(doc["version"], str):
+        raise StoreError(f"{where} has an unknown status {doc['status']!r} or a malformed "
+                         "version")
+    return cast(Manifest, doc)
+
+
+def is_provisional(data: bytes) -> bool:
+    """Whether stored manifest bytes are the provisional manifest a run writes before its
+    verdict (status ``unjudged``, reason ``verdict pending``): its final one may replace it."""
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and doc.get("status") == "unjudged" and doc.get(
+        "unjudged_reason") == "verdict pending"

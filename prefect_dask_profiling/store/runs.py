@@ -1,22 +1,21 @@
 """The run store: run summaries, per-stage reports and an index under one fsspec URL.
 
-Layout relative to the root (``./.dask-profiling``, ``s3://bucket/prefix``, ``memory://x``)::
-
-    runs/<pipeline>/<run_id>/*.csv, extra files, manifest.json (last, exclusive create)
-    reports/<pipeline>/<run_id>/<stage>.html            expire (S3 lifecycle, local sweep)
-    index/<pipeline>/<version>/<run_id>.<status>        one listing finds the last N runs
-    accepted/<pipeline>/<version>/<run_id>              baseline restarts at that run
+:class:`RunStore` is the facade every caller uses; the parts live next to it —
+:mod:`~prefect_dask_profiling.store.layout` (every path), :mod:`~prefect_dask_profiling.store.url`
+(the URL, redaction), :mod:`~prefect_dask_profiling.store.manifest` (the manifest document),
+:mod:`~prefect_dask_profiling.store.tables` (CSV in and out),
+:mod:`~prefect_dask_profiling.store.spool` (files waiting for the store) and
+:mod:`~prefect_dask_profiling.store.s3` (S3 specifics).
 
 A run is complete only when its manifest exists. Writes never raise for storage failures:
-whatever could not be written goes to a local spool (keyed by the store URL, free of
-credentials) and ``upload_pending`` sends it later, byte-identical.
+whatever could not be written goes to a local spool (keyed by the store's identity, free of
+credentials), delivered byte-identical by the next run (:meth:`RunStore.deliver_pending`) or
+by ``dask-profiling upload-pending``. Readers survive damaged runs: a run that cannot be
+read is skipped (or its index repaired) with a warning naming the run and the file.
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
-import json
 import logging
 import math
 import os
@@ -27,38 +26,57 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any, TypedDict
 
 import pandas as pd
 
-from prefect_dask_profiling._util import json_clean, validate_name
-from prefect_dask_profiling.store import s3
-from prefect_dask_profiling.store.manifest import SCHEMA_VERSION, STATUSES
+from prefect_dask_profiling._util import validate_name
+from prefect_dask_profiling.store import layout, s3
+from prefect_dask_profiling.store import url as store_url
+from prefect_dask_profiling.store.errors import StoreError
+from prefect_dask_profiling.store.manifest import (
+    INDEX_FIELDS,
+    MANIFEST_REQUIRED,
+    SCHEMA_VERSION,
+    STATUSES,
+    Manifest,
+    complete_manifest,
+    dump,
+    is_provisional,
+    marker_doc,
+    parse_manifest,
+    sha256,
+)
+from prefect_dask_profiling.store.spool import (
+    Clash,
+    Spool,
+    UploadResult,
+    default_spool_dir,
+    deliver,
+)
+from prefect_dask_profiling.store.tables import (
+    NAME_COLUMNS,
+    TASKS_COLUMNS,
+    decode_table,
+    encode_files,
+    first_line,
+)
+from prefect_dask_profiling.store.url import DEFAULT_URL, public_url
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_URL = "./.dask-profiling"
-TASKS_COLUMNS = ["stage", "prefix", "tasks", "total_s", "p50_s", "p95_s", "gb_out"]
-MANIFEST_REQUIRED = ("schema_version", "run_id", "pipeline", "version", "status", "files")
-INDEX_FIELDS = ("run_id", "pipeline", "version", "status", "state", "regressed", "started",
-                "ended", "wall_s", "source_hash", "flow_run_id", "flow_run_name")
+__all__ = ["DEFAULT_URL", "INDEX_FIELDS", "MANIFEST_REQUIRED", "NAME_COLUMNS", "SCHEMA_VERSION",
+           "STATUSES", "STORE_DOWN_S", "TASKS_COLUMNS", "DeliveryReport", "RunStore",
+           "StoreError", "UploadResult", "WriteResult", "default_spool_dir", "new_run_id",
+           "parse_age", "public_url", "report_link"]
+
 STORE_DOWN_S = 30.0  # after a failure, spool directly for this long instead of waiting again
-_SPOOL_META = "store.json"
-_SECRET_OPTIONS = ("key", "secret", "token", "password", "aws_access_key_id",
-                   "aws_secret_access_key", "aws_session_token", "account_key", "sas_token")
-_SIGNED_QUERY = re.compile(
-    r"(X-Amz-Signature|X-Amz-Credential|X-Amz-Security-Token|AWSAccessKeyId|Signature|sig)"
-    r"=[^&\s\"']+", re.IGNORECASE)
 _CONTENT_TYPES = {".html": "text/html", ".csv": "text/csv", ".json": "application/json"}
-
-
-NAME_COLUMNS = ("stage", "prefix", "worker", "host", "source", "destination", "scope", "verdict",
-                "cause")
-
-
-class StoreError(Exception):
-    """Malformed stored content or an unknown run; the message is one clear line."""
+_UNREACHABLE = {"ConnectionError", "ReadTimeoutError", "ConnectionClosedError",
+                "ClientConnectorError", "ServerDisconnectedError", "EndpointConnectionError",
+                "ConnectTimeoutError"}
+# Statuses a later marker of the same run replaces (the run's end wrote a final one).
+_PROVISIONAL_STATUSES = ("incomplete", "unjudged")
 
 
 @dataclass
@@ -70,34 +88,25 @@ class WriteResult:
     warnings: list[str] = field(default_factory=list)
 
 
-@dataclass
-class UploadResult:
-    """Outcome of ``upload_pending``: files uploaded, files still in the spool, warnings."""
+class DeliveryReport(TypedDict):
+    """What :meth:`RunStore.deliver_pending` did with files earlier runs left in the spool.
 
-    uploaded: int = 0
-    failed: int = 0
-    warnings: list[str] = field(default_factory=list)
+    ``delivered``/``left`` count files; ``runs`` are the run ids whose manifest was
+    delivered; ``note`` says why files were left (store down, out of time, busy), if any.
+    """
+
+    delivered: int
+    left: int
+    runs: list[str]
+    seconds: float
+    note: str | None
+    warnings: list[str]
 
 
 def new_run_id(now: datetime | None = None) -> str:
     """A unique, lexicographically sortable run id such as ``20261129T180512Z-3f9a1c``."""
     now = (now or datetime.now(UTC)).astimezone(UTC)
     return f"{now:%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
-
-
-def default_spool_dir() -> Path:
-    """``$DASK_PROFILING_SPOOL`` or ``~/.cache/dask-profiling/spool``."""
-    env = os.environ.get("DASK_PROFILING_SPOOL")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "dask-profiling" / "spool"
-
-
-def public_url(url: str) -> str:
-    """``url`` without user info, query or fragment (where credentials could hide)."""
-    parts = urlsplit(url)
-    if not parts.scheme or len(parts.scheme) == 1:  # plain or Windows drive path
-        return url
-    netloc = parts.netloc.rpartition("@")[2]
-    return urlunsplit((parts.scheme, netloc, parts.path, "", "")).rstrip("/")
 
 
 class RunStore:
@@ -112,7 +121,7 @@ class RunStore:
         Filesystem options (``endpoint_url``, ``key``, ``secret``, ...). ``None`` reads JSON
         from ``$DASK_PROFILING_STORAGE_OPTIONS``. They are never written anywhere.
     spool_dir
-        Where unwritable files wait for ``upload_pending`` (default: ``default_spool_dir()``).
+        Where unwritable files wait for delivery (default: ``default_spool_dir()``).
     timeout
         Upper bound in seconds for any one storage call.
     """
@@ -123,38 +132,29 @@ class RunStore:
         from fsspec.asyn import AsyncFileSystem
         from fsspec.implementations.local import LocalFileSystem
 
-        raw = url if url is not None else os.environ.get("DASK_PROFILING_STORE") or DEFAULT_URL
-        if not isinstance(raw, str) or not raw.strip():
-            raise ValueError(f"store URL must be a non-empty string, got {raw!r}")
+        raw = store_url.check_store_url(store_url.resolve_url(url))
         if storage_options is None:
-            storage_options = _env_storage_options()
-        if not (isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0):
+            storage_options = store_url.env_storage_options()
+        if not isinstance(storage_options, dict):
+            raise ValueError("storage_options must be a dict")
+        if not (isinstance(timeout, int | float) and not isinstance(timeout, bool)
+                and math.isfinite(timeout) and timeout > 0):
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.timeout = float(timeout)
-        self._secrets = _secret_values(storage_options)
+        self._secrets = store_url.secret_values(storage_options)
         protocol, path = fsspec.core.split_protocol(raw)
         protocol = protocol.lower() if protocol else None
-        if protocol in (None, "file", "local"):
+        if protocol in store_url.LOCAL_PROTOCOLS:
             self.kind = "local"
             self.root = os.path.abspath(os.path.expanduser(path))
             self.url = self.root
             self.fs = LocalFileSystem(auto_mkdir=True)
-        elif protocol in ("s3", "s3a"):
+        elif protocol in store_url.S3_PROTOCOLS:
             self.kind = "s3"
-            self.root = path.strip("/")
-            if not self.root:
-                raise ValueError(f"store URL {raw!r} names no bucket: use s3://bucket[/prefix]")
+            self.root = store_url.s3_root(raw)
             self.url = f"s3://{self.root}"
             self.fs = s3.make_s3fs(storage_options, self.timeout)
         else:
-            try:
-                fsspec.get_filesystem_class(protocol)
-            except ValueError:
-                raise ValueError(f"unknown store protocol {protocol!r} in store URL "
-                                 f"{public_url(raw)!r}") from None
-            except ImportError as exc:
-                raise ValueError(f"store protocol {protocol!r} needs a package that is not "
-                                 f"installed ({_first_line(exc)})") from None
             self.kind = protocol
             self.fs, root = fsspec.core.url_to_fs(raw, **storage_options)
             self.root = root.rstrip("/")
@@ -162,6 +162,8 @@ class RunStore:
         self._kw = {"timeout": self.timeout} if isinstance(self.fs, AsyncFileSystem) else {}
         self._local = isinstance(self.fs, LocalFileSystem)
         self.spool_dir = Path(spool_dir).expanduser() if spool_dir else default_spool_dir()
+        self.spool = Spool(self.spool_dir, self.url,
+                           store_url.location_options(storage_options, protocol))
         self._down_until = 0.0
 
     def __repr__(self) -> str:
@@ -193,16 +195,14 @@ class RunStore:
         a run is never overwritten (``StoreError`` if the run already exists). Storage failures
         never raise: the unwritten files are spooled and ``spooled=True`` comes with a warning.
         """
-        pipeline = validate_name(pipeline, "pipeline")
-        run_id = validate_name(run_id, "run_id")
-        files = _encode_files(tables, extra_files)
-        doc = _complete_manifest(pipeline, run_id, manifest, files)
-        marker = {k: doc.get(k) for k in INDEX_FIELDS}
-        run_dir = f"runs/{pipeline}/{run_id}"
-        items = [(f"{run_dir}/{name}", data, True) for name, data in files.items()]
-        items.append((f"{run_dir}/manifest.json", _dump(doc), True))
-        items.append((f"index/{pipeline}/{doc['version']}/{run_id}.{doc['status']}",
-                      _dump(marker), False))
+        run_dir = layout.run_dir(pipeline, run_id)
+        files = encode_files(tables, extra_files)
+        doc = complete_manifest(pipeline, run_id, manifest, files)
+        items = [(layout.run_file(pipeline, run_id, name), data, True)
+                 for name, data in files.items()]
+        items.append((layout.manifest_file(pipeline, run_id), dump(doc), True))
+        items.append((layout.index_marker(pipeline, doc["version"], run_id, doc["status"]),
+                      dump(marker_doc(doc)), False))
         return self._write_items(items, self.location(run_dir))
 
     def complete_run(self, pipeline: str, run_id: str, tables: dict[str, pd.DataFrame],
@@ -214,27 +214,25 @@ class RunStore:
         ``manifest`` (whose ``files`` then lists every file of the run) and the run's index
         marker by one with the final status. Like :meth:`write_run`, storage failures spool.
         """
-        pipeline = validate_name(pipeline, "pipeline")
-        run_id = validate_name(run_id, "run_id")
-        files = _encode_files(tables, extra_files)
-        doc = _complete_manifest(pipeline, run_id, manifest, files)
-        run_dir = f"runs/{pipeline}/{run_id}"
+        run_dir = layout.run_dir(pipeline, run_id)
+        files = encode_files(tables, extra_files)
+        doc = complete_manifest(pipeline, run_id, manifest, files)
         stored = self._find(run_dir) if time.monotonic() >= self._down_until else {}
-        items = [(f"{run_dir}/{name}", data, True) for name, data in files.items()
-                 if f"{run_dir}/{name}" not in stored]
-        items.append((f"{run_dir}/manifest.json", _dump(doc), False))
-        marker_dir = f"index/{pipeline}/{doc['version']}"
-        items.append((f"{marker_dir}/{run_id}.{doc['status']}",
-                      _dump({k: doc.get(k) for k in INDEX_FIELDS}), False))
+        items = [(rel, data, True) for name, data in files.items()
+                 if (rel := layout.run_file(pipeline, run_id, name)) not in stored]
+        items.append((layout.manifest_file(pipeline, run_id), dump(doc), False))
+        items.append((layout.index_marker(pipeline, doc["version"], run_id, doc["status"]),
+                      dump(marker_doc(doc)), False))
         result = self._write_items(items, self.location(run_dir))
         if doc["status"] != provisional_status:
-            self._forget_marker(f"{marker_dir}/{run_id}.{provisional_status}", result.spooled)
+            self._forget_marker(layout.index_marker(pipeline, doc["version"], run_id,
+                                                    provisional_status), result.spooled)
         return result
 
     def _forget_marker(self, rel: str, spooled: bool) -> None:
         """Remove a superseded index marker (best effort: readers prefer the final one)."""
         try:
-            (self._spool_key_dir() / rel).unlink(missing_ok=True)
+            self.spool.forget(rel)
             if not spooled:
                 self.fs.rm_file(self._path(rel))
         except Exception as exc:
@@ -243,8 +241,7 @@ class RunStore:
     def write_report(self, pipeline: str, run_id: str, stage: str,
                      html: str | bytes) -> WriteResult:
         """Write one stage's performance report to ``reports/<pipeline>/<run_id>/<stage>.html``."""
-        rel = "/".join(["reports", validate_name(pipeline, "pipeline"),
-                        validate_name(run_id, "run_id"), validate_name(stage, "stage") + ".html"])
+        rel = layout.report_file(pipeline, run_id, stage)
         data = html.encode() if isinstance(html, str) else bytes(html)
         return self._write_items([(rel, data, False)], self.location(rel))
 
@@ -255,18 +252,18 @@ class RunStore:
         else:
             try:
                 for rel, data, exclusive in items:
-                    self._put(rel, data, exclusive)
+                    self._put_checked(rel, data, exclusive)
                     done += 1
                 return WriteResult(location, False, [])
+            except Clash:
+                raise StoreError(f"{self.location(items[done][0])} already exists: runs "
+                                 "are never overwritten (use a new run id)") from None
             except Exception as exc:
-                if items[done][2] and s3.is_exists_error(exc):
-                    raise StoreError(f"{self.location(items[done][0])} already exists: runs "
-                                     "are never overwritten (use a new run id)") from None
                 reason = self._describe(exc)
                 self._down_until = time.monotonic() + STORE_DOWN_S
         pending = items[done:]
         try:
-            where = self._spool(pending)
+            where = self.spool.write([(rel, data) for rel, data, _ in pending])
         except OSError as exc:
             message = self._redact(f"could not write {len(pending)} file(s) to {self.url} "
                                    f"({reason}) nor to the spool ({exc}); they are lost")
@@ -278,7 +275,8 @@ class RunStore:
         logger.warning(message)
         return WriteResult(location, True, [message])
 
-    def _put(self, rel: str, data: bytes, exclusive: bool) -> None:
+    def _put(self, rel: str, data: bytes, exclusive: bool,
+             timeout: float | None = None) -> None:
         path = self._path(rel)
         if exclusive and self._local:
             with self.fs.open(path, "xb") as f:  # atomic O_EXCL create
@@ -286,26 +284,34 @@ class RunStore:
             return
         kwargs = dict(self._kw)
         if kwargs:  # big payloads get time to travel: at least 1 MiB/s on top of the timeout
-            kwargs["timeout"] = self.timeout + len(data) / 2**20
+            kwargs["timeout"] = (timeout or self.timeout) + len(data) / 2**20
         if self.kind == "s3":
             kwargs["ContentType"] = _CONTENT_TYPES.get(os.path.splitext(rel)[1],
                                                        "application/octet-stream")
         self.fs.pipe_file(path, data, mode="create" if exclusive else "overwrite", **kwargs)
 
+    def _put_checked(self, rel: str, data: bytes, exclusive: bool,
+                     timeout: float | None = None) -> None:
+        """:meth:`_put`; an exclusive create that finds the object already there succeeds when
+        the stored bytes are the same (an earlier attempt's answer was lost), else raises
+        :class:`~prefect_dask_profiling.store.spool.Clash`. A provisional manifest may be
+        replaced by the run's final one."""
+        try:
+            self._put(rel, data, exclusive, timeout)
+        except Exception as exc:
+            if not (exclusive and s3.is_exists_error(exc)):
+                raise
+            remote = self.fs.cat_file(self._path(rel), **self._kw)
+            if remote == data:
+                logger.debug("%s was already stored byte-identical", self.location(rel))
+                return
+            if rel.endswith("/" + layout.MANIFEST) and is_provisional(remote):
+                self._put(rel, data, False, timeout)
+                return
+            raise Clash(f"{self.location(rel)} already exists with different content") \
+                from None
+
     # ------------------------------------------------------------------ spool
-    def _spool_key_dir(self) -> Path:
-        return self.spool_dir / hashlib.sha256(self.url.encode()).hexdigest()[:16]
-
-    def _spool(self, items: list[tuple[str, bytes, bool]]) -> Path:
-        key_dir = self._spool_key_dir()
-        key_dir.mkdir(parents=True, exist_ok=True)
-        meta = key_dir / _SPOOL_META
-        if not meta.exists():
-            _atomic_write(meta, _dump({"url": self.url}))
-        for rel, data, _exclusive in items:
-            _atomic_write(key_dir / rel, data)
-        return key_dir
-
     def upload_pending(self, progress: Callable[[int, int], None] | None = None
                        ) -> UploadResult:
         """Upload this store's spooled files, byte-identical; manifest and index marker last.
@@ -314,61 +320,77 @@ class RunStore:
         only after the manifest. Uploaded files leave the spool; the others stay for next time.
         ``progress(done, total)`` is called after each file.
         """
-        result = UploadResult()
-        key_dir = self._spool_key_dir()
-        if not key_dir.is_dir():
-            return result
-        order = _upload_order([p.relative_to(key_dir).as_posix()
-                               for p in sorted(key_dir.rglob("*"))
-                               if p.is_file() and p.name != _SPOOL_META
-                               and not p.name.endswith(".part")])
-        blocked: set[tuple[str, str]] = set()
-        store_down = False
-        for n, (rel, run) in enumerate(order, 1):
-            if store_down or (run is not None and run in blocked):
-                result.failed += 1
-                if run is not None:
-                    blocked.add(run)
+        return self._deliver(None, progress)
+
+    def deliver_pending(self, budget_s: float | None = None) -> DeliveryReport | None:
+        """Deliver what earlier runs left in this store's spool, within ``budget_s`` seconds.
+
+        Called at the end of every run, so the spool reaches the store with the next run
+        (of any pipeline) once the store answers again. Bounded: nothing is tried while the
+        store is known to be down, no file is started after the budget (default: the store's
+        timeout), and each call has the store's timeout. Safe when two runs deliver at once:
+        one holds the spool's lock, the other leaves the spool alone; exclusive creates that
+        find identical bytes count as delivered.
+
+        Returns
+        -------
+        DeliveryReport or None
+            ``None`` when nothing was pending; else what was delivered and what was left,
+            for the run's manifest and logs.
+        """
+        budget = self.timeout if budget_s is None else budget_s
+        if isinstance(budget, bool) or not isinstance(budget, int | float) \
+                or not math.isfinite(budget) or budget < 0:
+            raise ValueError(f"budget_s must be a number of seconds >= 0, got {budget_s!r}")
+        pending = self.spool.pending()
+        if not pending:
+            return None
+        start = time.monotonic()
+        if start < self._down_until:
+            result, note = UploadResult(failed=len(pending)), "the store did not answer moments ago"
+        else:
+            result = self._deliver(start + budget, None)
+            note = ("another process is delivering them" if result.busy
+                    else "out of time" if result.out_of_time
+                    else "the store failed" if result.failed and result.warnings
+                    and not result.uploaded else None)
+        report = DeliveryReport(delivered=result.uploaded, left=result.failed, runs=result.runs,
+                                seconds=round(time.monotonic() - start, 3), note=note,
+                                warnings=result.warnings)
+        if result.uploaded:
+            logger.info("dask-profiling: delivered %d spooled file(s) of run(s) %s to %s",
+                        result.uploaded, ", ".join(result.runs) or "-", self.url)
+        if result.failed:
+            logger.warning("dask-profiling: %d spooled file(s) still wait for %s%s",
+                           result.failed, self.url, f" ({note})" if note else "")
+        return report
+
+    def _deliver(self, deadline: float | None,
+                 progress: Callable[[int, int], None] | None) -> UploadResult:
+        with self.spool.locked() as mine:
+            if not mine:
+                result = UploadResult(failed=len(self.spool.pending()), busy=True)
+                result.warnings.append(f"the spool {self.spool.dir} is being delivered by "
+                                       "another process; try again when it is done")
             else:
-                try:
-                    self._upload_one(key_dir, rel)
-                    result.uploaded += 1
-                except StoreError as exc:
-                    result.failed += 1
-                    result.warnings.append(str(exc))
-                    if run is not None:
-                        blocked.add(run)
-                except Exception as exc:
-                    result.failed += 1
-                    store_down = True
-                    result.warnings.append(self._redact(
-                        f"could not upload spooled files to {self.url} ({self._describe(exc)});"
-                        " they stay in the spool"))
-            if progress is not None:
-                progress(n, len(order))
-        _prune_empty(key_dir)
-        if result.uploaded and not store_down:
+                result = deliver(self.spool, self._send_spooled, deadline=deadline,
+                                 progress=progress, describe=self._describe)
+        result.warnings = [self._redact(w) for w in result.warnings]
+        if result.uploaded and not any(w.startswith("could not upload") for w in result.warnings):
             self._down_until = 0.0
+        elif any(w.startswith("could not upload") for w in result.warnings):
+            self._down_until = time.monotonic() + STORE_DOWN_S
         for message in result.warnings:
             logger.warning(message)
         return result
 
-    def _upload_one(self, key_dir: Path, rel: str) -> None:
-        local = key_dir / rel
-        data = local.read_bytes()
-        exclusive = rel.startswith("runs/")
+    def _send_spooled(self, rel: str, data: bytes, left: float | None) -> None:
+        exclusive = rel.startswith(layout.RUNS + "/")
+        timeout = None if left is None else max(0.5, min(self.timeout, left))
         try:
-            self._put(rel, data, exclusive)
-        except Exception as exc:
-            if not (exclusive and s3.is_exists_error(exc)):
-                raise
-            remote = self.fs.cat_file(self._path(rel), **self._kw)
-            if remote != data and rel.endswith("/manifest.json") and _provisional(remote):
-                self._put(rel, data, exclusive=False)
-            elif remote != data:
-                raise StoreError(f"{self.location(rel)} already exists with different content;"
-                                 f" the spooled copy stays at {local}") from None
-        local.unlink(missing_ok=True)
+            self._put_checked(rel, data, exclusive, timeout)
+        except Clash as exc:
+            raise Clash(f"{exc}; the spooled copy stays at {self.spool.dir / rel}") from None
 
     # ------------------------------------------------------------------ retention
     def ensure_lifecycle(self, retention_days: int) -> str | None:
@@ -390,7 +412,7 @@ class RunStore:
         except Exception as exc:
             self._note_failure(exc)
             code = s3.error_code(exc)
-            cause = f"{code}: {_first_line(exc)}" if code else self._describe(exc)
+            cause = f"{code}: {first_line(exc)}" if code else self._describe(exc)
             fix = ("grant s3:GetLifecycleConfiguration and s3:PutLifecycleConfiguration, or "
                    if isinstance(exc, PermissionError) else "retry later, or ")
             message = self._redact(
@@ -412,15 +434,15 @@ class RunStore:
             raise ValueError(f"older_than_days must be a positive number, got {older_than_days!r}")
         cutoff = (now or datetime.now(UTC)) - timedelta(days=older_than_days)
         ages: dict[tuple[str, str], list[datetime | None]] = {}
-        for rel, info in self._find("reports").items():
-            parts = rel.split("/")
-            if len(parts) >= 4 and _valid_names(parts[1:3]):
-                ages.setdefault((parts[1], parts[2]), []).append(_mtime(info))
+        for rel, info in self._find(layout.REPORTS).items():
+            run = layout.parse_report(rel)
+            if run is not None:
+                ages.setdefault(run, []).append(_mtime(info))
         removed = []
         for (pipeline, run_id), mtimes in sorted(ages.items()):
             if None in mtimes or max(mtimes) >= cutoff:  # unknown age or still fresh: keep
                 continue
-            rel = f"reports/{pipeline}/{run_id}"
+            rel = layout.report_dir(pipeline, run_id)
             try:
                 self.fs.rm(self._path(rel), recursive=True, **self._kw)
             except Exception as exc:
@@ -450,103 +472,127 @@ class RunStore:
 
     # ------------------------------------------------------------------ reading
     def list_pipelines(self) -> list[str]:
-        """Pipelines that have at least one index marker."""
-        names = set()
-        for rel in self._find("index"):
-            parts = rel.split("/")
-            if len(parts) == 4 and _valid_names(parts[1:2]):
-                names.add(parts[1])
+        """Pipelines with at least one index marker or run folder."""
+        names = {name for name in self._children(layout.INDEX) + self._children(layout.RUNS)
+                 if layout.valid_names(name)}
         return sorted(names)
 
     def list_runs(self, pipeline: str, version: str | None = None) -> list[dict]:
-        """Runs from the index markers, newest first: ``[{run_id, version, status}]``.
+        """Runs of ``pipeline`` (of ``version``, if given), newest first:
+        ``[{run_id, version, status}]``.
 
-        One listing; no manifest is read. Malformed markers are skipped with a warning.
+        From the index markers plus one listing of the run folders, without reading any
+        manifest — except to repair damage, each with a warning naming the run and the file:
+
+        * a malformed marker is skipped;
+        * a marker whose run folder is gone is skipped;
+        * a run folder whose manifest exists but whose marker was never written (its writer
+          stopped between the two writes) is listed from its manifest, and its marker
+          written again; a damaged manifest there makes the run skipped.
         """
-        base = f"index/{validate_name(pipeline, 'pipeline')}"
+        base = layout.index_dir(pipeline)
         if version is not None:
-            base += f"/{validate_name(version, 'version')}"
+            validate_name(version, "version")
         runs: dict[str, dict] = {}
         for rel, info in self._find(base).items():
-            parts = rel.split("/")
-            entry = _parse_marker(parts[2:], info)
+            entry = layout.parse_marker(rel, STATUSES)
+            if not isinstance(entry, str) and info.get("size") == 0:
+                entry = "empty marker"
             if isinstance(entry, str):
                 logger.warning("skipping malformed index marker %s: %s", self.location(rel),
                                entry)
                 continue
-            previous = runs.get(entry["run_id"])
-            if previous is None or previous["status"] in ("incomplete", "unjudged"):
-                runs[entry["run_id"]] = entry
-        return sorted(runs.values(), key=lambda r: r["run_id"], reverse=True)
+            previous = runs.get(entry.run_id)
+            if previous is None or previous["status"] in _PROVISIONAL_STATUSES:
+                runs[entry.run_id] = {"run_id": entry.run_id, "version": entry.version,
+                                      "status": entry.status}
+        folders = {name for name in self._children(layout.pipeline_runs(pipeline))
+                   if layout.valid_names(name)}
+        for run_id in sorted(set(runs) - folders):
+            logger.warning("skipping run %s of pipeline %s: its index marker is in %s but its "
+                           "folder %s is gone", run_id, pipeline,
+                           self.location(layout.index_dir(pipeline, runs[run_id]["version"])),
+                           self.location(layout.run_dir(pipeline, run_id)))
+            del runs[run_id]
+        for run_id in sorted(folders - set(runs)):
+            entry = self._unindexed(pipeline, run_id)
+            if entry is not None:
+                runs[run_id] = entry
+        found = [r for r in runs.values() if version is None or r["version"] == version]
+        return sorted(found, key=lambda r: r["run_id"], reverse=True)
 
-    def read_manifest(self, pipeline: str, run_id: str) -> dict:
-        """The run's manifest; ``StoreError`` if missing, malformed or of another schema."""
-        pipeline = validate_name(pipeline, "pipeline")
-        run_id = validate_name(run_id, "run_id")
-        rel = f"runs/{pipeline}/{run_id}/manifest.json"
-        data = self._read(rel, f"run {run_id!r} of pipeline {pipeline!r}")
-        where = self.location(rel)
+    def _unindexed(self, pipeline: str, run_id: str) -> dict | None:
+        """A run folder without index marker: its entry from its manifest (marker repaired),
+        or ``None`` when it has no manifest (still being written, or never completed)."""
+        rel = layout.manifest_file(pipeline, run_id)
         try:
-            doc = json.loads(data.decode())
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise StoreError(f"{where} is not valid JSON ({exc})") from None
-        if not isinstance(doc, dict) or "schema_version" not in doc:
-            raise StoreError(f"{where} is not a dask-profiling manifest (no schema_version)")
-        if doc["schema_version"] != SCHEMA_VERSION:
-            raise StoreError(f"{where} has schema_version {doc['schema_version']!r}; this "
-                             f"version of dask-profiling reads {SCHEMA_VERSION}")
-        missing = [k for k in MANIFEST_REQUIRED if k not in doc]
-        if missing:
-            raise StoreError(f"{where} lacks {', '.join(missing)}")
-        if doc["run_id"] != run_id or doc["pipeline"] != pipeline:
-            raise StoreError(f"{where} belongs to run {doc['run_id']!r} of pipeline "
-                             f"{doc['pipeline']!r}")
-        if not isinstance(doc["files"], dict):
-            raise StoreError(f"{where} has a malformed 'files' entry")
-        return doc
+            data = self.fs.cat_file(self._path(rel), **self._kw)
+        except FileNotFoundError:
+            logger.debug("run folder %s has no manifest (yet)", self.location(rel))
+            return None
+        except Exception as exc:
+            self._note_failure(exc)
+            logger.warning("skipping run %s of pipeline %s: could not read %s: %s", run_id,
+                           pipeline, self.location(rel), self._describe(exc))
+            return None
+        try:
+            doc = parse_manifest(data, pipeline, run_id, self.location(rel))
+            layout.index_marker(pipeline, doc["version"], run_id, doc["status"])
+        except (StoreError, ValueError) as exc:
+            logger.warning("skipping run %s of pipeline %s: %s", run_id, pipeline, exc)
+            return None
+        marker = layout.index_marker(pipeline, doc["version"], run_id, doc["status"])
+        try:
+            self._put(marker, dump(marker_doc(doc)), False)
+            done = f"wrote its index marker {self.location(marker)}"
+        except Exception as exc:
+            done = f"could not write its index marker ({self._describe(exc)})"
+        logger.warning("run %s of pipeline %s has a manifest %s but no index marker (its writer "
+                       "stopped between the two writes): listed from its manifest; %s", run_id,
+                       pipeline, self.location(rel), done)
+        return {"run_id": run_id, "version": doc["version"], "status": doc["status"]}
+
+    def read_manifest(self, pipeline: str, run_id: str) -> Manifest:
+        """The run's manifest; ``StoreError`` naming the file if missing, not UTF-8 JSON,
+        malformed or of another schema."""
+        rel = layout.manifest_file(pipeline, run_id)
+        data = self._read(rel, f"run {run_id!r} of pipeline {pipeline!r}")
+        return parse_manifest(data, pipeline, run_id, self.location(rel))
 
     def read_table(self, pipeline: str, run_id: str, name: str = "tasks") -> pd.DataFrame:
-        """One of the run's CSV tables, checked against the size and sha256 in its manifest."""
-        validate_name(name, "table name")
+        """One of the run's CSV tables, checked against the size and sha256 in its manifest.
+
+        ``StoreError`` naming the run and the file when the table is missing, truncated,
+        changed, not UTF-8, not CSV, or (``tasks``) lacks columns or holds non-numbers.
+        """
+        rel = layout.table_file(pipeline, run_id, name)
         manifest = self.read_manifest(pipeline, run_id)
-        filename = f"{name}.csv"
-        entry = manifest["files"].get(filename)
+        entry = manifest["files"].get(rel.rsplit("/", 1)[1])
         if not isinstance(entry, dict):
             raise StoreError(f"run {run_id!r} of pipeline {pipeline!r} has no table {name!r}")
-        rel = f"runs/{pipeline}/{run_id}/{filename}"
         where = self.location(rel)
         data = self._read(rel, f"table {name!r} of run {run_id!r}")
-        if len(data) != entry.get("size") or _sha256(data) != entry.get("sha256"):
+        if len(data) != entry.get("size") or sha256(data) != entry.get("sha256"):
             raise StoreError(f"{where} is truncated or changed: {len(data)} bytes, the manifest "
                              f"says {entry.get('size')} bytes with another checksum")
-        try:
-            frame = pd.read_csv(io.BytesIO(data), keep_default_na=False, na_values=[""],
-                                dtype={c: str for c in NAME_COLUMNS})
-        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-            raise StoreError(f"{where} is not a valid CSV table ({_first_line(exc)})") from None
-        if name == "tasks":
-            _check_tasks(frame, where)
-        return frame
+        return decode_table(data, name, where)
 
     def accept(self, pipeline: str, version: str, run_id: str) -> None:
         """Mark ``run_id`` as the run where the baseline of ``pipeline``/``version`` restarts."""
-        pipeline = validate_name(pipeline, "pipeline")
-        version = validate_name(version, "version")
-        run_id = validate_name(run_id, "run_id")
-        if not self._exists(f"runs/{pipeline}/{run_id}/manifest.json"):
+        marker = layout.accepted_marker(pipeline, version, run_id)
+        if not self._exists(layout.manifest_file(pipeline, run_id)):
             raise StoreError(f"unknown run {run_id!r} of pipeline {pipeline!r} in {self.url}")
-        body = _dump({"run_id": run_id, "accepted": datetime.now(UTC).isoformat()})
+        body = dump({"run_id": run_id, "accepted": datetime.now(UTC).isoformat()})
         try:
-            self._put(f"accepted/{pipeline}/{version}/{run_id}", body, False)
+            self._put(marker, body, False)
         except Exception as exc:
             raise StoreError(f"could not write to {self.url}: {self._describe(exc)}") from None
 
     def accepted(self, pipeline: str, version: str) -> list[str]:
         """Accepted run ids of ``pipeline``/``version``, newest first."""
-        base = f"accepted/{validate_name(pipeline, 'pipeline')}/{validate_name(version, 'version')}"
-        ids = [rel.rsplit("/", 1)[1] for rel in self._find(base)
-               if rel.count("/") == 3 and _valid_names(rel.rsplit("/", 1)[1:])]
-        return sorted(ids, reverse=True)
+        found = [layout.parse_accepted(rel)
+                 for rel in self._find(layout.accepted_dir(pipeline, version))]
+        return sorted((f[2] for f in found if f is not None), reverse=True)
 
     # ------------------------------------------------------------------ helpers
     def _check_reachable(self) -> None:
@@ -578,6 +624,25 @@ class RunStore:
             self._note_failure(exc)
             raise StoreError(f"could not reach {self.url}: {self._describe(exc)}") from None
 
+    def _children(self, rel: str) -> list[str]:
+        """Names directly below folder ``rel`` (one listing; ``[]`` when there is none)."""
+        self._check_reachable()
+        base = self.fs._strip_protocol(self._path(rel)).rstrip("/") + "/"
+        try:
+            found = self.fs.ls(self._path(rel), detail=False, **self._kw)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except Exception as exc:
+            self._note_failure(exc)
+            raise StoreError(f"could not list {self.location(rel)}: "
+                             f"{self._describe(exc)}") from None
+        names = []
+        for path in found:
+            path = self.fs._strip_protocol(path).rstrip("/")
+            if path.startswith(base):
+                names.append(path[len(base):])
+        return [n for n in names if n and "/" not in n]
+
     def _find(self, rel: str) -> dict[str, dict]:
         """Files below ``rel`` as ``{path relative to the root: info}``."""
         base = self._path(rel)
@@ -602,33 +667,14 @@ class RunStore:
     def _describe(self, exc: BaseException) -> str:
         if isinstance(exc, TimeoutError):  # fsspec's FSTimeoutError has no message
             return f"{type(exc).__name__}: no answer within the {self.timeout:g} s timeout"
-        return self._redact(f"{type(exc).__name__}: {_first_line(exc)}")
+        return self._redact(f"{type(exc).__name__}: {first_line(exc)}")
 
     def _redact(self, text: str) -> str:
-        for value in self._secrets:
-            text = text.replace(value, "***")
-        return _SIGNED_QUERY.sub(lambda m: f"{m.group(1)}=***", text)
+        return store_url.redact(text, self._secrets)
 
 
 # ---------------------------------------------------------------------- module helpers
-def _env_storage_options() -> dict:
-    raw = os.environ.get("DASK_PROFILING_STORAGE_OPTIONS")
-    if not raw:
-        return {}
-    try:
-        options = json.loads(raw)
-    except ValueError:
-        raise ValueError("DASK_PROFILING_STORAGE_OPTIONS is not valid JSON") from None
-    if not isinstance(options, dict):
-        raise ValueError("DASK_PROFILING_STORAGE_OPTIONS must be a JSON object")
-    return options
-
-
-_UNREACHABLE = {"ConnectionError", "ReadTimeoutError", "ConnectionClosedError",
-                "ClientConnectorError", "ServerDisconnectedError"}
-
-
-def _unreachable(exc: BaseException) -> bool:
+def _unreachable(exc: BaseException | None) -> bool:
     """Whether ``exc`` (or its cause) says the endpoint did not answer, not that it refused."""
     seen = 0
     while exc is not None and seen < 5:
@@ -639,122 +685,7 @@ def _unreachable(exc: BaseException) -> bool:
     return False
 
 
-def _secret_values(options: dict | None) -> list[str]:
-    values: list[str] = []
-    for key, value in (options or {}).items():
-        if isinstance(value, dict):
-            values += _secret_values(value)
-        elif key in _SECRET_OPTIONS and isinstance(value, str) and len(value) >= 4:
-            values.append(value)
-    return values
-
-
-def _encode_files(tables: dict[str, pd.DataFrame],
-                  extra_files: dict[str, bytes] | None) -> dict[str, bytes]:
-    """The run's files by name: each table as CSV, then the extra files."""
-    files: dict[str, bytes] = {}
-    for name, frame in tables.items():
-        validate_name(name, "table name")
-        if not isinstance(frame, pd.DataFrame):
-            raise ValueError(f"table {name!r} must be a pandas DataFrame")
-        files[f"{name}.csv"] = frame.to_csv(index=False).encode()
-    for name, data in (extra_files or {}).items():
-        validate_name(name, "file name")
-        if name == "manifest.json" or name in files:
-            raise ValueError(f"file name {name!r} clashes with a table or the manifest")
-        files[name] = data.encode() if isinstance(data, str) else bytes(data)
-    return files
-
-
-def _complete_manifest(pipeline: str, run_id: str, manifest: dict,
-                       files: dict[str, bytes]) -> dict:
-    if not isinstance(manifest, dict):
-        raise ValueError("manifest must be a dict")
-    doc = dict(manifest)
-    for key, value in (("pipeline", pipeline), ("run_id", run_id)):
-        if doc.setdefault(key, value) != value:
-            raise ValueError(f"manifest {key} {doc[key]!r} differs from {value!r}")
-    if doc.setdefault("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
-        raise ValueError(f"manifest schema_version must be {SCHEMA_VERSION}")
-    validate_name(doc.setdefault("version", "unknown"), "version")
-    if doc.setdefault("status", "incomplete") not in STATUSES:
-        raise ValueError(f"manifest status must be one of {', '.join(STATUSES)}, "
-                         f"got {doc['status']!r}")
-    doc.setdefault("state", "UNKNOWN")
-    doc.setdefault("warnings", [])
-    doc["files"] = {name: {"size": len(data), "sha256": _sha256(data)}
-                    for name, data in files.items()}
-    return json_clean(doc)
-
-
-def _provisional(manifest: bytes) -> bool:
-    """Whether a stored manifest is the provisional one a run writes before its verdict."""
-    try:
-        doc = json.loads(manifest)
-    except ValueError:
-        return False
-    return isinstance(doc, dict) and doc.get("status") == "unjudged" and doc.get(
-        "unjudged_reason") == "verdict pending"
-
-
-def _check_tasks(frame: pd.DataFrame, where: str) -> None:
-    missing = [c for c in TASKS_COLUMNS if c not in frame.columns]
-    if missing:
-        raise StoreError(f"{where} lacks column(s) {', '.join(missing)}")
-    for column in TASKS_COLUMNS[2:]:
-        if len(frame) and not pd.api.types.is_numeric_dtype(frame[column]):
-            raise StoreError(f"{where} has non-numeric values in column {column}")
-        if len(frame) and not frame[column].map(math.isfinite).all():
-            raise StoreError(f"{where} has missing or infinite values in column {column}")
-
-
-def _parse_marker(parts: list[str], info: dict) -> dict | str:
-    """``{run_id, version, status}`` from ``[version, "<run_id>.<status>"]``, or why not."""
-    if len(parts) != 2:
-        return "not at index/<pipeline>/<version>/<run_id>.<status>"
-    version, name = parts
-    run_id, _, status = name.rpartition(".")
-    if status not in STATUSES:
-        return f"unknown status {status!r}"
-    if not _valid_names([version, run_id]):
-        return "invalid version or run id"
-    if info.get("size") == 0:
-        return "empty marker"
-    return {"run_id": run_id, "version": version, "status": status}
-
-
-def _upload_order(rels: list[str]) -> list[tuple[str, tuple[str, str] | None]]:
-    """Spooled paths in upload order, each with the (pipeline, run_id) it completes, if any."""
-
-    def rank(rel: str) -> tuple[int, str]:
-        if rel.startswith("index/"):
-            return 3, rel
-        if rel.startswith("runs/") and rel.endswith("/manifest.json"):
-            return 2, rel
-        return (1 if rel.startswith("runs/") else 0), rel
-
-    out = []
-    for rel in sorted(rels, key=rank):
-        parts = rel.split("/")
-        run = None
-        if parts[0] == "runs" and len(parts) >= 4:
-            run = (parts[1], parts[2])
-        elif parts[0] == "index" and len(parts) == 4:
-            run = (parts[1], parts[3].rpartition(".")[0])
-        out.append((rel, run))
-    return out
-
-
-def _valid_names(names: list[str]) -> bool:
-    try:
-        for name in names:
-            validate_name(name, "name")
-    except ValueError:
-        return False
-    return True
-
-
-def _mtime(info: dict) -> datetime | None:
+def _mtime(info: dict[str, Any]) -> datetime | None:
     for key in ("LastModified", "last_modified", "mtime", "modified", "created"):
         value = info.get(key)
         if isinstance(value, datetime):
@@ -762,37 +693,6 @@ def _mtime(info: dict) -> datetime | None:
         if isinstance(value, int | float) and math.isfinite(value) and value > 0:
             return datetime.fromtimestamp(value, UTC)
     return None
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{secrets.token_hex(4)}.part")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
-def _prune_empty(key_dir: Path) -> None:
-    for folder in sorted((p for p in key_dir.rglob("*") if p.is_dir()), reverse=True):
-        try:
-            folder.rmdir()
-        except OSError:
-            pass
-    if [p.name for p in key_dir.iterdir()] == [_SPOOL_META]:
-        (key_dir / _SPOOL_META).unlink(missing_ok=True)
-        key_dir.rmdir()
-
-
-def _dump(doc: Any) -> bytes:
-    return json.dumps(json_clean(doc), indent=2).encode()
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0][:300]
 
 
 # ---------------------------------------------------------------------- CLI bodies
@@ -819,7 +719,7 @@ def report_link(store: RunStore, run_id: str, stage: str, pipeline: str,
     if isinstance(report, dict) and isinstance(report.get("location"), str):
         location = report["location"]
     else:
-        location = store.location(f"reports/{pipeline}/{run_id}/{stage}.html")
+        location = store.location(layout.report_file(pipeline, run_id, stage))
     rel = store._relative(location)
     if not store._exists(rel):
         known = ", ".join(str(s.get("name")) for s in manifest.get("stages") or []

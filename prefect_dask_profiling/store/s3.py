@@ -1,6 +1,6 @@
 """S3 helpers for the run store: a filesystem that cannot hang, lifecycle rules, presigned links.
 
-Everything here follows the verified findings in the project's object-storage notes: botocore's
+Built around measured behaviour of s3fs/botocore against moto and SeaweedFS: botocore's
 ``Expect: 100-continue`` header makes PUTs hang forever against a half-dead endpoint, so it is
 removed on the session; ``total_max_attempts`` (not ``max_attempts``) bounds the sends; and a
 lifecycle PUT replaces the whole configuration, so rules are merged by ID.
@@ -13,6 +13,8 @@ import hashlib
 import json
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from prefect_dask_profiling.store import layout
 
 MAX_PRESIGN_S = 7 * 24 * 3600  # SigV4 links are valid for at most 7 days on AWS
 RULE_ID_PREFIX = "dask-profiling"
@@ -91,7 +93,8 @@ def lifecycle_rules(root_prefix: str, retention_days: int) -> list[dict[str, Any
     suffix = f"{tag[:180]}-{digest}"
     return [
         {"ID": f"{RULE_ID_PREFIX}-expire-reports-{suffix}", "Status": "Enabled",
-         "Filter": {"Prefix": f"{root}reports/"}, "Expiration": {"Days": int(retention_days)}},
+         "Filter": {"Prefix": f"{root}{layout.REPORTS}/"},
+         "Expiration": {"Days": int(retention_days)}},
         {"ID": f"{RULE_ID_PREFIX}-abort-uploads-{suffix}", "Status": "Enabled",
          "Filter": {"Prefix": root}, "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 1}},
     ]

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from prefect_dask_profiling.timing.sketch import QuantileSketch
+
+if TYPE_CHECKING:
+    from prefect_dask_profiling.timing.types import Snapshot
 
 TASK_COLUMNS = ["stage", "prefix", "tasks", "errors", "reruns", "compute_s", "p50_s", "p95_s",
                 "max_s", "nbytes", "transfer_s", "disk_read_s", "disk_write_s",
@@ -34,7 +37,8 @@ class RunRecord:
     tasks
         One row per (stage, prefix) of compute tasks (``TASK_COLUMNS``).
     orchestration
-        The same for tasks that seceded while waiting on other work (wrappers).
+        The same for the time wrapper tasks spent waiting on the Dask work they launched
+        (``compute_s`` is waiting, not work); a wrapper's own work is in ``tasks``.
     workers, samples, transfers
         Per-worker aggregates, raw worker samples, per-pair transfers.
     timeline
@@ -58,7 +62,7 @@ class RunRecord:
     sketches: dict[tuple[str, str], QuantileSketch] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def from_snapshot(cls, snap: dict[str, Any], workers: int = 0,
+    def from_snapshot(cls, snap: Snapshot, workers: int = 0,
                       threads: int = 0) -> RunRecord:
         """Build a record from :func:`prefect_dask_profiling.timing.plugin.snapshot` output."""
         warnings = list(snap.get("warnings", []))

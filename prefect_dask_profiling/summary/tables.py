@@ -1,7 +1,7 @@
 """Compact tables from a run record: the per-prefix summary and utilisation.
 
 ``summarise`` turns tens of thousands of tasks into a short table of where the time went
-(the seed's ``tasks, total_s, p50_s, p95_s, gb_out`` columns first); ``utilisation``
+(``tasks, total_s, p50_s, p95_s, gb_out`` first: the columns a reader scans); ``utilisation``
 divides task seconds by the thread-seconds that were available, per run and per stage.
 """
 
@@ -31,7 +31,10 @@ def summarise(record: RunRecord, by: str = "stage") -> pd.DataFrame:
     Returns
     -------
     A DataFrame with columns ``stage`` (when ``by="stage"``), ``prefix`` and
-    ``SUMMARY_COLUMNS``. Orchestration (wrapper) tasks are not included.
+    ``SUMMARY_COLUMNS``. ``tasks`` counts every finished task run, erred ones included, and
+    ``total_s``, ``p50_s``, ``p95_s`` and ``max_s`` cover the same runs; ``errors`` is how
+    many of them failed. The time wrapper tasks spent waiting on the Dask work they launched
+    is not included (it is in ``record.orchestration``); their own work is.
     """
     if by not in ("stage", "prefix"):
         raise ValueError(f"by must be 'stage' or 'prefix', got {by!r}")
@@ -77,7 +80,9 @@ def _merged_sketch(record: RunRecord, rows: pd.DataFrame) -> QuantileSketch:
 
 
 def reading(value: float | None) -> str:
-    """The seed's reading of a utilisation value."""
+    """What a utilisation value says: above 1.05 the timings overcount, below 0.40 the
+    cluster waited (oversized or starved of input), in between the timings account for the
+    run."""
     if value is None or value != value:
         return "no tasks"
     if value > UTILISATION_HIGH:

@@ -9,11 +9,10 @@ from prefect_dask_profiling.timing.plugin import (
     RUN_ANNOTATION,
     STAGE_ANNOTATION,
     TaskTimings,
-    collect,
     install,
     snapshot,
     uninstall,
 )
 
-__all__ = ["DEFAULT_STAGE", "RUN_ANNOTATION", "STAGE_ANNOTATION", "TaskTimings", "collect",
-           "install", "snapshot", "uninstall"]
+__all__ = ["DEFAULT_STAGE", "RUN_ANNOTATION", "STAGE_ANNOTATION", "TaskTimings", "install",
+           "snapshot", "uninstall"]

@@ -6,17 +6,27 @@ package installed. Its memory is bounded by stages x prefixes (plus a bounded ri
 samples), never by the number of tasks, and no hook ever raises into the scheduler: internal
 errors are counted and reported with the snapshot.
 
-Three streams are recorded, as in the seed document:
+Three streams are recorded:
 
 1. tasks, aggregated per ``(stage, prefix)``: counts, errors, reruns, compute / transfer /
    disk seconds from ``startstops``, bytes out, and a quantile sketch of compute seconds;
 2. workers: periodic samples of managed / unmanaged / spilled memory and CPU;
 3. transfers: count and seconds per ``(source, destination)`` pair (bytes are collected
-   worker-side, see :mod:`prefect_dask_profiling.collect`).
+   worker-side, see :func:`snapshot`).
 
-Tasks that secede while they wait for other work (a Prefect task that computes a Dask
-collection, ``worker_client``) are *orchestration* tasks: their compute interval covers the
-work they wait on, so they are aggregated apart and kept out of compute totals.
+Tasks that launch Dask work of their own and wait for it (a Prefect task that computes a
+collection) are *wrappers*: their compute interval covers the work they wait on. When the
+launching task is known (the Prefect task runner tags inner graphs with the ``profiling_parent``
+annotation), the wrapper's interval is split: the union of the intervals in which it waited on
+its inner work (from an inner graph's arrival to the scheduler learning that the last of its
+tasks finished) is *orchestration* time, aggregated apart and kept out of compute totals, and
+the rest is the wrapper's own work, counted like any task. Untagged tasks that secede
+(``worker_client``) are counted as orchestration whole, as their own work cannot be told
+apart.
+
+Counting rule: ``tasks`` counts every task run that finished, erred ones included, and the
+seconds (``compute_s``, quantiles, ``max_s``) cover the same runs; ``errors`` says how many of
+those runs failed.
 """
 
 from __future__ import annotations
@@ -25,19 +35,29 @@ import collections
 import logging
 import time
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from prefect_dask_profiling.timing.sketch import QuantileSketch
 
+if TYPE_CHECKING:
+    from distributed import Client
+
+    from prefect_dask_profiling.timing.types import Snapshot
+
 logger = logging.getLogger(__name__)
 
 STAGE_ANNOTATION = "stage"
 RUN_ANNOTATION = "profiling_run"
+PARENT_ANNOTATION = "profiling_parent"
 DEFAULT_STAGE = "default"
 MAX_TIMELINE = 10_000
-_LONG_RUNNING_HOOK = "_dask_profiling_long_running_listeners"
+MAX_WRAPPERS = 10_000
+# v2: listeners are told (key, run_id) after the scheduler accepted the message; a scheduler
+# that still runs an older plugin's wrapper keeps it under the old name, untouched
+_LONG_RUNNING_HOOK = "_dask_profiling_long_running_listeners_v2"
+_NOT_DONE = ("waiting", "queued", "no-worker")
 
 
 class PrefixStats:
@@ -73,6 +93,48 @@ class PrefixStats:
             "last_stop": self.last_stop if seen else None,
             "sketch": self.sketch.to_dict(),
         }
+
+
+class WrapperWait:
+    """How long one running wrapper task has waited on the inner work it launched.
+
+    Inner tasks are counted, not listed: ``pending`` is the number of inner tasks not yet
+    finished. While it is above zero the wrapper is waiting; the open interval starts when
+    an inner graph arrives and ends when the scheduler learns that the last pending inner
+    task finished. Overlapping batches merge into one interval, so ``waited`` is the length
+    of the union of the waiting intervals.
+    """
+
+    __slots__ = ("pending", "start", "end", "waited", "graphs")
+
+    def __init__(self) -> None:
+        self.pending = 0
+        self.start = 0.0
+        self.end = 0.0
+        self.waited = 0.0
+        self.graphs = 0
+
+    def arrived(self, n: int, now: float) -> None:
+        """``n`` new inner tasks were submitted at ``now``."""
+        if self.pending <= 0:
+            self.start = max(now, self.end)
+            self.end = self.start
+        self.pending += n
+        self.graphs += 1
+
+    def done(self, now: float) -> None:
+        """One inner task finished (or was cancelled) at ``now``."""
+        if self.pending <= 0:
+            return
+        self.pending -= 1
+        if now > self.end:
+            self.end = now
+        if self.pending == 0:
+            self.waited += self.end - self.start
+
+    def total(self) -> float:
+        """Seconds waited so far; an interval still open counts up to its last completion."""
+        return self.waited + (self.end - self.start if self.pending > 0 else 0.0)
 
 
 class TaskTimings(SchedulerPlugin):
@@ -122,7 +184,8 @@ class TaskTimings(SchedulerPlugin):
         self.warnings: list[str] = []
         self.internal_errors = 0
         self.last_error: str | None = None
-        self.seceded: set = set()
+        self.seceded: dict = {}  # key -> run_id of the run that seceded (validated)
+        self.wrappers: dict = {}  # running wrapper key -> WrapperWait
         self.started = time.time()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -173,7 +236,14 @@ class TaskTimings(SchedulerPlugin):
 
     # -- hooks -----------------------------------------------------------------------------
 
-    def update_graph(self, scheduler, *, client: str = "", tasks=(), **kwargs: Any) -> None:
+    def update_graph(self, scheduler, *, client: str = "", tasks=(), annotations=None,
+                     **kwargs: Any) -> None:
+        try:
+            parents = (annotations or {}).get(PARENT_ANNOTATION)
+            if parents:
+                self._inner_arrived(parents)
+        except Exception:
+            self._fail()
         if self.owner_client is None or client != self.owner_client:
             return
         try:
@@ -197,13 +267,22 @@ class TaskTimings(SchedulerPlugin):
                 elif finish == "erred":
                     self._finished(key, kwargs, erred=True)
                 elif finish == "released":
-                    self.seceded.discard(key)
-                    self._released(key)
+                    self.seceded.pop(key, None)
+                    self.wrappers.pop(key, None)
+                    self._released(key, start)
             except Exception:
                 self._fail()
         elif start == "memory" and finish == "released":
             try:
-                self._released(key)
+                self._released(key, start)
+            except Exception:
+                self._fail()
+        elif self.wrappers and ((finish == "erred" and start != "memory")
+                                or (finish == "released" and start in _NOT_DONE)):
+            try:  # an inner task that will not run: erred upstream, or cancelled
+                ts = self._task(key)
+                if finish == "erred" or not (ts is None or ts.who_wants or ts.waiters):
+                    self._inner_done(ts)
             except Exception:
                 self._fail()
 
@@ -260,7 +339,7 @@ class TaskTimings(SchedulerPlugin):
             stats = table[ident] = PrefixStats()
         return stats
 
-    def _released(self, key) -> None:
+    def _released(self, key, start: str) -> None:
         """Count a rerun when a running or finished task is released but still wanted.
 
         That is what a worker death (or a retry) does: the task is still wanted by a
@@ -268,21 +347,96 @@ class TaskTimings(SchedulerPlugin):
         them any more (intermediates, cancelled futures) are not reruns.
         """
         ts = self._task(key)
-        if ts is None or not (ts.who_wants or ts.waiters):
+        if ts is None:
+            return
+        wanted = bool(ts.who_wants or ts.waiters)
+        if self.wrappers:
+            if wanted and start == "memory":
+                self._inner_rerun(ts)  # its wrapper waits for it again
+            elif not wanted and start == "processing":
+                self._inner_done(ts)  # cancelled while running
+        if not wanted:
             return
         stats = self._stats_for(key, ts, self.stats)
         if stats is not None:
             stats.reruns += 1
 
+    # -- wrappers: tasks that launch inner work and wait for it ------------------------------
+
+    def _inner_arrived(self, parents: dict) -> None:
+        """New inner tasks arrived: ``parents`` maps each new task's key to its wrapper's.
+
+        A wrapper is tracked only while the scheduler has it processing, so a stale or
+        made-up parent never creates state, and the state is dropped when it leaves
+        processing: memory is bounded by the wrappers running at once.
+        """
+        now = time.time()
+        counts: dict = {}
+        for parent in parents.values():
+            counts[parent] = counts.get(parent, 0) + 1
+        for parent, n in counts.items():
+            wait = self.wrappers.get(parent)
+            if wait is None:
+                ts = self._task(parent)
+                if ts is None or ts.state != "processing":
+                    continue
+                if len(self.wrappers) >= MAX_WRAPPERS:
+                    if not any("wrapper tasks" in w for w in self.warnings):
+                        self.warnings.append(
+                            f"more than {MAX_WRAPPERS} wrapper tasks ran at once: the waits of "
+                            "the others were counted as their own work")
+                    continue
+                wait = self.wrappers[parent] = WrapperWait()
+            wait.arrived(n, now)
+
+    def _wait_of(self, ts) -> WrapperWait | None:
+        annotations = ts.annotations if ts is not None else None
+        if not annotations:
+            return None
+        parent = annotations.get(PARENT_ANNOTATION)
+        return None if parent is None else self.wrappers.get(parent)
+
+    def _inner_done(self, ts) -> None:
+        wait = self._wait_of(ts)
+        if wait is not None:
+            wait.done(time.time())
+
+    def _inner_rerun(self, ts) -> None:
+        wait = self._wait_of(ts)
+        if wait is not None:
+            wait.arrived(1, time.time())
+
     def _finished(self, key, kwargs: dict, erred: bool) -> None:
-        orchestration = key in self.seceded
-        if orchestration:
-            self.seceded.discard(key)
-        table = self.orchestration if orchestration else self.stats
-        stats = self._stats_for(key, self._task(key), table)
-        if stats is None:
+        ts = self._task(key)
+        seceded_run = self.seceded.pop(key, None)
+        wait = self.wrappers.pop(key, None) if self.wrappers else None
+        if self.wrappers:
+            self._inner_done(ts)
+        if wait is not None and wait.graphs:
+            self._finished_wrapper(key, ts, kwargs, erred, wait)
             return
+        seceded = seceded_run is not None and (ts is None or ts.run_id == seceded_run)
+        table = self.orchestration if seceded else self.stats
+        stats = self._stats_for(key, ts, table)
+        if stats is not None:
+            compute, first, last = self._add_startstops(stats, kwargs)
+            self._count(stats, compute, first, last, erred, kwargs.get("nbytes"))
+
+    def _finished_wrapper(self, key, ts, kwargs: dict, erred: bool, wait: WrapperWait) -> None:
+        """Split a wrapper's compute into its own work and the time it waited on inner work."""
+        own = self._stats_for(key, ts, self.stats)
+        if own is None:
+            return
+        compute, first, last = self._add_startstops(own, kwargs)
+        waited = min(max(wait.total(), 0.0), compute)
+        self._count(own, compute - waited, first, last, erred, kwargs.get("nbytes"))
+        orchestration = self._stats_for(key, ts, self.orchestration)
+        self._count(orchestration, waited, first, last, erred, 0)
+
+    def _add_startstops(self, stats: PrefixStats, kwargs: dict) -> tuple[float, float, float]:
+        """Add transfers and disk time; return compute seconds and the compute interval."""
         compute = 0.0
+        first, last = float("inf"), float("-inf")
         worker = kwargs.get("worker")
         for ss in kwargs.get("startstops") or ():
             action = ss.get("action")
@@ -290,10 +444,10 @@ class TaskTimings(SchedulerPlugin):
             duration = stop - start
             if action == "compute":
                 compute += duration
-                if start < stats.first_start:
-                    stats.first_start = start
-                if stop > stats.last_stop:
-                    stats.last_stop = stop
+                if start < first:
+                    first = start
+                if stop > last:
+                    last = stop
             elif action == "transfer":
                 stats.transfer_s += duration
                 pair = (ss.get("source") or "?", worker or "?")
@@ -307,11 +461,21 @@ class TaskTimings(SchedulerPlugin):
                 stats.disk_read_s += duration
             elif action == "disk-write":
                 stats.disk_write_s += duration
+        return compute, first, last
+
+    @staticmethod
+    def _count(stats: PrefixStats, compute: float, first: float, last: float, erred: bool,
+               nbytes) -> None:
+        """Count one finished run (erred ones too) and its compute seconds."""
+        stats.tasks += 1
         if erred:
             stats.errors += 1
         else:
-            stats.tasks += 1
-            stats.nbytes += kwargs.get("nbytes") or 0
+            stats.nbytes += nbytes or 0
+        if first < stats.first_start:
+            stats.first_start = first
+        if last > stats.last_stop:
+            stats.last_stop = last
         stats.compute_s += compute
         if compute > stats.max_s:
             stats.max_s = compute
@@ -340,7 +504,13 @@ class TaskTimings(SchedulerPlugin):
                 "or in memory and their timings are missing; register before submitting work")
 
     def _listen_long_running(self) -> None:
-        """Learn which tasks secede (orchestration tasks) from the scheduler's handler."""
+        """Learn which tasks secede (orchestration tasks) from the scheduler's handler.
+
+        The scheduler's own handler runs first and drops stale messages (unknown worker,
+        released key, a run that is not the current one); a key is recorded only if the
+        scheduler then holds it as long-running, and with the run id it seceded in, so a
+        later rerun of the same key is not taken for orchestration.
+        """
         scheduler = self.scheduler
         listeners = getattr(scheduler, _LONG_RUNNING_HOOK, None)
         if listeners is None:
@@ -353,12 +523,15 @@ class TaskTimings(SchedulerPlugin):
             setattr(scheduler, _LONG_RUNNING_HOOK, listeners)
 
             def long_running(*args: Any, key=None, **kwargs: Any):
-                for plugin in list(listeners.values()):
-                    try:
-                        plugin.seceded.add(key)
-                    except Exception:  # never break the scheduler's handler
-                        pass
-                return handler(*args, key=key, **kwargs)
+                result = handler(*args, key=key, **kwargs)
+                try:
+                    run_id = _accepted_long_running(scheduler, key, kwargs)
+                    if run_id is not None:
+                        for plugin in list(listeners.values()):
+                            plugin.seceded[key] = run_id
+                except Exception:  # never break the scheduler's handler
+                    pass
+                return result
 
             scheduler.stream_handlers["long-running"] = long_running
         listeners[self.name] = self
@@ -411,6 +584,18 @@ class TaskTimings(SchedulerPlugin):
         }
 
 
+def _accepted_long_running(scheduler, key, message: dict):
+    """The run id of ``key`` if the scheduler accepted its long-running message, else None."""
+    ts = scheduler.tasks.get(key)
+    ws = ts.processing_on if ts is not None else None
+    if ws is None or ts not in ws.long_running:
+        return None
+    if message.get("worker", ws.address) != ws.address:
+        return None
+    run_id = message.get("run_id", ts.run_id)
+    return run_id if run_id == ts.run_id else None
+
+
 # -- client API ------------------------------------------------------------------------------
 
 
@@ -425,7 +610,7 @@ def _register_by_value() -> None:
             cloudpickle.register_pickle_by_value(module)
 
 
-def install(client, name: str | None = None, *, scope: str = "cluster",
+def install(client: Client, name: str | None = None, *, scope: str = "cluster",
             sample_interval: float = 1.0, max_samples: int = 20_000) -> str:
     """Register a fresh :class:`TaskTimings` on the client's scheduler.
 
@@ -444,8 +629,9 @@ def install(client, name: str | None = None, *, scope: str = "cluster",
 
     Returns
     -------
-    The plugin name, for :func:`collect` and :func:`uninstall`. The plugin stops and
-    removes itself when ``client`` disconnects, so collect before closing the client.
+    The plugin name, for :func:`~prefect_dask_profiling.summary.collect` and
+    :func:`uninstall`. The plugin stops and removes itself when ``client`` disconnects, so
+    collect before closing the client.
     """
     import uuid
 
@@ -475,7 +661,7 @@ def _incoming_transfers(dask_worker, since: float) -> dict[str, Any]:
     return {"entries": entries, "overflowed": overflowed}
 
 
-def snapshot(client, name: str) -> dict[str, Any]:
+def snapshot(client: Client, name: str) -> Snapshot:
     """The raw snapshot of plugin ``name`` (plain data), with worker-side transfer bytes."""
     _register_by_value()
     snap = client.run_on_scheduler(_snapshot, name=name)
@@ -490,15 +676,6 @@ def snapshot(client, name: str) -> dict[str, Any]:
     return snap
 
 
-def collect(client, name: str):
-    """Collect plugin ``name`` into a :class:`~prefect_dask_profiling.summary.record.RunRecord`."""
-    from prefect_dask_profiling.summary.record import RunRecord
-
-    threads = client.nthreads()
-    return RunRecord.from_snapshot(snapshot(client, name), workers=len(threads),
-                                   threads=sum(threads.values()))
-
-
 def _remove(dask_scheduler, name: str) -> bool:
     plugin = dask_scheduler.plugins.pop(name, None)
     if plugin is not None:
@@ -506,7 +683,7 @@ def _remove(dask_scheduler, name: str) -> bool:
     return plugin is not None
 
 
-def uninstall(client, name: str) -> bool:
+def uninstall(client: Client, name: str) -> bool:
     """Stop and remove plugin ``name`` (``unregister`` alone would not stop its sampler)."""
     _register_by_value()
     return client.run_on_scheduler(_remove, name=name)

@@ -1,0 +1,393 @@
+"""What profiling costs a whole Prefect flow: plain ``DaskTaskRunner`` vs the profiled runner.
+
+Two flows on one shared cluster each (passed by ``address=``, as a deployment would), one
+real Prefect server on 127.0.0.1, runs alternated so drift hits both sides alike:
+
+* **ndvi** — three stages, each a Prefect task computing the median NDVI of a random
+  ``T × Y × X`` cube on the Dask cluster (2 workers × 2 threads); plain vs profiled with
+  default settings, and plain vs ``stage_reports=False``. Prints the ratio of medians.
+* **tiny** — four stages, each a Prefect task summing a 400 × 400 array, on a long-lived
+  2 × 1 cluster, many runs: the fixed cost per run and per stage (least squares over the
+  runs' stage counts is not needed: all runs have four stages, so per stage = extra / 4 is
+  an upper bound).
+
+The breakdown says where the profiled runs' extra seconds go, in the flow process: the
+runner's own functions are wrapped with ``time.perf_counter`` for the benchmark only (no
+hook in the package), split by thread (``main`` is the flow's critical path). Scheduler and
+worker CPU seconds per run are read from the processes themselves, and the cost of a
+runner copy entered in a worker task is timed in a worker.
+
+    .venv/bin/python benchmarks/flow_overhead.py [--part ndvi|tiny|all] [--repeats 3]
+        [--tiny-repeats 10] [--shape 24,1024,1024]
+
+Targets (issue 13): <= 1.05x with defaults, <= 1.02x without stage reports, tiny flow fixed
+cost <= 0.5 s per run plus <= 0.1 s per stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import functools
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import dask.array as da
+from distributed import Client, LocalCluster
+from prefect import flow, task
+from prefect_dask import DaskTaskRunner
+
+from prefect_dask_profiling import stage
+from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner, profiled
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+NDVI_STAGES = ("ndvi", "median", "reduce")
+TINY_STAGES = ("read", "clean", "combine", "write")
+
+
+# -- the work ----------------------------------------------------------------------------------
+
+@task
+def ndvi_median(shape: tuple[int, int, int], seed: int) -> float:
+    """Median NDVI over time of a random cube, computed on the Dask cluster."""
+    t, y, x = shape
+    chunks = (t, max(y // 4, 1), max(x // 4, 1))
+    rs = da.random.RandomState(seed)
+    red = rs.random((t, y, x), chunks=chunks).astype("float32")
+    nir = rs.random((t, y, x), chunks=chunks).astype("float32")
+    ndvi = (nir - red) / (nir + red + 1e-6)
+    return float(da.median(ndvi, axis=0).mean().compute())
+
+
+@task
+def array_sum(n: int) -> float:
+    """Sum of an ``n × n`` array of ones (16 chunks) on the Dask cluster."""
+    return float(da.ones((n, n), chunks=max(n // 4, 1)).sum().compute())
+
+
+def make_flow(runner: DaskTaskRunner, kind: str, name: str, shape: tuple[int, int, int]):
+    """The ndvi or tiny flow on ``runner``; profiled runners get ``@profiled``."""
+
+    def body() -> float:
+        total = 0.0
+        if kind == "ndvi":
+            for seed, stage_name in enumerate(NDVI_STAGES):
+                with stage(stage_name):
+                    total += ndvi_median.submit(shape, seed).result()
+        else:
+            for stage_name in TINY_STAGES:
+                with stage(stage_name):
+                    total += array_sum.submit(400).result()
+        return total
+
+    fn = profiled(body) if isinstance(runner, ProfiledDaskTaskRunner) else body
+    return flow(name=name, version="1", task_runner=runner, log_prints=False)(fn)
+
+
+# -- the breakdown -------------------------------------------------------------------------------
+
+class Phases:
+    """Seconds spent in named functions of the profiled runner, per thread kind.
+
+    Installed by wrapping attributes for the benchmark; nothing in the package pays for it.
+    """
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = collections.defaultdict(float)
+        self.calls: dict[str, int] = collections.defaultdict(int)
+        self._undo: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+
+    def wrap(self, owner: Any, attr: str, label: str) -> None:
+        """Time every call of ``owner.attr`` under ``label`` (skipped if it does not exist)."""
+        original = owner.__dict__.get(attr) if isinstance(owner, type) else getattr(
+            owner, attr, None)
+        if original is None:
+            return
+
+        @functools.wraps(original)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            where = "main" if threading.current_thread() is threading.main_thread() else "bg"
+            t0 = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                with self._lock:
+                    self.seconds[f"{label} [{where}]"] += time.perf_counter() - t0
+                    self.calls[f"{label} [{where}]"] += 1
+
+        setattr(owner, attr, timed)
+        self._undo.append(lambda: setattr(owner, attr, original))
+
+    def add(self, label: str, seconds: float) -> None:
+        with self._lock:
+            self.seconds[label] += seconds
+            self.calls[label] += 1
+
+    def restore(self) -> None:
+        for undo in reversed(self._undo):
+            undo()
+        self._undo.clear()
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self.calls.clear()
+
+
+def instrument(phases: Phases) -> None:
+    """Wrap the profiled runner's steps that cost time in the flow process."""
+    from prefect_dask_profiling import finishing
+    from prefect_dask_profiling.prefect import artifacts, reports, session
+    from prefect_dask_profiling.store import runs
+    from prefect_dask_profiling.timing import plugin
+
+    cls = session.Session
+    targets = [
+        (ProfiledDaskTaskRunner, "__enter__", "runner __enter__ (total)"),
+        (ProfiledDaskTaskRunner, "__exit__", "runner __exit__ (total)"),
+        (plugin, "install", "  plugin registration"),
+        (cls, "preflight", "  preflight (worker loadability)"),
+        (cls, "stage_opened", "stage opened (total)"),
+        (reports, "open_window", "  report window open"),
+        (cls, "stage_closed", "stage closed (total)"),
+        (plugin, "snapshot", "  plugin snapshot (stage ends + collect)"),
+        (cls, "_store_report", "  stage report render+upload"),
+        (reports, "render", "    report render"),
+        (runs.RunStore, "write_report", "    report upload"),
+        (cls, "wait_reports", "  wait for stage reports"),
+        (cls, "_collect", "  collect"),
+        (session, "environment", "  environment fingerprint"),
+        (session, "finish_run", "  finish_run (total)"),
+        (finishing, "_summarise", "    summarise"),
+        (runs.RunStore, "write_run", "    store write (record)"),
+        (runs.RunStore, "complete_run", "    store write (complete)"),
+        (artifacts, "publish", "  artifacts"),
+        (cls, "_report_links", "  report links (presign)"),
+        (cls, "finish", "finish() (total)"),
+        (cls, "close", "shutdown (plugin uninstall, stream release)"),
+    ]
+    for owner, attr, label in targets:
+        phases.wrap(owner, attr, label)
+
+
+def add_finish_steps(phases: Phases, store_dir: str) -> None:
+    """Add ``finish_seconds`` (per finishing step) from the newest stored manifest."""
+    import json
+
+    manifests = sorted(Path(store_dir).rglob("manifest.json"), key=lambda p: p.stat().st_mtime)
+    if not manifests:
+        return
+    steps = json.loads(manifests[-1].read_text()).get("finish_seconds") or {}
+    for name, seconds in steps.items():
+        if name not in ("summary",):
+            phases.add(f"    step: {name}", seconds)
+
+
+# -- runs -----------------------------------------------------------------------------------------
+
+def _scheduler_cpu(dask_scheduler) -> float:
+    return time.process_time()
+
+
+def _worker_cpu() -> float:
+    return time.process_time()
+
+
+def cpu_seconds(client: Client) -> tuple[float, float]:
+    """(scheduler, sum of workers) process CPU seconds so far."""
+    return (client.run_on_scheduler(_scheduler_cpu), sum(client.run(_worker_cpu).values()))
+
+
+def timed_run(flow_fn, client: Client) -> tuple[float, float, float]:
+    """Wall seconds of one flow run, and the scheduler's and workers' CPU seconds in it."""
+    s0, w0 = cpu_seconds(client)
+    t0 = time.perf_counter()
+    state = flow_fn(return_state=True)
+    wall = time.perf_counter() - t0
+    # a noisy machine can make a run look regressed: the flow then fails on purpose, after
+    # doing exactly the same work, so the run still counts
+    if not state.is_completed() and "RegressionDetected" not in (state.message or ""):
+        raise RuntimeError(f"flow run ended {state.name}: {state.message}")
+    s1, w1 = cpu_seconds(client)
+    return wall, s1 - s0, w1 - w0
+
+
+def compare(client: Client, flows: dict[str, Any], repeats: int, phases: Phases,
+            store_dir: str, breakdown_of: str) -> dict[str, list[tuple[float, float, float]]]:
+    """Run every flow ``repeats`` times, rotating the order; collect the breakdown of one."""
+    results: dict[str, list] = {name: [] for name in flows}
+    names = list(flows)
+    for name in names:  # warm-up: imports, first connections, task-stream recorder
+        timed_run(flows[name], client)
+    phases.reset()
+    for i in range(repeats):
+        order = names[i % len(names):] + names[:i % len(names)]
+        for name in order:
+            if name == breakdown_of:
+                instrument(phases)
+            try:
+                results[name].append(timed_run(flows[name], client))
+            finally:
+                phases.restore()
+            if name == breakdown_of:
+                add_finish_steps(phases, store_dir)
+            print(f"  run {i + 1}/{repeats} {name:<22} {results[name][-1][0]:7.2f} s", flush=True)
+    return results
+
+
+def print_results(results: dict[str, list], plain: str) -> None:
+    base = statistics.median(r[0] for r in results[plain])
+    print(f"  {'runner':<22} {'median s':>9} {'ratio':>7} {'min s':>7} {'max s':>7} "
+          f"{'sched CPU s':>11} {'worker CPU s':>12}")
+    for name, rows in results.items():
+        walls = [r[0] for r in rows]
+        med = statistics.median(walls)
+        print(f"  {name:<22} {med:9.2f} {med / base:7.3f} {min(walls):7.2f} {max(walls):7.2f} "
+              f"{statistics.median(r[1] for r in rows):11.2f} "
+              f"{statistics.median(r[2] for r in rows):12.2f}")
+
+
+def print_breakdown(phases: Phases, runs: int, plain_wall: float) -> None:
+    print(f"  breakdown per profiled run (mean of {runs}; % of the plain wall "
+          f"{plain_wall:.2f} s; [main] = on the flow's critical path):")
+    for label in sorted(phases.seconds, key=_order):
+        per_run = phases.seconds[label] / runs
+        print(f"    {label:<58} {per_run * 1000:8.1f} ms {100 * per_run / plain_wall:6.2f} % "
+              f"({phases.calls[label] / runs:.0f} calls)")
+
+
+_ORDER = ["runner __enter__", "plugin registration", "preflight", "stage opened",
+          "report window", "stage closed", "plugin snapshot", "stage report", "report render",
+          "report upload", "wait for", "finish()", "collect", "environment", "finish_run",
+          "summarise", "store write (record)", "step:", "store write (complete)", "artifacts",
+          "report links", "shutdown", "runner __exit__"]
+
+
+def _order(label: str) -> int:
+    for n, key in enumerate(_ORDER):
+        if key in label:
+            return n
+    return len(_ORDER)
+
+
+def worker_copy_cost(client: Client, runner: DaskTaskRunner, n: int = 200) -> float:
+    """Seconds a worker task spends duplicating and entering/exiting ``runner``.
+
+    Prefect does this around every task it runs on Dask; timed inside a real worker task
+    (where the profiled copy takes its worker-side path), median over the workers.
+    """
+    import cloudpickle
+
+    blob = cloudpickle.dumps(runner)
+
+    def enter_many(payload: bytes, count: int) -> float:
+        import pickle
+        import time as _time
+
+        r = pickle.loads(payload)
+        t0 = _time.perf_counter()
+        for _ in range(count):
+            with r.duplicate():
+                pass
+        return (_time.perf_counter() - t0) / count
+
+    futures = [client.submit(enter_many, blob, n, pure=False, workers=[w])
+               for w in client.scheduler_info()["workers"]]
+    return statistics.median(client.gather(futures))
+
+
+# -- main -----------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def prefect_server() -> Iterator[None]:
+    from prefect_server import running_server, use_server
+
+    with running_server(ui=False) as server, use_server(server):
+        yield
+
+
+def run_ndvi(args: argparse.Namespace, store_dir: str) -> None:
+    shape = tuple(int(v) for v in args.shape.split(","))
+    with LocalCluster(n_workers=2, threads_per_worker=2, dashboard_address=":0",
+                      host="127.0.0.1") as cluster, Client(cluster) as client:
+        address = cluster.scheduler_address
+        flows = {
+            "plain": make_flow(DaskTaskRunner(address=address), "ndvi", "bench-ndvi-plain",
+                               shape),
+            "profiled (defaults)": make_flow(
+                ProfiledDaskTaskRunner(address=address, store=store_dir), "ndvi",
+                "bench-ndvi", shape),
+            "profiled (no reports)": make_flow(
+                ProfiledDaskTaskRunner(address=address, store=store_dir, stage_reports=False),
+                "ndvi", "bench-ndvi-noreports", shape),
+        }
+        phases = Phases()
+        print(f"ndvi flow: 3 stages of a {shape} cube, 2 workers x 2 threads, "
+              f"{args.repeats} alternated runs each")
+        results = compare(client, flows, args.repeats, phases, store_dir,
+                          breakdown_of="profiled (defaults)")
+        print_results(results, "plain")
+        plain = statistics.median(r[0] for r in results["plain"])
+        print_breakdown(phases, args.repeats, plain)
+        print("  targets: defaults <= 1.05, no reports <= 1.02")
+
+
+def run_tiny(args: argparse.Namespace, store_dir: str) -> None:
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0",
+                      host="127.0.0.1") as cluster, Client(cluster) as client:
+        address = cluster.scheduler_address
+        profiled_runner = ProfiledDaskTaskRunner(address=address, store=store_dir)
+        flows = {
+            "plain": make_flow(DaskTaskRunner(address=address), "tiny", "bench-tiny-plain",
+                               (0, 0, 0)),
+            "profiled (defaults)": make_flow(profiled_runner, "tiny", "bench-tiny", (0, 0, 0)),
+        }
+        phases = Phases()
+        print(f"tiny flow: 4 stages of a 400x400 sum, 2 workers x 1 thread, "
+              f"{args.tiny_repeats} alternated runs each")
+        results = compare(client, flows, args.tiny_repeats, phases, store_dir,
+                          breakdown_of="profiled (defaults)")
+        print_results(results, "plain")
+        plain = statistics.median(r[0] for r in results["plain"])
+        extra = statistics.median(r[0] for r in results["profiled (defaults)"]) - plain
+        print(f"  fixed cost per run: {extra:.3f} s (4 stages; <= {extra / 4:.3f} s per stage); "
+              "target <= 0.5 s + 0.1 s per stage = 0.9 s")
+        print_breakdown(phases, args.tiny_repeats, plain)
+        plain_copy = worker_copy_cost(client, DaskTaskRunner(address=address))
+        ours = worker_copy_cost(client, profiled_runner)
+        print(f"  runner copy entered per worker task: plain {plain_copy * 1e6:.0f} us, "
+              f"profiled {ours * 1e6:.0f} us")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=("ndvi", "tiny", "all"), default="all")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--tiny-repeats", type=int, default=10)
+    parser.add_argument("--shape", default="24,1024,1024",
+                        help="T,Y,X of the ndvi cube (default: ~3 s per stage here)")
+    args = parser.parse_args()
+    if args.repeats < 1 or args.tiny_repeats < 1:
+        parser.error("--repeats and --tiny-repeats must be >= 1")
+    if len(args.shape.split(",")) != 3:
+        parser.error(f"--shape must be T,Y,X, got {args.shape!r}")
+    # a `timeout` must still stop the Prefect server and the clusters (context managers)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with tempfile.TemporaryDirectory() as store_dir, prefect_server():
+        if args.part in ("ndvi", "all"):
+            run_ndvi(args, str(Path(store_dir) / "ndvi"))
+        if args.part in ("tiny", "all"):
+            run_tiny(args, str(Path(store_dir) / "tiny"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,218 @@
+"""History commands: ``runs``, ``show``, ``compare``, ``check``, ``accept``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from prefect_dask_profiling._util import validate_name
+from prefect_dask_profiling.cli._output import (
+    EXIT_VERDICT,
+    emit_json,
+    format_value,
+    guarded,
+    print_table,
+    say,
+)
+from prefect_dask_profiling.cli._params import (
+    JsonOption,
+    PipelineOption,
+    RunArgument,
+    StoreOption,
+    existing_store,
+)
+from prefect_dask_profiling.regression import history
+from prefect_dask_profiling.regression.rule import RegressionRule
+
+if TYPE_CHECKING:
+    from prefect_dask_profiling.store.runs import RunStore
+
+# The columns of the human check table; --json has them all.
+CHECK_COLUMNS = ["stage", "prefix", "verdict", "cause", "baseline_s", "latest_s", "ratio",
+                 "robust_z", "tasks_ratio", "share"]
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to ``app``."""
+    app.command("runs")(guarded(runs_command))
+    app.command("show")(guarded(show_command))
+    app.command("compare")(guarded(compare_command))
+    app.command("check")(guarded(check_command))
+    app.command("accept")(guarded(accept_command))
+
+
+def _store_and_pipeline(store: str | None, pipeline: str | None) -> tuple[RunStore, str]:
+    run_store = existing_store(store)
+    return run_store, history.resolve_pipeline(run_store, pipeline)
+
+
+def _store_and_run(store: str | None, pipeline: str | None, *runs: str) -> tuple[RunStore, str]:
+    """The store, and the pipeline holding the first run (found when not given)."""
+    run_store = existing_store(store)
+    for run_id in runs:
+        validate_name(run_id, "run_id")
+    return run_store, history.find_run(run_store, runs[0], pipeline)
+
+
+def runs_command(
+    pipeline: str | None = typer.Option(None, "--pipeline", help="Pipeline (omit: list them)."),
+    version: str | None = typer.Option(None, "--version", help="Only this version."),
+    store: StoreOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List a pipeline's runs (run id, version, status), newest first; or the pipelines."""
+    run_store = existing_store(store)
+    if pipeline is None:
+        names = run_store.list_pipelines()
+        if as_json:
+            emit_json({"store": run_store.url, "pipelines": names})
+        else:
+            for name in names:
+                say(name)
+        return
+    pipeline = history.resolve_pipeline(run_store, pipeline)
+    runs = history.list_runs(run_store, pipeline, version)
+    if as_json:
+        emit_json({"store": run_store.url, "pipeline": pipeline,
+                   "runs": runs.to_dict(orient="records")})
+    else:
+        print_table(runs, title=f"{pipeline} runs in {run_store.url}")
+
+
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    """``key: value`` lines of a run's manifest summary, formatted like the tables.
+
+    Floats are rounded, the baseline is its runs and note, warnings get a line each; empty
+    values are left out.
+    """
+    lines = []
+    for key, value in summary.items():
+        if key in ("baseline", "warnings", "bottlenecks", "explanations") or value in (
+                None, [], {}, ""):
+            continue
+        lines.append(f"{key}: {format_value(value)}")
+    lines.extend(bottleneck_lines(summary.get("bottlenecks"), summary.get("explanations")))
+    baseline = summary.get("baseline")
+    if isinstance(baseline, dict):
+        runs = baseline.get("runs") or []
+        span = f" ({runs[0]} … {runs[-1]})" if len(runs) > 1 else (
+            f" ({runs[0]})" if runs else "")
+        lines.append(f"baseline: {len(runs)} run(s) of version "
+                     f"{format_value(baseline.get('version'))}{span}")
+        if baseline.get("note"):
+            lines.append(f"baseline note: {baseline['note']}")
+    lines.extend(f"warning: {w}" for w in summary.get("warnings") or [])
+    return lines
+
+
+def bottleneck_lines(bottlenecks: Any, explanations: Any = None) -> list[str]:
+    """One line per stage diagnosis (verdict, evidence), one per regression explanation.
+
+    Runs stored before diagnoses existed have none: no line, no error.
+    """
+    from prefect_dask_profiling.diagnosis.stages import Diagnosis
+
+    lines = []
+    for stage, stored in (bottlenecks or {}).items() if isinstance(bottlenecks, dict) else ():
+        d = Diagnosis.from_dict(stored, stage=str(stage))
+        if d is not None:
+            evidence = d.evidence()
+            lines.append(f"bottleneck {stage}: {d.summary()}" +
+                         (f" — {evidence}" if evidence else ""))
+    for stage, why in (explanations or {}).items() if isinstance(explanations, dict) else ():
+        if isinstance(why, dict) and why.get("text"):
+            lines.append(f"why {stage}: {why['text']}")
+    return lines
+
+
+def show_command(
+    run_id: RunArgument,
+    pipeline: PipelineOption = None,
+    store: StoreOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """A run's manifest summary and its per-prefix table."""
+    run_store, pipeline = _store_and_run(store, pipeline, run_id)
+    summary, tasks = history.show_run(run_store, pipeline, run_id)
+    if as_json:
+        emit_json({"manifest": summary, "tasks": tasks.to_dict(orient="records")})
+        return
+    for line in summary_lines(summary):
+        say(line)
+    if "errors" in tasks and not (tasks["errors"].fillna(0) != 0).any():
+        tasks = tasks.drop(columns="errors")  # shown only when some task erred (JSON: always)
+    print_table(tasks, title=f"{pipeline} {run_id}: time per prefix")
+
+
+def compare_command(
+    run_a: str = typer.Argument(..., metavar="RUN_A", help="First run id."),
+    run_b: str = typer.Argument(..., metavar="RUN_B", help="Second run id."),
+    pipeline: PipelineOption = None,
+    store: StoreOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Per-prefix differences between two runs (ratio = B / A)."""
+    run_store, pipeline = _store_and_run(store, pipeline, run_a, run_b)
+    diff = history.compare_runs(run_store, pipeline, run_a, run_b)
+    if as_json:
+        emit_json({"pipeline": pipeline, "run_a": run_a, "run_b": run_b,
+                   "prefixes": diff.to_dict(orient="records")})
+    else:
+        print_table(diff, title=f"{pipeline}: {run_a} (A) vs {run_b} (B)")
+
+
+def check_command(
+    pipeline: PipelineOption = None,
+    version: str | None = typer.Option(None, "--version", help="Newest run of this version."),
+    run_id: str | None = typer.Option(None, "--run", help="Run id (default: the newest)."),
+    threshold: float = typer.Option(RegressionRule.threshold, "--threshold",
+                                    help="Ratio to the median (> 1)."),
+    n_history: int = typer.Option(RegressionRule.history, "--history", min=1,
+                                  help="Baseline runs at most."),
+    store: StoreOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Judge a run against its baseline; exit 1 on a regression or an unjudged run."""
+    from prefect_dask_profiling.regression.verdict import describe, regressed
+
+    rule = RegressionRule(threshold=threshold, history=n_history)
+    if run_id is not None and pipeline is None:
+        run_store, pipeline = _store_and_run(store, pipeline, run_id)
+    else:
+        run_store, pipeline = _store_and_pipeline(store, pipeline)
+    result = history.check_run(run_store, pipeline, run_id, version, rule=rule)
+    if as_json:
+        emit_json(result.to_json())
+    else:
+        base = result.baseline
+        say(f"{pipeline} {result.version} run {result.run_id} against {len(base.runs)} "
+            f"baseline run(s)" + (f" ({base.note})" if base.note else ""))
+        print_table(result.verdicts[CHECK_COLUMNS], title="verdicts")
+        for row in result.verdicts[result.verdicts["note"] != ""].itertuples():
+            say(f"note: {row.stage}/{row.prefix}: {row.note}")
+        say(describe(regressed(result.verdicts)))
+        for line in bottleneck_lines(None, result.explanations):
+            say(line)
+        if result.outcome is not None and result.outcome.reason:
+            say(f"note: {result.outcome.reason}")
+        if result.unjudged:
+            say(f"run {result.run_id} was stored unjudged: "
+                f"{result.unjudged_reason or 'no reason recorded'}")
+    if result.regressed or result.unjudged:
+        raise typer.Exit(EXIT_VERDICT)
+
+
+def accept_command(
+    run_id: RunArgument,
+    pipeline: PipelineOption = None,
+    store: StoreOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Accept a run: its version's baseline restarts there (an intended change)."""
+    run_store, pipeline = _store_and_run(store, pipeline, run_id)
+    version = history.accept_run(run_store, pipeline, run_id)
+    if as_json:
+        emit_json({"pipeline": pipeline, "version": version, "accepted": run_id})
+    else:
+        say(f"accepted {run_id}: the baseline of {pipeline} {version} restarts there")

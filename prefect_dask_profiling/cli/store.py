@@ -1,0 +1,104 @@
+"""Store commands: ``sweep``, ``upload-pending``, ``report``."""
+
+from __future__ import annotations
+
+import typer
+
+from prefect_dask_profiling._util import validate_name
+from prefect_dask_profiling.cli._output import (
+    EXIT_VERDICT,
+    BadInput,
+    emit_json,
+    err_console,
+    guarded,
+    say,
+    warn,
+)
+from prefect_dask_profiling.cli._params import (
+    JsonOption,
+    PipelineOption,
+    RunArgument,
+    StoreOption,
+    make_store,
+)
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to ``app``."""
+    app.command("sweep")(guarded(sweep_command))
+    app.command("upload-pending")(guarded(upload_pending_command))
+    app.command("report")(guarded(report_command))
+
+
+def sweep_command(
+    older_than: str = typer.Option(..., "--older-than", help="Age: 30d, 12h or days."),
+    store: StoreOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Delete per-stage reports older than --older-than (never summaries or the index)."""
+    from prefect_dask_profiling.store.runs import parse_age
+
+    try:
+        days = parse_age(older_than)
+    except ValueError as exc:  # the age's own validation
+        raise BadInput(str(exc)) from None
+    run_store = make_store(store)
+    removed = run_store.sweep(days)
+    if as_json:
+        emit_json({"store": run_store.url, "older_than_days": days, "removed": removed})
+        return
+    for location in removed:
+        say(f"removed {location}")
+    say(f"{len(removed)} report folder(s) older than {days:g} days removed from "
+        f"{run_store.url}")
+
+
+def upload_pending_command(
+    store: StoreOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Upload files spooled while the store was unreachable (exit 1 if some still fail)."""
+    from rich.progress import Progress
+
+    run_store = make_store(store)
+    with Progress(console=err_console, transient=True, disable=as_json) as progress:
+        task = progress.add_task("uploading", total=None)
+        result = run_store.upload_pending(
+            progress=lambda done, total: progress.update(task, completed=done, total=total))
+    if as_json:
+        emit_json({"store": run_store.url, "uploaded": result.uploaded,
+                   "failed": result.failed, "warnings": result.warnings})
+    else:
+        for warning in result.warnings:
+            warn(f"warning: {warning}")
+        say(f"uploaded {result.uploaded}, failed {result.failed} ({run_store.url})")
+    if result.failed:
+        raise typer.Exit(EXIT_VERDICT)
+
+
+def report_command(
+    run_id: RunArgument,
+    stage_name: str = typer.Argument(..., metavar="STAGE", help="Stage name."),
+    pipeline: PipelineOption = None,
+    store: StoreOption = None,
+    expires: int = typer.Option(3600, "--expires", min=1, help="Link lifetime (s, max 7d)."),
+    open_it: bool = typer.Option(False, "--open", help="Open the report in a browser."),
+    as_json: JsonOption = False,
+) -> None:
+    """Print a link to one stage's performance report (presigned on S3)."""
+    import webbrowser
+    from pathlib import Path
+
+    from prefect_dask_profiling.regression.history import find_run
+    from prefect_dask_profiling.store.runs import report_link
+
+    run_store = make_store(store)
+    pipeline = find_run(run_store, validate_name(run_id, "run_id"), pipeline)
+    info = report_link(run_store, run_id, stage_name, pipeline, expires)
+    target = info["url"] or info["location"]
+    if as_json:
+        emit_json(info)
+    else:
+        say(target)
+    if open_it and not webbrowser.open(target if "://" in target else Path(target).as_uri()):
+        warn("warning: no browser could be opened")

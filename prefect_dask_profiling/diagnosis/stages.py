@@ -1,0 +1,229 @@
+"""A bottleneck diagnosis for every stage of a profiled run, from what the run recorded.
+
+The same signal names and the same :func:`~prefect_dask_profiling.diagnosis.classify.classify`
+as ``dask-profiling bench``: one classifier, two callers. A profiled run has fewer streams
+than a bench session; what it lacks is simply absent from the signal dict and the verdict
+says how many sources agreed:
+
+=================  ==============================================================
+source             from the run record
+=================  ==============================================================
+task records       per-(stage, prefix) aggregates: compute seconds against the
+                   stage's thread-seconds (busy fraction), p50 / p95 / max per prefix
+                   (typical duration, longest task vs p95), transfer and disk seconds
+process CPU        worker system-monitor samples (CPU percent) inside the stage's
+                   window, against the stage's compute seconds
+memory samples     managed / spilled bytes against the memory limit in the window
+transfer log       bytes per transfer (run-wide: transfers are not kept per stage)
+=================  ==============================================================
+
+Fine metrics, the scheduler's load, host network counters, calibration and per-worker task
+times are not in a run record: those rules are skipped, so a nightly verdict rests on at
+most four sources.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from prefect_dask_profiling.diagnosis.classify import check_classes, classify
+from prefect_dask_profiling.diagnosis.signals import (
+    memory_signals,
+    monitor_signals,
+    ratio,
+    sampled_cpu_seconds,
+)
+
+MIN_SKEW_TASKS = 10
+"""Tasks a prefix needs before its longest task is compared with its p95."""
+
+
+@dataclass
+class Diagnosis:
+    """One stage's bottleneck verdict, as stored in the manifest (``stages[i]["diagnosis"]``).
+
+    ``signals`` are the primary class's evidence rows: ``signal, source, value, op,
+    threshold, supports``.
+    """
+
+    stage: str
+    primary: str
+    secondary: str | None
+    confidence: str
+    agreeing_sources: int
+    sources: list[str] = field(default_factory=list)
+    signals: list[dict[str, Any]] = field(default_factory=list)
+    disagreements: list[str] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any, stage: str = "?") -> Diagnosis | None:
+        """Read a stored diagnosis; ``None`` for runs stored before diagnoses existed.
+
+        Unknown keys are ignored and missing ones take defaults, so a manifest written by
+        an older or newer version still loads.
+        """
+        if not isinstance(data, dict) or not data.get("primary"):
+            return None
+        return cls(stage=str(data.get("stage") or stage), primary=str(data["primary"]),
+                   secondary=data.get("secondary"),
+                   confidence=str(data.get("confidence") or "low"),
+                   agreeing_sources=int(data.get("agreeing_sources") or 0),
+                   sources=list(data.get("sources") or []),
+                   signals=[s for s in data.get("signals") or [] if isinstance(s, dict)],
+                   disagreements=list(data.get("disagreements") or []),
+                   actions=list(data.get("actions") or []), note=str(data.get("note") or ""))
+
+    def summary(self) -> str:
+        """One line: ``io (high, 3 sources: ...); secondary compute``."""
+        text = (f"{self.primary} ({self.confidence}, {self.agreeing_sources} source(s)"
+                + (f": {', '.join(self.sources)}" if self.sources else "") + ")")
+        if self.secondary:
+            text += f"; secondary {self.secondary}"
+        return text
+
+    def evidence(self) -> str:
+        """The supporting signals with their values, for tables: ``signal=value [source]``."""
+        return "; ".join(f"{s['signal']}={s['value']:.3g} [{s['source']}]"
+                         for s in self.signals if s.get("supports"))
+
+
+def stage_signals(record, stage: str) -> dict[str, Any]:
+    """The classifier's signals for one stage of a run record (absent when not recorded).
+
+    Raises
+    ------
+    ValueError
+        When the record has no task of ``stage`` (naming the stages it has).
+    """
+    tasks = record.tasks[record.tasks["stage"] == stage]
+    if tasks.empty:
+        known = ", ".join(map(str, record.stages)) or "none"
+        raise ValueError(f"stage {stage!r} has no tasks in this run (stages: {known})")
+    window = record.window(stage)
+    signals: dict[str, Any] = {}
+    if window is None or window[1] <= window[0]:
+        return signals
+    wall = window[1] - window[0]
+    compute_s = float(tasks["compute_s"].fillna(0).sum())
+    signals["tasks.count"] = int(tasks["tasks"].fillna(0).sum())
+    signals["tasks.compute_s"] = compute_s
+    signals["tasks.busy_fraction"] = ratio(compute_s, record.thread_seconds(*window))
+    transfer_s = float(tasks["transfer_s"].fillna(0).sum())
+    disk_s = float(tasks["disk_read_s"].fillna(0).sum() + tasks["disk_write_s"].fillna(0).sum())
+    signals["tasks.transfer_share"] = ratio(transfer_s, compute_s + transfer_s)
+    signals["tasks.disk_share"] = ratio(disk_s, compute_s)
+    signals["tasks.typical_s"] = _typical(tasks)
+    skew, prefix = _task_skew(tasks)
+    signals["tasks.task_skew"] = skew
+    if prefix is not None and skew is not None and skew >= 5:
+        signals["context.straggler"] = (f"task prefix {prefix} (longest task {skew:.1f}x its "
+                                        "prefix's p95)")
+    nthreads = _nthreads(record)
+    cpu_s = sampled_cpu_seconds(record.samples, window)
+    signals.update(monitor_signals(cpu_s, nthreads, compute_s, wall))
+    signals["monitor.cpu_wait_measured"] = 0.0  # samples carry CPU used, not run-queue wait
+    signals.update(memory_signals(record, window))
+    signals.update(_transfer(record))
+    top = tasks.groupby("prefix")["compute_s"].sum().sort_values(ascending=False)
+    if not top.empty:
+        signals["context.top_prefix"] = str(top.index[0])
+    return signals
+
+
+def diagnose_stage(record, stage: str, classes: Any = None) -> Diagnosis:
+    """Diagnose one stage's bottleneck with :func:`classify` on :func:`stage_signals`.
+
+    Parameters
+    ----------
+    record
+        The run's :class:`~prefect_dask_profiling.summary.RunRecord`.
+    stage
+        A stage name present in ``record.tasks``.
+    classes
+        Only consider these classes (see :func:`classify`); default all.
+
+    Raises
+    ------
+    ValueError
+        For an unknown stage or an unknown class name.
+    """
+    allowed = check_classes(classes)
+    verdict = classify(stage_signals(record, stage), classes=allowed)
+    rows = [{k: e[k] for k in ("signal", "source", "value", "op", "threshold", "supports")}
+            for e in verdict["signals"]]
+    return Diagnosis(stage=stage, primary=verdict["primary"], secondary=verdict["secondary"],
+                     confidence=verdict["confidence"],
+                     agreeing_sources=verdict["agreeing_sources"], sources=verdict["sources"],
+                     signals=rows, disagreements=verdict["disagreements"],
+                     actions=verdict["actions"], note=verdict["note"])
+
+
+def diagnose_run(record, classes: Any = None) -> tuple[dict[str, Diagnosis], list[str]]:
+    """Diagnose every stage of a run; a stage that fails becomes a warning, not an error.
+
+    Returns
+    -------
+    ``({stage: Diagnosis}, warnings)``.
+    """
+    allowed = check_classes(classes)
+    out: dict[str, Diagnosis] = {}
+    warnings: list[str] = []
+    for stage in record.stages:
+        try:
+            out[str(stage)] = diagnose_stage(record, stage, allowed)
+        except Exception as exc:  # one stage's odd record must not cost the others
+            warnings.append(f"diagnosis of stage {stage!r} failed: {type(exc).__name__}: {exc}")
+    return out, warnings
+
+
+def _typical(tasks) -> float | None:
+    """p50 of the prefix holding the median compute-second (time-weighted granularity)."""
+    t = tasks.dropna(subset=["p50_s", "compute_s"]).sort_values("p50_s")
+    total = float(t["compute_s"].sum())
+    if t.empty or total <= 0:
+        return None
+    acc = 0.0
+    for _, row in t.iterrows():
+        acc += float(row["compute_s"])
+        if acc >= total / 2:
+            return float(row["p50_s"])
+    return float(t["p50_s"].iloc[-1])
+
+
+def _task_skew(tasks) -> tuple[float | None, str | None]:
+    """Largest ``max / p95`` over the stage's prefixes with enough tasks."""
+    best: tuple[float | None, str | None] = (None, None)
+    for _, row in tasks.iterrows():
+        n, p95, longest = row.get("tasks"), row.get("p95_s"), row.get("max_s")
+        if not (n == n and p95 == p95 and longest == longest):  # NaN
+            continue
+        if n < MIN_SKEW_TASKS or p95 < 0.001:
+            continue
+        r = float(longest) / float(p95)
+        if best[0] is None or r > best[0]:
+            best = (r, str(row["prefix"]))
+    return best
+
+
+def _nthreads(record) -> dict[str, int]:
+    w = record.workers
+    if w is None or w.empty:
+        return {}
+    return {str(a): int(n) for a, n in zip(w["worker"], w["nthreads"].fillna(1), strict=True)}
+
+
+def _transfer(record) -> dict[str, Any]:
+    t = record.transfers
+    if t is None or t.empty:
+        return {}
+    count = float(t["count"].fillna(0).sum())
+    nbytes = float(t["bytes"].fillna(0).sum())
+    if count <= 0 or nbytes <= 0:
+        return {}
+    return {"transfer.mb_moved": nbytes / 1e6, "transfer.mb_per_transfer": nbytes / 1e6 / count}

@@ -1,0 +1,231 @@
+"""A fleet-wide Parquet view of every run: ``<store>/fleet/pipeline=<name>/<run_id>.parquet``.
+
+One row per (run, stage, prefix), with the run's identity, status, utilisation and
+bottleneck, so that one call reads every run of every pipeline::
+
+    pandas.read_parquet("s3://bucket/prefix/fleet", storage_options={...})
+
+Each run writes its own file (no read-modify-write, so concurrent runs never race); the
+folder name ``pipeline=<name>`` is Hive partitioning: readers get ``pipeline`` as a column
+and can skip other pipelines' files. Every file has the same explicit Arrow schema
+(:data:`SCHEMA`), so a run without a bottleneck (null) and one with (text) read together.
+The view is derived: ``dask-profiling fleet --rebuild`` writes it again from the stored runs.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import uuid
+from typing import Any
+
+import pandas as pd
+
+from prefect_dask_profiling._util import validate_name
+from prefect_dask_profiling.store import layout
+from prefect_dask_profiling.store.runs import RunStore, StoreError
+
+logger = logging.getLogger(__name__)
+
+COLUMNS = ["version", "run_id", "started", "status", "stage", "prefix", "tasks", "total_s",
+           "p50_s", "p95_s", "gb_out", "share", "utilisation", "stage_utilisation",
+           "bottleneck"]
+
+
+def _schema():
+    import pyarrow as pa
+
+    return pa.schema([
+        ("version", pa.string()), ("run_id", pa.string()),
+        ("started", pa.timestamp("us", tz="UTC")), ("status", pa.string()),
+        ("stage", pa.string()), ("prefix", pa.string()), ("tasks", pa.int64()),
+        ("total_s", pa.float64()), ("p50_s", pa.float64()), ("p95_s", pa.float64()),
+        ("gb_out", pa.float64()), ("share", pa.float64()), ("utilisation", pa.float64()),
+        ("stage_utilisation", pa.float64()), ("bottleneck", pa.string()),
+    ])
+
+
+def fleet_rows(manifest: dict[str, Any], tasks: pd.DataFrame) -> pd.DataFrame:
+    """The fleet rows of one run: its per-prefix table with the run's fields added.
+
+    Parameters
+    ----------
+    manifest
+        The run's manifest (``run_id``, ``pipeline``, ``version``, ``status``, ``started``,
+        ``utilisation``; ``stages[].diagnosis.primary`` when the stage was diagnosed, which
+        gives the row's ``bottleneck``; else a run-level ``bottleneck`` if any, else null).
+    tasks
+        The run's ``tasks`` table (``stage, prefix, tasks, total_s, p50_s, p95_s, gb_out``,
+        ``share`` when present; a missing share is computed from ``total_s``).
+
+    Returns
+    -------
+    pandas.DataFrame
+        Columns :data:`COLUMNS` (``pipeline`` is the partition, not a column of the file).
+    """
+    missing = [k for k in ("run_id", "pipeline", "version", "status") if k not in manifest]
+    if missing:
+        raise ValueError(f"manifest lacks {', '.join(missing)}")
+    need = ["stage", "prefix", "tasks", "total_s"]
+    absent = [c for c in need if c not in tasks.columns]
+    if absent:
+        raise ValueError(f"tasks table of run {manifest['run_id']} lacks {', '.join(absent)}")
+    util = manifest.get("utilisation") or {}
+    stage_util = util.get("stages") or {}
+    out = pd.DataFrame({
+        "stage": tasks["stage"].astype(str), "prefix": tasks["prefix"].astype(str),
+        "tasks": pd.to_numeric(tasks["tasks"], errors="coerce").fillna(0).astype("int64"),
+    })
+    for col in ("total_s", "p50_s", "p95_s", "gb_out"):
+        out[col] = pd.to_numeric(tasks[col], errors="coerce") if col in tasks.columns \
+            else float("nan")
+    if "share" in tasks.columns:
+        out["share"] = pd.to_numeric(tasks["share"], errors="coerce")
+    else:
+        total = float(out["total_s"].sum())
+        out["share"] = out["total_s"] / total if total > 0 else float("nan")
+    out["version"] = str(manifest["version"])
+    out["run_id"] = str(manifest["run_id"])
+    out["started"] = pd.to_datetime(manifest.get("started"), utc=True)
+    out["status"] = str(manifest["status"])
+    out["utilisation"] = _number(util.get("run"))
+    out["stage_utilisation"] = [_number(stage_util.get(s)) for s in out["stage"]]
+    by_stage = _stage_bottlenecks(manifest)
+    run_level = _bottleneck(manifest)
+    out["bottleneck"] = [by_stage.get(stage, run_level) for stage in out["stage"]]
+    return out[COLUMNS].reset_index(drop=True)
+
+
+def to_parquet(rows: pd.DataFrame) -> bytes:
+    """``rows`` (columns :data:`COLUMNS`) as Parquet bytes with the fleet schema."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pandas(rows[COLUMNS], schema=_schema(), preserve_index=False)
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    return buffer.getvalue()
+
+
+def fleet_location(store: RunStore, pipeline: str | None = None) -> str:
+    """Where the fleet view (or one pipeline's partition) is: a path or URL."""
+    return store.location(layout.fleet_dir(pipeline))
+
+
+def write_fleet(store: RunStore, manifest: dict[str, Any], tasks: pd.DataFrame) -> str:
+    """Write one run's fleet file (replacing an earlier one of the same run); its location.
+
+    Raises ``StoreError`` when the store cannot be written.
+    """
+    pipeline = validate_name(manifest.get("pipeline"), "pipeline")
+    run_id = validate_name(manifest.get("run_id"), "run_id")
+    data = to_parquet(fleet_rows(manifest, tasks))
+    path = store._path(layout.fleet_file(pipeline, run_id))
+    store._check_reachable()  # a store that just failed is not waited for again
+    try:
+        if store.kind == "local":
+            # readers never see a half-written file: write aside, then rename
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{os.path.dirname(path)}/.{run_id}.{uuid.uuid4().hex}.tmp"
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+            os.replace(tmp, path)
+        else:
+            store.fs.pipe_file(path, data)  # one PUT: objects appear whole
+    except Exception as exc:
+        raise StoreError(f"could not write the fleet view of run {run_id} to "
+                         f"{fleet_location(store, pipeline)}: {type(exc).__name__}: "
+                         f"{exc}") from None
+    return store.location(layout.fleet_file(pipeline, run_id))
+
+
+def rebuild_fleet(store: RunStore, pipeline: str | None = None) -> dict[str, Any]:
+    """Write the fleet view again from the stored runs; drop files of runs no longer stored.
+
+    Parameters
+    ----------
+    store
+        The store.
+    pipeline
+        Only this pipeline's partition (default: every pipeline).
+
+    Returns
+    -------
+    dict
+        ``{"written": n, "removed": n, "skipped": [[run_id, reason], ...]}``. A run whose
+        manifest or table cannot be read is skipped, never fatal.
+    """
+    pipelines = [validate_name(pipeline, "pipeline")] if pipeline else store.list_pipelines()
+    written, removed, skipped = 0, 0, []
+    for name in pipelines:
+        runs = [r["run_id"] for r in store.list_runs(name)]
+        for run_id in runs:
+            try:
+                write_fleet(store, store.read_manifest(name, run_id),
+                            store.read_table(name, run_id, "tasks"))
+                written += 1
+            except StoreError as exc:
+                logger.warning("fleet view: skipping run %s of %s: %s", run_id, name, exc)
+                skipped.append([run_id, str(exc)])
+        removed += _remove_stale(store, name, set(runs))
+    return {"written": written, "removed": removed, "skipped": skipped}
+
+
+def read_fleet(store: RunStore) -> pd.DataFrame:
+    """The whole fleet view as one DataFrame (empty, with the columns, when there is none)."""
+    path = store._path(layout.fleet_dir())
+    try:
+        present = store.fs.exists(path)
+    except Exception as exc:
+        raise StoreError(f"could not reach {store.url}: {type(exc).__name__}: {exc}") from None
+    if not present:
+        return pd.DataFrame(columns=["pipeline", *COLUMNS])
+    frame = pd.read_parquet(path, filesystem=store.fs, partitioning="hive")
+    frame["pipeline"] = frame["pipeline"].astype(str)
+    return frame
+
+
+def _remove_stale(store: RunStore, pipeline: str, runs: set[str]) -> int:
+    """Delete fleet files of ``pipeline`` whose run is not in ``runs``; how many."""
+    folder = store._path(layout.fleet_dir(pipeline))
+    try:
+        paths = store.fs.find(folder)
+    except FileNotFoundError:
+        return 0
+    stale = [p for p in paths if p.endswith(".parquet")
+             and p.rsplit("/", 1)[-1][: -len(".parquet")] not in runs]
+    for path in stale:
+        store.fs.rm_file(path)
+    return len(stale)
+
+
+def _number(value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return float("nan")
+    return number
+
+
+def _stage_bottlenecks(manifest: dict[str, Any]) -> dict[str, str]:
+    """Each stage's primary bottleneck class from its stored diagnosis, when there is one."""
+    out = {}
+    for info in manifest.get("stages") or []:
+        if not isinstance(info, dict) or not isinstance(info.get("diagnosis"), dict):
+            continue
+        primary = info["diagnosis"].get("primary")
+        if primary:
+            out[str(info.get("name"))] = str(primary)
+    return out
+
+
+def _bottleneck(manifest: dict[str, Any]) -> str | None:
+    """The run's bottleneck class, when a diagnosis stored one."""
+    value = manifest.get("bottleneck")
+    diagnosis = manifest.get("diagnosis")
+    if value is None and isinstance(diagnosis, dict):
+        value = diagnosis.get("bottleneck") or diagnosis.get("class")
+    if isinstance(value, dict):
+        value = value.get("class") or value.get("name")
+    return None if value is None else str(value)

@@ -1,0 +1,195 @@
+"""The latest run of each pipeline as Prometheus metrics: a textfile or a Pushgateway push.
+
+Metrics (all gauges, the run's values; labels in braces):
+
+* ``dask_profiling_prefix_seconds{pipeline,version,stage,prefix}`` — total task seconds;
+* ``dask_profiling_prefix_tasks{pipeline,version,stage,prefix}`` — number of tasks;
+* ``dask_profiling_prefix_p95_seconds{pipeline,version,stage,prefix}`` — p95 task seconds;
+* ``dask_profiling_stage_utilisation_ratio{pipeline,stage}`` — task seconds / thread seconds;
+* ``dask_profiling_run_utilisation_ratio{pipeline}`` and ``dask_profiling_run_wall_seconds``;
+* ``dask_profiling_regression{pipeline,stage,prefix,verdict}`` — 1 for each prefix judged
+  ``regression`` or ``drift`` (``improved`` is 0; ok prefixes are not listed);
+* ``dask_profiling_regression_ratio{pipeline,stage,prefix,verdict}`` — their ratio;
+* ``dask_profiling_run_timestamp_seconds{pipeline}`` — when the run started (Unix time);
+* ``dask_profiling_run_healthy{pipeline,status}`` — 1 when the status is healthy.
+
+The textfile is written by ``prometheus_client.write_to_textfile`` (a temporary file renamed
+into place: node-exporter never reads half a file). A push sends each pipeline under its own
+grouping key (``job``, ``pipeline``), so pushing one pipeline never erases another's metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from prefect_dask_profiling.store.runs import RunStore, StoreError
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_JOB = "dask_profiling"
+FLAGGED = ("regression", "drift", "improved")
+# Runs that say something about the pipeline's speed; incomplete ones are skipped.
+EXPORTED_STATUSES = ("healthy", "regressed", "failed", "unjudged")
+
+
+@dataclass
+class LatestRun:
+    """The newest exportable run of one pipeline: manifest, per-prefix table, verdicts."""
+
+    pipeline: str
+    manifest: dict[str, Any]
+    tasks: pd.DataFrame
+    verdicts: pd.DataFrame
+
+
+def latest_runs(store: RunStore, pipeline: str | None = None) -> list[LatestRun]:
+    """The newest exportable run of each pipeline (or of ``pipeline``).
+
+    A pipeline whose newest runs cannot be read falls back to the next one, with a warning;
+    ``StoreError`` when ``pipeline`` has no run at all.
+    """
+    names = [pipeline] if pipeline else store.list_pipelines()
+    out = []
+    for name in names:
+        runs = [r for r in store.list_runs(name) if r["status"] in EXPORTED_STATUSES]
+        if pipeline and not runs:
+            raise StoreError(f"no exportable run of pipeline {name!r} in {store.url}")
+        for entry in runs:
+            try:
+                out.append(_read_run(store, name, entry["run_id"]))
+                break
+            except StoreError as exc:
+                logger.warning("prometheus export: skipping run %s of %s: %s",
+                               entry["run_id"], name, exc)
+    return out
+
+
+def build_registry(runs: list[LatestRun]) -> CollectorRegistry:
+    """A fresh registry holding the metrics of ``runs``."""
+    from prometheus_client import CollectorRegistry, Gauge
+
+    registry = CollectorRegistry()
+    prefix_labels = ["pipeline", "version", "stage", "prefix"]
+    verdict_labels = ["pipeline", "stage", "prefix", "verdict"]
+
+    def gauge(name: str, doc: str, labels: list[str]) -> Gauge:
+        return Gauge(name, doc, labels, registry=registry)
+
+    seconds = gauge("dask_profiling_prefix_seconds", "Total task seconds of a key prefix in "
+                    "the latest run", prefix_labels)
+    tasks = gauge("dask_profiling_prefix_tasks", "Tasks of a key prefix in the latest run",
+                  prefix_labels)
+    p95 = gauge("dask_profiling_prefix_p95_seconds", "95th percentile task seconds of a key "
+                "prefix in the latest run", prefix_labels)
+    stage_util = gauge("dask_profiling_stage_utilisation_ratio", "Task seconds / thread "
+                       "seconds available, per stage of the latest run", ["pipeline", "stage"])
+    run_util = gauge("dask_profiling_run_utilisation_ratio", "Task seconds / thread seconds "
+                     "available over the latest run", ["pipeline"])
+    wall = gauge("dask_profiling_run_wall_seconds", "Wall time of the latest run",
+                 ["pipeline"])
+    stamp = gauge("dask_profiling_run_timestamp_seconds", "Start of the latest run, Unix time",
+                  ["pipeline"])
+    healthy = gauge("dask_profiling_run_healthy", "1 when the latest run is healthy",
+                    ["pipeline", "status"])
+    flagged = gauge("dask_profiling_regression", "1 for a prefix judged regression or drift "
+                    "in the latest run (0 for improved)", verdict_labels)
+    ratio = gauge("dask_profiling_regression_ratio", "Ratio to the baseline of a flagged "
+                  "prefix in the latest run", verdict_labels)
+    for run in runs:
+        m, p = run.manifest, run.pipeline
+        version = str(m.get("version", ""))
+        for row in run.tasks.itertuples(index=False):
+            labels = (p, version, str(row.stage), str(row.prefix))
+            _set(seconds, labels, getattr(row, "total_s", None))
+            _set(tasks, labels, getattr(row, "tasks", None))
+            _set(p95, labels, getattr(row, "p95_s", None))
+        util = m.get("utilisation") or {}
+        for stage, value in (util.get("stages") or {}).items():
+            _set(stage_util, (p, str(stage)), value)
+        _set(run_util, (p,), util.get("run"))
+        _set(wall, (p,), m.get("wall_s"))
+        _set(stamp, (p,), _timestamp(m.get("started")))
+        _set(healthy, (p, str(m.get("status"))), 1.0 if m.get("status") == "healthy" else 0.0)
+        for row in run.verdicts.itertuples(index=False):
+            if row.verdict not in FLAGGED:
+                continue
+            labels = (p, str(row.stage), str(row.prefix), str(row.verdict))
+            _set(flagged, labels, 0.0 if row.verdict == "improved" else 1.0)
+            _set(ratio, labels, getattr(row, "ratio", None))
+    return registry
+
+
+def exposition(registry: CollectorRegistry) -> str:
+    """The registry in the Prometheus text exposition format."""
+    from prometheus_client import generate_latest
+
+    return generate_latest(registry).decode()
+
+
+def write_textfile(registry: CollectorRegistry, path: str) -> None:
+    """Write the metrics atomically (for node-exporter's textfile collector)."""
+    from prometheus_client import write_to_textfile
+
+    if not str(path).endswith(".prom"):
+        logger.warning("node-exporter's textfile collector only reads *.prom files: %s", path)
+    write_to_textfile(str(path), registry)
+
+
+def push(runs: list[LatestRun], gateway: str, job: str = DEFAULT_JOB,
+         timeout: float = 10.0) -> list[str]:
+    """Push each run's metrics to a Pushgateway, grouped by pipeline; the pipelines pushed."""
+    from prometheus_client import push_to_gateway
+
+    if not gateway or not isinstance(gateway, str):
+        raise ValueError(f"gateway must be a URL such as http://pushgateway:9091, "
+                         f"got {gateway!r}")
+    pushed = []
+    for run in runs:
+        push_to_gateway(gateway, job=job, registry=build_registry([run]),
+                        grouping_key={"pipeline": run.pipeline}, timeout=timeout)
+        pushed.append(run.pipeline)
+    return pushed
+
+
+def _read_run(store: RunStore, pipeline: str, run_id: str) -> LatestRun:
+    manifest = store.read_manifest(pipeline, run_id)
+    tasks = store.read_table(pipeline, run_id, "tasks")
+    frames = []
+    for name in ("regression", "drift"):
+        if f"{name}.csv" in manifest["files"]:
+            frames.append(store.read_table(pipeline, run_id, name))
+    verdicts = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+        columns=["stage", "prefix", "verdict", "ratio"])
+    if "ratio" not in verdicts.columns:
+        verdicts["ratio"] = float("nan")
+    if "cumulative_ratio" in verdicts.columns:  # drift rows carry their cumulative ratio
+        verdicts["ratio"] = verdicts["ratio"].fillna(verdicts["cumulative_ratio"])
+    return LatestRun(pipeline, manifest, tasks, verdicts)
+
+
+def _set(gauge: Any, labels: tuple, value: Any) -> None:
+    """Set a labelled gauge; missing or non-finite values are left out, not exported."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return
+    if math.isfinite(number):
+        gauge.labels(*labels).set(number)
+
+
+def _timestamp(value: Any) -> float | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(str(value)).timestamp()
+    except ValueError:
+        return None

@@ -1,0 +1,158 @@
+"""Prefect events for Automations: ``dask-profiling.regression.detected`` and ``...drift...``.
+
+``on_failure`` hooks need code in every flow; an event plus an Automation (trigger on the
+event, then send a notification) alerts without any. After a run is finished, one event is
+emitted per kind of finding (regression, drift) with:
+
+* resource: the flow run (``prefect.resource.id`` = ``prefect.flow-run.<id>``), named after
+  it and labelled with the pipeline, version and run id;
+* related: the flow (role ``flow``) and, when the run came from one, the deployment
+  (role ``deployment``);
+* payload: ``run_id, pipeline, version, status, fails`` and ``prefixes`` — one entry per
+  flagged prefix with its verdict, ratio and seconds — plus ``report_links``,
+  ``trend_link`` and ``location``.
+
+An event is a notice: failing to emit one is a warning and never changes the run.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from prefect_dask_profiling._util import json_clean
+
+if TYPE_CHECKING:
+    from prefect_dask_profiling.finishing import FinishResult
+
+logger = logging.getLogger(__name__)
+
+REGRESSION_EVENT = "dask-profiling.regression.detected"
+DRIFT_EVENT = "dask-profiling.drift.detected"
+MAX_PREFIXES = 50  # keeps the event far below the server's size limit
+PREFIX_FIELDS = ("stage", "prefix", "verdict", "ratio", "cumulative_ratio", "baseline_s",
+                 "latest_s", "cause", "fails", "start_run", "start_started")
+
+
+def findings(result: FinishResult) -> dict[str, pd.DataFrame]:
+    """The flagged rows by event name: regressions from the verdicts, drift from extras."""
+    out: dict[str, pd.DataFrame] = {}
+    verdicts = result.verdicts
+    if result.judged and not verdicts.empty and "verdict" in verdicts.columns:
+        rows = verdicts[verdicts["verdict"] == "regression"]
+        if not rows.empty:
+            out[REGRESSION_EVENT] = rows
+    drift = result.extras.get("drift")
+    if isinstance(drift, pd.DataFrame) and not drift.empty and "verdict" in drift.columns:
+        rows = drift[drift["verdict"] == "drift"]
+        if not rows.empty:
+            out[DRIFT_EVENT] = rows
+    return out
+
+
+def event_payload(result: FinishResult, rows: pd.DataFrame, links: dict[str, str],
+                  trend_link: str | None, fails: bool) -> dict[str, Any]:
+    """The JSON payload of one event (pure)."""
+    prefixes = []
+    for record in rows.head(MAX_PREFIXES).to_dict("records"):
+        entry = {k: record[k] for k in PREFIX_FIELDS if k in record}
+        prefixes.append({k: v for k, v in entry.items()
+                         if not (isinstance(v, float) and math.isnan(v))})
+    return json_clean({
+        "run_id": result.run_id, "pipeline": result.pipeline, "version": result.version,
+        "status": result.status, "fails": fails, "flagged": len(rows),
+        "prefixes": prefixes, "report_links": dict(links), "trend_link": trend_link,
+        "location": result.location,
+    })
+
+
+def emit_detection_events(result: FinishResult, links: dict[str, str] | None = None,
+                          trend_link: str | None = None, *, fail_on_regression: bool = False
+                          ) -> tuple[list[Any], list[str]]:
+    """Emit one event per kind of finding of ``result``; return (events, warnings).
+
+    Parameters
+    ----------
+    result
+        The finished run.
+    links
+        Report links by stage (presigned on S3).
+    trend_link
+        Link to the stored trend page.
+    fail_on_regression
+        Whether the run's findings fail the flow (goes to the payload's ``fails``).
+
+    Notes
+    -----
+    Needs the flow run id (``result.manifest["flow_run_id"]``); without one (a plain
+    ``distributed.Client`` run) nothing is emitted. Never raises.
+    """
+    found = findings(result)
+    if not found:
+        return [], []
+    flow_run_id = result.manifest.get("flow_run_id")
+    if not flow_run_id:
+        return [], ["no event emitted: the run has no Prefect flow run"]
+    try:
+        from prefect.events import emit_event
+
+        resource, related = _resources(result, str(flow_run_id))
+    except Exception as exc:
+        return [], [f"no event emitted: {exc!r}"]
+    events, warnings = [], []
+    for name, rows in found.items():
+        fails = fail_on_regression and (
+            name == REGRESSION_EVENT or bool(rows.get("fails", pd.Series(dtype=bool)).any()))
+        try:
+            event = emit_event(name, resource=resource, related=related,
+                               payload=event_payload(result, rows, links or {}, trend_link,
+                                                     fails))
+        except Exception as exc:
+            warnings.append(f"event {name} not emitted: {exc!r}")
+            continue
+        if event is None:
+            warnings.append(f"event {name} not emitted: Prefect events are switched off")
+        else:
+            events.append(event)
+    return events, warnings
+
+
+def _resources(result: FinishResult, flow_run_id: str) -> tuple[dict, list[dict]]:
+    """The flow run as the resource; its flow and deployment as related resources."""
+    resource = {"prefect.resource.id": f"prefect.flow-run.{flow_run_id}",
+                "dask-profiling.pipeline": result.pipeline,
+                "dask-profiling.version": str(result.version),
+                "dask-profiling.run-id": result.run_id}
+    if result.manifest.get("flow_run_name"):
+        resource["prefect.resource.name"] = str(result.manifest["flow_run_name"])
+    flow_id, flow_name, deployment_id = _run_identity(flow_run_id)
+    related = []
+    if flow_id:
+        flow = {"prefect.resource.id": f"prefect.flow.{flow_id}",
+                "prefect.resource.role": "flow"}
+        if flow_name:
+            flow["prefect.resource.name"] = flow_name
+        related.append(flow)
+    if deployment_id:
+        related.append({"prefect.resource.id": f"prefect.deployment.{deployment_id}",
+                        "prefect.resource.role": "deployment"})
+    return resource, related
+
+
+def _run_identity(flow_run_id: str) -> tuple[str | None, str | None, str | None]:
+    """(flow id, flow name, deployment id) of the flow run: from the context, else the API."""
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    run = ctx.flow_run if ctx is not None and ctx.flow_run is not None else None
+    if run is None or str(run.id) != flow_run_id:
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True) as client:
+            run = client.read_flow_run(flow_run_id)
+    flow_name = ctx.flow.name if ctx is not None and ctx.flow is not None else None
+    deployment = str(run.deployment_id) if run.deployment_id else None
+    return str(run.flow_id), flow_name, deployment

@@ -1,0 +1,190 @@
+"""Regressions that explain themselves: what changed in a stage's bottleneck and in the run's
+context, between the baseline runs and tonight (pure: manifests in, explanation out).
+
+:func:`explain_stage` compares the stage's stored diagnosis (``stages[i]["diagnosis"]``,
+written by the per-stage diagnosis step) with the baseline runs' diagnoses of the same
+stage, and ranks context differences read from the manifests: code (version, source hash),
+data (tasks in the stage), resources (workers, threads), software (Python, packages,
+version mismatches between client, scheduler and workers). Manifests written before
+diagnoses existed simply give no bottleneck comparison.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+KEY_SIGNALS = ("monitor.cpu_per_busy_thread", "fine.cpu_fraction", "tasks.busy_fraction",
+               "tasks.task_skew", "memory.spilled_peak_mb", "tasks.transfer_share")
+"""Signals quoted when a bottleneck changes, in this order of preference."""
+SOFTWARE_WEIGHT = {"dask": 3.0, "distributed": 3.0, "numpy": 2.5, "pandas": 2.5,
+                   "python": 3.0}
+"""Rank of a version change by package (others 1.5)."""
+
+
+def explain_stage(stage: str, manifest: dict[str, Any], baselines: list[dict[str, Any]],
+                  ratio: float | None = None) -> dict[str, Any]:
+    """Why ``stage`` of the run in ``manifest`` may have regressed against ``baselines``.
+
+    Parameters
+    ----------
+    stage
+        The stage name.
+    manifest
+        Tonight's manifest.
+    baselines
+        Manifests of the baseline runs (any order; unreadable entries are skipped).
+    ratio
+        How many times slower the stage is (for the text), if known.
+
+    Returns
+    -------
+    ``{stage, bottleneck: {was, now, changed, text} | None, context: [{what, was, now,
+    weight}], text}`` with ``context`` ranked most likely cause first.
+
+    Raises
+    ------
+    ValueError
+        When ``manifest`` is not a dict or ``stage`` is empty.
+    """
+    if not isinstance(manifest, dict):
+        raise ValueError(f"manifest must be a dict, got {type(manifest).__name__}")
+    if not stage:
+        raise ValueError("stage must be a non-empty name")
+    base = [b for b in baselines or [] if isinstance(b, dict)]
+    bottleneck = _bottleneck_change(stage, manifest, base, ratio)
+    context = context_changes(stage, manifest, base)
+    parts = []
+    if bottleneck is not None:
+        parts.append(bottleneck["text"])
+    if context:
+        parts.append("changed since the baseline: " + "; ".join(
+            f"{c['what']} {c['was']} → {c['now']}" for c in context[:4]))
+    elif base:
+        parts.append("nothing recorded in the run context changed since the baseline "
+                     "(memory limits and cluster type are not recorded)")
+    return {"stage": stage, "bottleneck": bottleneck, "context": context,
+            "text": ". ".join(parts) if parts else "no baseline runs to compare with"}
+
+
+def context_changes(stage: str, manifest: dict[str, Any],
+                    baselines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Differences between tonight's context and the baseline's usual one, ranked."""
+    if not baselines:
+        return []
+    out: list[dict[str, Any]] = []
+
+    def usual(values: list[Any]) -> Any:
+        values = [v for v in values if v is not None]
+        return Counter(map(_hashable, values)).most_common(1)[0][0] if values else None
+
+    for key, what, weight in (("version", "flow version", 5.0),
+                              ("source_hash", "flow source hash", 5.0)):
+        was, now = usual([b.get(key) for b in baselines]), manifest.get(key)
+        if now is not None and was is not None and was != now:
+            out.append({"what": what, "was": was, "now": now, "weight": weight})
+    was_tasks = _median([_stage(b, stage).get("tasks") for b in baselines])
+    now_tasks = _stage(manifest, stage).get("tasks")
+    if was_tasks and now_tasks:
+        r = now_tasks / was_tasks
+        if abs(math.log(r)) >= math.log(1.2):
+            out.append({"what": f"tasks in stage {stage}", "was": round(was_tasks),
+                        "now": now_tasks, "weight": 4.0 + min(abs(math.log2(r)), 3.0)})
+    for key, what in (("workers", "workers"), ("threads", "threads")):
+        was, now = usual([b.get(key) for b in baselines]), manifest.get(key)
+        if was and now and was != now:
+            out.append({"what": what, "was": was, "now": now,
+                        "weight": 4.5 if now < was else 2.0})
+    env_now = manifest.get("environment") or {}
+    for key in sorted(set(env_now) - {"mismatches"}):
+        was = usual([(b.get("environment") or {}).get(key) for b in baselines])
+        now = env_now.get(key)
+        if was is not None and now is not None and was != now:
+            out.append({"what": f"{key} (client)", "was": was, "now": now,
+                        "weight": SOFTWARE_WEIGHT.get(key, 1.5)})
+    mis_now = set(map(str, env_now.get("mismatches") or []))
+    mis_was = {str(m) for b in baselines for m in (b.get("environment") or {}).get(
+        "mismatches") or []}
+    for m in sorted(mis_now - mis_was):
+        out.append({"what": "version mismatch client/scheduler/workers", "was": "none",
+                    "now": m, "weight": 3.5})
+    return sorted(out, key=lambda c: -c["weight"])
+
+
+def _bottleneck_change(stage: str, manifest: dict[str, Any], baselines: list[dict[str, Any]],
+                       ratio: float | None) -> dict[str, Any] | None:
+    now = _diagnosis(manifest, stage)
+    was_all = [d for d in (_diagnosis(b, stage) for b in baselines) if d]
+    if now is None or not was_all:
+        return None
+    was_primary = Counter(d["primary"] for d in was_all).most_common(1)[0][0]
+    was = [d for d in was_all if d["primary"] == was_primary]
+    slower = f"{stage} {ratio:.1f}× slower" if ratio else stage
+    changed = was_primary != now["primary"]
+    signal = _key_signal(now, was)
+    now_text = now["primary"] + (f" ({signal[0]} {signal[2]:.2g})" if signal else "")
+    was_text = was_primary + (f" ({signal[0]} {signal[1]:.2g})" if signal else "")
+    if changed:
+        text = f"{slower}: was {was_text}, now {now_text}"
+    else:
+        text = f"{slower}: still {now_text}; was {was_text} in the baseline"
+    return {"was": was_primary, "now": now["primary"], "changed": changed,
+            "was_runs": len(was_all), "text": text}
+
+
+def _key_signal(now: dict[str, Any], was: list[dict[str, Any]]) -> tuple[str, float, float] | None:
+    """The first key signal measured both tonight and in the baseline: (name, was, now)."""
+    def values(d: dict[str, Any]) -> dict[str, float]:
+        return {s["signal"]: float(s["value"]) for s in d.get("signals") or []
+                if isinstance(s, dict) and isinstance(s.get("value"), (int, float))}
+
+    tonight = values(now)
+    for name in KEY_SIGNALS:
+        before = _median([values(d).get(name) for d in was])
+        if name in tonight and before is not None:
+            return name, before, tonight[name]
+    return None
+
+
+def _diagnosis(manifest: dict[str, Any], stage: str) -> dict[str, Any] | None:
+    d = _stage(manifest, stage).get("diagnosis")
+    return d if isinstance(d, dict) and d.get("primary") else None
+
+
+def _stage(manifest: dict[str, Any], stage: str) -> dict[str, Any]:
+    for s in manifest.get("stages") or []:
+        if isinstance(s, dict) and s.get("name") == stage:
+            return s
+    return {}
+
+
+def _median(values: list[Any]) -> float | None:
+    nums = sorted(float(v) for v in values if isinstance(v, (int, float)) and v == v)
+    if not nums:
+        return None
+    mid = len(nums) // 2
+    return nums[mid] if len(nums) % 2 else (nums[mid - 1] + nums[mid]) / 2
+
+
+def _hashable(value: Any) -> Any:
+    return value if isinstance(value, (str, int, float, bool)) else str(value)
+
+
+def explain_verdicts(verdicts, manifest: dict[str, Any],
+                     baselines: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """:func:`explain_stage` for every stage with a regressed prefix in ``verdicts``.
+
+    ``verdicts`` is the regression table (``stage, prefix, verdict, baseline_s, latest_s``);
+    the stage's slowdown is its regressed prefixes' latest over baseline seconds.
+    """
+    if verdicts is None or len(verdicts) == 0 or "verdict" not in verdicts:
+        return {}
+    bad = verdicts[verdicts["verdict"] == "regression"]
+    out: dict[str, dict[str, Any]] = {}
+    for stage, rows in bad.groupby("stage", sort=False):
+        base = float(rows["baseline_s"].fillna(0).sum()) if "baseline_s" in rows else 0.0
+        late = float(rows["latest_s"].fillna(0).sum()) if "latest_s" in rows else 0.0
+        out[str(stage)] = explain_stage(str(stage), manifest, baselines,
+                                        ratio=late / base if base > 0 else None)
+    return out

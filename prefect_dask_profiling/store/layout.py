@@ -1,0 +1,189 @@
+"""Every path inside a run store, built and parsed here and nowhere else.
+
+Paths are relative to the store's root (a local folder, ``s3://bucket/prefix``, ...)::
+
+    runs/<pipeline>/<run_id>/<name>.csv, extra files, manifest.json   a run's record
+    reports/<pipeline>/<run_id>/<stage>.html                           expire after N days
+    index/<pipeline>/<version>/<run_id>.<status>                       one listing finds runs
+    accepted/<pipeline>/<version>/<run_id>                             a baseline restart
+    fleet/pipeline=<pipeline>/<run_id>.parquet                         derived Parquet view
+
+Builders validate every name they put into a path (:func:`~prefect_dask_profiling._util.
+validate_name`), so no caller can escape the root; parsers return ``None`` (or a reason)
+instead of raising, because a store holds whatever was written into it.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from prefect_dask_profiling._util import validate_name
+
+RUNS = "runs"
+REPORTS = "reports"
+INDEX = "index"
+ACCEPTED = "accepted"
+FLEET = "fleet"
+MANIFEST = "manifest.json"
+REPORT_SUFFIX = ".html"
+FLEET_PARTITION = "pipeline="
+
+
+class Marker(NamedTuple):
+    """What an index marker's path says: the run, its version and status."""
+
+    pipeline: str
+    version: str
+    run_id: str
+    status: str
+
+
+# ---------------------------------------------------------------------- building
+def join(*parts: str) -> str:
+    """``parts`` joined by ``/`` (empty parts dropped)."""
+    return "/".join(p for p in parts if p)
+
+
+def run_dir(pipeline: str, run_id: str) -> str:
+    """``runs/<pipeline>/<run_id>``: the folder holding one run's record."""
+    return join(RUNS, validate_name(pipeline, "pipeline"), validate_name(run_id, "run_id"))
+
+
+def run_file(pipeline: str, run_id: str, name: str) -> str:
+    """``runs/<pipeline>/<run_id>/<name>``: one file of a run's record."""
+    return join(run_dir(pipeline, run_id), validate_name(name, "file name"))
+
+
+def table_file(pipeline: str, run_id: str, table: str) -> str:
+    """``runs/<pipeline>/<run_id>/<table>.csv``."""
+    return run_file(pipeline, run_id, f"{validate_name(table, 'table name')}.csv")
+
+
+def manifest_file(pipeline: str, run_id: str) -> str:
+    """``runs/<pipeline>/<run_id>/manifest.json``: written last, it makes the run complete."""
+    return run_file(pipeline, run_id, MANIFEST)
+
+
+def pipeline_runs(pipeline: str) -> str:
+    """``runs/<pipeline>``: the folder of every run of ``pipeline``."""
+    return join(RUNS, validate_name(pipeline, "pipeline"))
+
+
+def report_dir(pipeline: str, run_id: str) -> str:
+    """``reports/<pipeline>/<run_id>``: one run's per-stage reports (swept as a whole)."""
+    return join(REPORTS, validate_name(pipeline, "pipeline"), validate_name(run_id, "run_id"))
+
+
+def report_file(pipeline: str, run_id: str, stage: str) -> str:
+    """``reports/<pipeline>/<run_id>/<stage>.html``."""
+    return join(report_dir(pipeline, run_id), validate_name(stage, "stage") + REPORT_SUFFIX)
+
+
+def index_dir(pipeline: str | None = None, version: str | None = None) -> str:
+    """``index``, ``index/<pipeline>`` or ``index/<pipeline>/<version>``."""
+    if version is not None and pipeline is None:
+        raise ValueError("an index folder of a version needs its pipeline")
+    return join(INDEX, validate_name(pipeline, "pipeline") if pipeline is not None else "",
+                validate_name(version, "version") if version is not None else "")
+
+
+def index_marker(pipeline: str, version: str, run_id: str, status: str) -> str:
+    """``index/<pipeline>/<version>/<run_id>.<status>``: lists a run without reading it."""
+    return join(index_dir(pipeline, version),
+                f"{validate_name(run_id, 'run_id')}.{validate_name(status, 'status')}")
+
+
+def accepted_dir(pipeline: str, version: str) -> str:
+    """``accepted/<pipeline>/<version>``."""
+    return join(ACCEPTED, validate_name(pipeline, "pipeline"), validate_name(version, "version"))
+
+
+def accepted_marker(pipeline: str, version: str, run_id: str) -> str:
+    """``accepted/<pipeline>/<version>/<run_id>``: the baseline restarts at that run."""
+    return join(accepted_dir(pipeline, version), validate_name(run_id, "run_id"))
+
+
+def fleet_dir(pipeline: str | None = None) -> str:
+    """``fleet`` or ``fleet/pipeline=<pipeline>`` (a Hive partition of the Parquet view)."""
+    if pipeline is None:
+        return FLEET
+    return join(FLEET, FLEET_PARTITION + validate_name(pipeline, "pipeline"))
+
+
+def fleet_file(pipeline: str, run_id: str) -> str:
+    """``fleet/pipeline=<pipeline>/<run_id>.parquet``."""
+    return join(fleet_dir(pipeline), f"{validate_name(run_id, 'run_id')}.parquet")
+
+
+# ---------------------------------------------------------------------- parsing
+def valid_names(*names: str) -> bool:
+    """Whether every one of ``names`` is a safe path segment (no exception)."""
+    try:
+        for name in names:
+            validate_name(name, "name")
+    except ValueError:
+        return False
+    return True
+
+
+def parse_marker(rel: str, statuses: tuple[str, ...]) -> Marker | str:
+    """The :class:`Marker` at ``rel`` (``index/<pipeline>/<version>/<run_id>.<status>``), or
+    why ``rel`` is not one (a one-line reason)."""
+    parts = rel.split("/")
+    if len(parts) != 4 or parts[0] != INDEX:
+        return f"not at {INDEX}/<pipeline>/<version>/<run_id>.<status>"
+    _, pipeline, version, name = parts
+    run_id, _, status = name.rpartition(".")
+    if status not in statuses:
+        return f"unknown status {status!r}"
+    if not valid_names(pipeline, version, run_id):
+        return "invalid pipeline, version or run id"
+    return Marker(pipeline, version, run_id, status)
+
+
+def parse_run_file(rel: str) -> tuple[str, str, str] | None:
+    """``(pipeline, run_id, name)`` of ``runs/<pipeline>/<run_id>/<name>``, else ``None``."""
+    parts = rel.split("/")
+    if len(parts) != 4 or parts[0] != RUNS or not valid_names(*parts[1:]):
+        return None
+    return parts[1], parts[2], parts[3]
+
+
+def parse_report(rel: str) -> tuple[str, str] | None:
+    """``(pipeline, run_id)`` of a file below ``reports/<pipeline>/<run_id>/``, else ``None``."""
+    parts = rel.split("/")
+    if len(parts) < 4 or parts[0] != REPORTS or not valid_names(parts[1], parts[2]):
+        return None
+    return parts[1], parts[2]
+
+
+def parse_accepted(rel: str) -> tuple[str, str, str] | None:
+    """``(pipeline, version, run_id)`` of ``accepted/<pipeline>/<version>/<run_id>``."""
+    parts = rel.split("/")
+    if len(parts) != 4 or parts[0] != ACCEPTED or not valid_names(*parts[1:]):
+        return None
+    return parts[1], parts[2], parts[3]
+
+
+def run_of(rel: str) -> tuple[str, str] | None:
+    """The ``(pipeline, run_id)`` whose record ``rel`` belongs to (run file or index marker).
+
+    Reports are not part of a run's record: they may be uploaded in any order.
+    """
+    parts = rel.split("/")
+    if parts[0] == RUNS and len(parts) >= 4:
+        return parts[1], parts[2]
+    if parts[0] == INDEX and len(parts) == 4:
+        return parts[1], parts[3].rpartition(".")[0]
+    return None
+
+
+def write_rank(rel: str) -> int:
+    """Order in which files of a run must reach the store: reports and other files (0),
+    tables (1), the manifest (2), index markers last (3) — so a listed run is complete."""
+    parts = rel.split("/")
+    if parts[0] == INDEX:
+        return 3
+    if parts[0] == RUNS and parts[-1] == MANIFEST:
+        return 2
+    return 1 if parts[0] == RUNS else 0

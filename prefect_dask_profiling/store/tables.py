@@ -1,0 +1,73 @@
+"""A run's tables as stored: CSV bytes out, checked DataFrames back in."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pandas as pd
+
+from prefect_dask_profiling._util import validate_name
+from prefect_dask_profiling.store.errors import StoreError
+from prefect_dask_profiling.store.layout import MANIFEST
+
+TASKS_COLUMNS = ["stage", "prefix", "tasks", "total_s", "p50_s", "p95_s", "gb_out"]
+# Columns read back as text whatever they hold (a stage named "1" stays "1").
+NAME_COLUMNS = ("stage", "prefix", "worker", "host", "source", "destination", "scope", "verdict",
+                "cause")
+
+
+def encode_files(tables: dict[str, pd.DataFrame],
+                 extra_files: dict[str, bytes | str] | None) -> dict[str, bytes]:
+    """The run's files by name: each table as ``<name>.csv``, then the extra files.
+
+    ``ValueError`` for a table that is not a DataFrame, an unsafe name, or a name clashing
+    with a table or the manifest.
+    """
+    files: dict[str, bytes] = {}
+    for name, frame in tables.items():
+        validate_name(name, "table name")
+        if not isinstance(frame, pd.DataFrame):
+            raise ValueError(f"table {name!r} must be a pandas DataFrame")
+        files[f"{name}.csv"] = frame.to_csv(index=False).encode()
+    for name, data in (extra_files or {}).items():
+        validate_name(name, "file name")
+        if name == MANIFEST or name in files:
+            raise ValueError(f"file name {name!r} clashes with a table or the manifest")
+        files[name] = data.encode() if isinstance(data, str) else bytes(data)
+    return files
+
+
+def decode_table(data: bytes, name: str, where: str) -> pd.DataFrame:
+    """The table stored as ``data`` at ``where``; ``StoreError`` naming ``where`` if damaged.
+
+    Damaged means: not UTF-8, not CSV, empty, or (for ``tasks``) missing columns or holding
+    non-numeric, missing or infinite numbers.
+    """
+    try:
+        frame = pd.read_csv(io.BytesIO(data), keep_default_na=False, na_values=[""],
+                            dtype={c: str for c in NAME_COLUMNS}, encoding="utf-8")
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError,
+            ValueError, TypeError) as exc:
+        raise StoreError(f"{where} is not a valid CSV table ({first_line(exc)})") from None
+    if name == "tasks":
+        check_tasks(frame, where)
+    return frame
+
+
+def check_tasks(frame: pd.DataFrame, where: str) -> None:
+    """``StoreError`` unless ``frame`` has the tasks columns with finite numbers."""
+    missing = [c for c in TASKS_COLUMNS if c not in frame.columns]
+    if missing:
+        raise StoreError(f"{where} lacks column(s) {', '.join(missing)}")
+    for column in TASKS_COLUMNS[2:]:
+        if len(frame) and not pd.api.types.is_numeric_dtype(frame[column]):
+            raise StoreError(f"{where} has non-numeric values in column {column}")
+        if len(frame) and not frame[column].map(math.isfinite).all():
+            raise StoreError(f"{where} has missing or infinite values in column {column}")
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message (its type name if empty), at most 300 characters."""
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]

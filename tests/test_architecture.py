@@ -1,0 +1,267 @@
+"""The package's shape: imports run one way, no cycles, Prefect only where it belongs.
+
+An ``ast`` walk of every module of ``prefect_dask_profiling``. Every import counts — at the
+top, inside functions and under ``TYPE_CHECKING`` — because an import deferred into a
+function still couples the two modules (and is how cycles hide). Edges are module → module:
+
+* ``import a.b.c`` and ``from a.b import c`` (``c`` a module) point at ``a.b.c``;
+  ``from a.b import name`` (``name`` not a module) points at ``a.b`` — for a package, its
+  ``__init__``, which then counts with its own (re-export) imports;
+* importing a submodule also runs its package's ``__init__`` at run time; that implicit step
+  is not an edge (otherwise every module would depend on every parent package);
+* the top-level ``prefect_dask_profiling/__init__.py`` reaches Prefect lazily through
+  ``__getattr__`` and import strings, which are not imports: the subprocess check below
+  proves that importing the package leaves Prefect out.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import prefect_dask_profiling
+
+PACKAGE = "prefect_dask_profiling"
+ROOT = Path(prefect_dask_profiling.__file__).parent
+
+# The layers, lowest first: a part may import its own modules and any part listed before it
+# in LAYERS; ``bench`` (the benchmark protocol) stands aside and imports only BENCH_USES.
+LAYERS = ["_util", "environment", "timing", "stage", "summary", "store", "regression",
+          "diagnosis", "export", "finishing", "prefect", "cli"]
+BENCH_USES = {"_util", "environment", "timing", "summary", "diagnosis"}
+ALLOWED: dict[str, set[str]] = {part: set(LAYERS[:i]) for i, part in enumerate(LAYERS)}
+ALLOWED["bench"] = BENCH_USES
+ALLOWED["cli"] |= {"bench"}
+ALLOWED["__init__"] = set(LAYERS) - {"prefect", "cli"}  # the public face; Prefect lazily
+# Distributions that import Prefect when imported.
+PREFECT_DISTS = {"prefect", "prefect_dask"}
+PREFECT_PARTS = {"prefect", "cli"}
+# The scheduler plugin is shipped by value to schedulers without this package: it may import
+# the standard library, Dask/distributed (and what they bring) and its own sketch only.
+PLUGIN = f"{PACKAGE}.timing.plugin"
+PLUGIN_MAY_IMPORT = {"dask", "distributed", "tornado", "cloudpickle",
+                     f"{PACKAGE}.timing.sketch", f"{PACKAGE}.timing.types"}
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: str
+    target: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.source} -> {self.target} (line {self.line})"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def discover() -> dict[str, Path]:
+    """Every module of the package: dotted name -> file."""
+    return {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+MODULES = discover()
+
+
+def is_package(name: str) -> bool:
+    return MODULES.get(name, Path()).name == "__init__.py"
+
+
+def resolve(name: str) -> str | None:
+    """The package module ``name`` is, or the nearest package module containing it."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def absolute(node: ast.ImportFrom, source: str) -> str:
+    """The module an ``ImportFrom`` names, relative imports resolved."""
+    if not node.level:
+        return node.module or ""
+    base = source.split(".")
+    if not is_package(source):
+        base = base[:-1]
+    base = base[:len(base) - node.level + 1]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def imports(source: str) -> list[tuple[str, int]]:
+    """Every imported module name (absolute) in module ``source``, with its line."""
+    return imports_in(MODULES[source].read_text(), source)
+
+
+def imports_in(text: str, source: str) -> list[tuple[str, int]]:
+    """Every imported module name (absolute) in ``text`` of module ``source``; any nesting."""
+    tree = ast.parse(text)
+    found: list[tuple[str, int]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.extend((alias.name, node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = absolute(node, source)
+            for alias in node.names:
+                child = f"{module}.{alias.name}"
+                found.append((child if child in MODULES else module, node.lineno))
+    return found
+
+
+def edges() -> list[Edge]:
+    """Module -> module edges inside the package."""
+    out = set()
+    for source in MODULES:
+        for name, line in imports(source):
+            if name == PACKAGE or name.startswith(PACKAGE + "."):
+                target = resolve(name)
+                if target is not None and target != source:
+                    out.add(Edge(source, target, line))
+    return sorted(out, key=lambda e: (e.source, e.target, e.line))
+
+
+def part(module: str) -> str:
+    """The part a module belongs to: the first name under the package (``__init__``: root)."""
+    rest = module[len(PACKAGE) + 1:] if module != PACKAGE else ""
+    return rest.split(".")[0] if rest else "__init__"
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+# ------------------------------------------------------------------------------ the checks
+def test_every_part_has_a_layer():
+    unknown = sorted({part(m) for m in MODULES} - set(ALLOWED))
+    assert not unknown, f"parts without a layer in ALLOWED (add them): {unknown}"
+
+
+def test_no_import_cycles():
+    graph: dict[str, set[str]] = defaultdict(set)
+    for edge in edges():
+        graph[edge.source].add(edge.target)
+    for module in MODULES:
+        graph.setdefault(module, set())
+    found = cycles(graph)
+    details = []
+    for component in found:
+        members = set(component)
+        inside = [str(e) for e in edges() if e.source in members and e.target in members]
+        details.append(" | ".join(inside))
+    assert not found, "import cycles:\n" + "\n".join(details)
+
+
+def test_imports_follow_the_layers():
+    wrong = [f"{e}: {part(e.source)} may not import {part(e.target)}" for e in edges()
+             if part(e.source) != part(e.target)
+             and part(e.target) not in ALLOWED.get(part(e.source), set())]
+    assert not wrong, "imports against the layer order:\n" + "\n".join(wrong)
+
+
+def test_prefect_is_imported_only_by_the_prefect_parts():
+    wrong = [f"{source} imports {name} (line {line})"
+             for source in MODULES if part(source) not in PREFECT_PARTS
+             for name, line in imports(source) if name.split(".")[0] in PREFECT_DISTS]
+    assert not wrong, "Prefect imported outside prefect/ and cli/:\n" + "\n".join(wrong)
+
+
+def test_the_scheduler_plugin_imports_only_what_a_bare_scheduler_has():
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    wrong = [f"{name} (line {line})" for name, line in imports(PLUGIN)
+             if name.split(".")[0] not in stdlib
+             and not any(name == ok or name.startswith(ok + ".") for ok in PLUGIN_MAY_IMPORT)]
+    assert not wrong, f"{PLUGIN} imports more than stdlib/distributed/sketch: {wrong}"
+    for helper in (f"{PACKAGE}.timing.sketch", f"{PACKAGE}.timing.types"):
+        extra = [name for name, _ in imports(helper) if name.split(".")[0] not in stdlib]
+        assert not extra, f"{helper} (used by the plugin) imports more than stdlib: {extra}"
+
+
+def test_importing_the_package_leaves_prefect_out():
+    """Every Prefect-free module imported in a fresh interpreter: no ``prefect`` module."""
+    free = sorted(m for m in MODULES if part(m) not in PREFECT_PARTS)
+    code = ("import sys\n"
+            + "".join(f"import {m}\n" for m in free)
+            + "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+              f"{sorted(PREFECT_DISTS)!r})\n"
+            + "print(','.join(bad))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "", f"imported Prefect modules: {done.stdout.strip()}"
+
+
+# ------------------------------------------------------------------------------ the tool
+@pytest.mark.parametrize("graph, expected", [
+    ({"a": {"b"}, "b": {"c"}, "c": set()}, []),
+    ({"a": {"b"}, "b": {"a"}}, [["a", "b"]]),
+    ({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}, [["a", "b", "c"]]),
+])
+def test_the_cycle_finder_finds_cycles(graph, expected):
+    assert cycles(graph) == expected
+
+
+def test_function_level_and_type_checking_imports_count():
+    text = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from prefect_dask_profiling.store.runs import RunStore\n"
+        "def f():\n"
+        "    from prefect_dask_profiling.regression import history\n"
+        "    import prefect_dask_profiling.summary.record\n"
+        "class C:\n"
+        "    def g(self):\n"
+        "        from . import rule\n"
+        "        from ..summary import RunRecord\n")
+    found = {name for name, _ in imports_in(text, f"{PACKAGE}.regression.verdict")}
+    assert {f"{PACKAGE}.store.runs", f"{PACKAGE}.regression.history",
+            f"{PACKAGE}.summary.record", f"{PACKAGE}.regression.rule",
+            f"{PACKAGE}.summary"} <= found

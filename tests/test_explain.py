@@ -1,0 +1,77 @@
+"""Regressions that explain themselves: bottleneck change and ranked context changes (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefect_dask_profiling.regression.explain import (
+    context_changes,
+    explain_stage,
+    explain_verdicts,
+)
+
+
+def manifest(primary: str | None, value: float, *, tasks: int = 100, workers: int = 4,
+             version: str = "v1", dask: str = "2026.8.0", mismatches=()) -> dict:
+    stage = {"name": "read", "tasks": tasks, "task_s": 10.0}
+    if primary:
+        stage["diagnosis"] = {"primary": primary, "confidence": "high", "signals": [
+            {"signal": "monitor.cpu_per_busy_thread", "source": "process CPU", "value": value,
+             "op": ">=", "threshold": 0.6, "supports": True}]}
+    return {"version": version, "source_hash": "abc", "workers": workers, "threads": workers,
+            "environment": {"python": "3.11.7", "dask": dask, "mismatches": list(mismatches)},
+            "stages": [stage]}
+
+
+def test_a_changed_bottleneck_is_said_with_its_signal():
+    base = [manifest("compute", 0.8) for _ in range(4)]
+    out = explain_stage("read", manifest("io", 0.1), base, ratio=2.4)
+    assert out["bottleneck"]["changed"] is True
+    assert out["bottleneck"]["text"] == ("read 2.4× slower: was compute "
+                                         "(monitor.cpu_per_busy_thread 0.8), now io "
+                                         "(monitor.cpu_per_busy_thread 0.1)")
+    assert "nothing recorded in the run context changed" in out["text"]
+
+
+def test_context_changes_are_ranked_most_likely_first():
+    base = [manifest("compute", 0.8) for _ in range(3)]
+    now = manifest("compute", 0.8, tasks=400, workers=2, dask="2026.9.0",
+                   mismatches=["numpy: client 2.4 vs workers 2.3"])
+    changes = context_changes("read", now, base)
+    whats = [c["what"] for c in changes]
+    assert whats[0] == "tasks in stage read"  # 4x the data
+    assert whats.index("workers") < whats.index("dask (client)")
+    assert "version mismatch client/scheduler/workers" in whats
+    out = explain_stage("read", now, base, ratio=3.0)
+    assert out["bottleneck"]["changed"] is False
+    assert out["text"].startswith("read 3.0× slower: still compute")
+
+
+def test_old_runs_without_diagnoses_still_explain_context():
+    base = [manifest(None, 0) for _ in range(2)]
+    out = explain_stage("read", manifest("io", 0.1, version="v2"), base)
+    assert out["bottleneck"] is None
+    assert out["context"][0]["what"] == "flow version"
+    assert explain_stage("read", manifest("io", 0.1), [])["text"] == \
+        "no baseline runs to compare with"
+    assert explain_stage("read", {"stages": "garbage"}, [None, 3])["bottleneck"] is None
+
+
+def test_bad_input_is_a_clear_error():
+    with pytest.raises(ValueError, match="manifest must be a dict"):
+        explain_stage("read", None, [])
+    with pytest.raises(ValueError, match="stage must be"):
+        explain_stage("", {}, [])
+
+
+def test_explain_verdicts_names_only_regressed_stages():
+    import pandas as pd
+
+    verdicts = pd.DataFrame([
+        {"stage": "read", "prefix": "load", "verdict": "regression", "baseline_s": 2.0,
+         "latest_s": 5.0},
+        {"stage": "other", "prefix": "x", "verdict": "ok", "baseline_s": 1.0, "latest_s": 1.0}])
+    out = explain_verdicts(verdicts, manifest("io", 0.1), [manifest("compute", 0.8)])
+    assert list(out) == ["read"]
+    assert out["read"]["text"].startswith("read 2.5× slower: was compute")
+    assert explain_verdicts(verdicts.iloc[0:0], {}, []) == {}

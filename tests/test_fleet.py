@@ -1,0 +1,143 @@
+"""The fleet Parquet view: one file per run, one pandas call to read it, local and S3 (moto)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pandas as pd
+import pytest
+from s3_servers import boto_client, moto_server, reset_moto, s3_options
+from typer.testing import CliRunner
+
+from prefect_dask_profiling.cli import app
+from prefect_dask_profiling.export.fleet import (
+    COLUMNS,
+    fleet_location,
+    fleet_rows,
+    read_fleet,
+    rebuild_fleet,
+    write_fleet,
+)
+from prefect_dask_profiling.store.runs import RunStore, new_run_id
+
+T0 = datetime(2026, 11, 1, 2, 0, tzinfo=UTC)
+BUCKET = "fleet-bucket"
+
+
+def tasks(scale: float = 1.0) -> pd.DataFrame:
+    total = [20.0 * scale, 10.0]
+    return pd.DataFrame({"stage": ["read", "reduce"], "prefix": ["open_dataset", "nanmedian"],
+                         "tasks": [40, 8], "total_s": total, "p50_s": [0.5, 1.2],
+                         "p95_s": [0.9 * scale, 1.5], "gb_out": [1.5, 0.01],
+                         "share": [t / sum(total) for t in total]})
+
+
+def manifest(pipeline: str, run_id: str, night: int, **extra) -> dict:
+    return {"run_id": run_id, "pipeline": pipeline, "version": "v1", "status": "healthy",
+            "state": "COMPLETED", "started": (T0 + timedelta(days=night)).isoformat(),
+            "utilisation": {"run": 0.5 + night / 100, "stages": {"read": 0.7, "reduce": 0.3}},
+            **extra}
+
+
+def put(store: RunStore, pipeline: str, night: int, scale: float = 1.0, **extra) -> str:
+    run_id = new_run_id(T0 + timedelta(days=night))
+    doc = manifest(pipeline, run_id, night, **extra)
+    assert not store.write_run(pipeline, run_id, {"tasks": tasks(scale)}, doc).spooled
+    return run_id
+
+
+def test_rows_carry_the_run_and_a_nullable_bottleneck():
+    rows = fleet_rows(manifest("ndvi", "r1", 0), tasks())
+    assert list(rows.columns) == COLUMNS and len(rows) == 2
+    assert rows["utilisation"].tolist() == [0.5, 0.5]
+    assert rows["stage_utilisation"].tolist() == [0.7, 0.3]
+    assert rows["bottleneck"].isna().all()
+    assert str(rows["started"].dt.tz) == "UTC"
+    diagnosed = fleet_rows(manifest("ndvi", "r1", 0, bottleneck="transfer-bound"), tasks())
+    assert diagnosed["bottleneck"].tolist() == ["transfer-bound"] * 2
+    per_stage = fleet_rows(manifest("ndvi", "r1", 0, bottleneck="transfer-bound", stages=[
+        {"name": "read", "diagnosis": {"primary": "io-bound", "confidence": "high"}},
+        {"name": "reduce", "diagnosis": None}]), tasks())
+    assert per_stage["bottleneck"].tolist() == ["io-bound", "transfer-bound"]
+    with pytest.raises(ValueError, match="status"):
+        fleet_rows({"run_id": "r", "pipeline": "p", "version": "v"}, tasks())
+    with pytest.raises(ValueError, match="total_s"):
+        fleet_rows(manifest("ndvi", "r1", 0), tasks().drop(columns="total_s"))
+
+
+def fill(store: RunStore) -> dict[str, list[str]]:
+    """Three nights of two pipelines, each run writing its own fleet file."""
+    ids: dict[str, list[str]] = {"ndvi": [], "sar": []}
+    for night in range(3):
+        for pipeline in ids:
+            extra = {"bottleneck": "compute-bound"} if pipeline == "sar" else {}
+            run_id = put(store, pipeline, night, scale=1 + night / 10, **extra)
+            ids[pipeline].append(run_id)
+            write_fleet(store, store.read_manifest(pipeline, run_id),
+                        store.read_table(pipeline, run_id, "tasks"))
+    return ids
+
+
+def check_view(frame: pd.DataFrame, ids: dict[str, list[str]]) -> None:
+    assert len(frame) == 12
+    assert set(frame["pipeline"].astype(str)) == {"ndvi", "sar"}
+    assert set(frame["run_id"]) == {r for runs in ids.values() for r in runs}
+    assert frame["bottleneck"].isna().sum() == 6  # ndvi: no diagnosis; sar: one
+    slowest = frame.groupby(["pipeline", "stage"], observed=True)["total_s"].max()
+    assert slowest[("ndvi", "read")] == pytest.approx(24.0)
+    assert pd.api.types.is_datetime64_any_dtype(frame["started"])
+
+
+def test_local_view_reads_in_one_pandas_call_and_rebuilds(tmp_path):
+    store = RunStore(str(tmp_path / "store"), spool_dir=tmp_path / "spool")
+    ids = fill(store)
+    check_view(pd.read_parquet(fleet_location(store)), ids)
+    files = sorted(p.name for p in (tmp_path / "store/fleet/pipeline=ndvi").iterdir())
+    assert files == sorted(f"{r}.parquet" for r in ids["ndvi"])  # one file per run, no temp
+
+    stale = tmp_path / "store/fleet/pipeline=ndvi/19990101T000000Z-dead00.parquet"
+    stale.write_bytes((tmp_path / "store/fleet/pipeline=ndvi" / files[0]).read_bytes())
+    (tmp_path / "store/fleet/pipeline=sar").joinpath(f"{ids['sar'][0]}.parquet").unlink()
+    result = CliRunner().invoke(app, ["fleet", "--rebuild", "--store", store.url, "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["written"] == 6 and report["removed"] == 1 and report["skipped"] == []
+    check_view(read_fleet(store), ids)
+
+    summary = CliRunner().invoke(app, ["fleet", "--store", store.url])
+    assert summary.exit_code == 0 and "12 rows, 6 runs of 2 pipeline(s)" in summary.stdout
+
+
+def test_rebuild_skips_unreadable_runs(tmp_path):
+    store = RunStore(str(tmp_path / "store"), spool_dir=tmp_path / "spool")
+    ids = fill(store)
+    (tmp_path / "store/runs/sar" / ids["sar"][1] / "tasks.csv").write_text("garbage")
+    result = rebuild_fleet(store, "sar")
+    assert result["written"] == 2 and [r for r, _ in result["skipped"]] == [ids["sar"][1]]
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint():
+    with moto_server() as endpoint:
+        yield endpoint
+
+
+def test_s3_view_reads_in_one_pandas_call(moto_endpoint, tmp_path):
+    reset_moto(moto_endpoint)
+    boto_client(moto_endpoint).create_bucket(Bucket=BUCKET)
+    options = s3_options(moto_endpoint)
+    store = RunStore(f"s3://{BUCKET}/pfx", options, spool_dir=tmp_path / "spool")
+    ids = fill(store)
+    assert fleet_location(store) == f"s3://{BUCKET}/pfx/fleet"
+    frame = pd.read_parquet(f"s3://{BUCKET}/pfx/fleet",
+                            storage_options={"key": options["key"],
+                                             "secret": options["secret"],
+                                             "client_kwargs": {"endpoint_url": moto_endpoint}})
+    check_view(frame, ids)
+    keys = {o["Key"] for o in boto_client(moto_endpoint).list_objects_v2(
+        Bucket=BUCKET, Prefix="pfx/fleet/")["Contents"]}
+    assert f"pfx/fleet/pipeline=sar/{ids['sar'][2]}.parquet" in keys and len(keys) == 6
+    result = rebuild_fleet(store)
+    assert result["written"] == 6 and result["removed"] == 0
+    check_view(read_fleet(store), ids)
