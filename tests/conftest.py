@@ -21,7 +21,12 @@ def prefect_server() -> PrefectServer:
 
 @pytest.fixture(scope="session")
 def inproc_client() -> Client:
-    """An in-process LocalCluster (1 worker × 2 threads) for tests that only need a record."""
+    """An in-process LocalCluster (1 worker × 2 threads) for tests that only need a record.
+
+    Not the default client: a session-long default would be picked up by every later
+    ``DaskTaskRunner()`` without an address, and by every bare ``compute()``.
+    """
     with LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
-                      dashboard_address=":0") as cluster, Client(cluster) as client:
+                      dashboard_address=":0") as cluster, \
+            Client(cluster, set_as_default=False) as client:
         yield client

@@ -17,7 +17,7 @@ def record_stages(client: Client, sizes: dict[str, int]) -> RunRecord:
     name = install(client)
     try:
         for stage_name, n in sizes.items():
-            with stage(stage_name):
+            with client.as_current(), stage(stage_name):
                 (da.ones((n, 200), chunks=(50, 50)) * 2).sum().compute()
         return collect(client, name)
     finally:

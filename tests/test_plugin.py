@@ -136,9 +136,8 @@ def client(cluster):
 
 
 def _n_tasks(dask_scheduler) -> int:
-    """Tasks still to run; erred results a worker-side client still holds do not count."""
-    return sum(ts.state not in ("memory", "erred", "released", "forgotten")
-               for ts in dask_scheduler.tasks.values())
+    """Tasks still held or to run; erred ones a worker-side client still holds do not count."""
+    return sum(ts.state != "erred" for ts in dask_scheduler.tasks.values())
 
 
 def _settle(client, timeout: float = 30.0) -> None:

@@ -300,12 +300,18 @@ def task_thread_wanted_seconds(before: dict[str, Any], after: dict[str, Any]) ->
     return out
 
 
-def sampled_cpu_seconds(samples, window: tuple[float, float]) -> dict[str, float]:
+MIN_CPU_SAMPLES = 4
+
+
+def sampled_cpu_seconds(samples, window: tuple[float, float],
+                        min_samples: int = MIN_CPU_SAMPLES) -> dict[str, float]:
     """CPU seconds each worker process used in ``window``, from system-monitor samples.
 
-    Each heartbeat sample carries the process's CPU percent; the mean over the window times
-    the window's length estimates CPU seconds. Workers without a sample in the window are
-    left out (absent, not zero).
+    Each sample carries the process's CPU percent over the monitor's last interval; the
+    mean over the window times the window's length estimates CPU seconds. A worker with
+    fewer than ``min_samples`` samples in the window is left out (absent, not zero): a
+    couple of lagging percentages cannot tell a thread waiting on I/O from one computing,
+    so a short stage gets no process-CPU evidence rather than a wrong one.
     """
     if samples is None or len(samples) == 0:
         return {}
@@ -313,7 +319,8 @@ def sampled_cpu_seconds(samples, window: tuple[float, float]) -> dict[str, float
     length = window[1] - window[0]
     if s.empty or length <= 0:
         return {}
-    return {str(w): float(g["cpu"].mean()) / 100.0 * length for w, g in s.groupby("worker")}
+    return {str(w): float(g["cpu"].mean()) / 100.0 * length for w, g in s.groupby("worker")
+            if len(g) >= min_samples}
 
 
 def monitor_signals(cpu_s: dict[str, float], nthreads: dict[str, int], compute_s: float | None,
