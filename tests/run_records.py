@@ -1,9 +1,12 @@
-"""Real run records for tests of what happens after collection (finishing, store, drift).
+"""Real run records for tests of what happens after collection (finishing, store, drift),
+and what a store left in the local spool.
 
 One in-process LocalCluster per test session records a small staged job; tests reuse it.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import dask.array as da
 from distributed import Client
@@ -22,3 +25,13 @@ def record_stages(client: Client, sizes: dict[str, int]) -> RunRecord:
         return collect(client, name)
     finally:
         uninstall(client, name)
+
+
+def spooled(spool: Path) -> dict[str, bytes]:
+    """``{path relative to the store root: bytes}`` of everything waiting in the spool."""
+    out = {}
+    for key_dir in spool.iterdir() if spool.is_dir() else ():
+        for path in key_dir.rglob("*"):
+            if path.is_file() and path.name != "store.json" and not path.name.endswith(".part"):
+                out[path.relative_to(key_dir).as_posix()] = path.read_bytes()
+    return out

@@ -10,11 +10,10 @@ import json
 import logging
 import socket
 import threading
-from pathlib import Path
 
 import pandas as pd
 import pytest
-from run_records import record_stages
+from run_records import record_stages, spooled
 from s3_servers import (
     SilentServer,
     boto_client,
@@ -51,16 +50,6 @@ def write_sample(store: RunStore, pipeline: str = "nightly") -> tuple[str, objec
     return run_id, store.write_run(pipeline, run_id, {"tasks": tasks_frame()},
                                    {"version": "1", "status": "healthy", "state": "COMPLETED"},
                                    extra_files={"trend.html": b"<p>trend</p>"})
-
-
-def spooled(spool: Path) -> dict[str, bytes]:
-    """``{path relative to the store root: bytes}`` waiting in the spool."""
-    out = {}
-    for key_dir in spool.iterdir() if spool.is_dir() else ():
-        for path in key_dir.rglob("*"):
-            if path.is_file() and path.name != "store.json" and not path.name.endswith(".part"):
-                out[path.relative_to(key_dir).as_posix()] = path.read_bytes()
-    return out
 
 
 def stored(store: RunStore, rels) -> dict[str, bytes]:

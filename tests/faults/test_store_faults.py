@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from moto.server import ThreadedMotoServer
+from run_records import spooled
 from s3_servers import (
     RefusedEndpoint,
     SilentServer,
@@ -34,16 +35,6 @@ pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.timeout(180
 TIMEOUT = 2.0
 TIMED = ("write_report", "write_run", "ensure_lifecycle", "list_runs", "accepted",
          "read_table", "presign")
-
-
-def spooled(spool: Path) -> dict[str, bytes]:
-    """``{path relative to the store root: bytes}`` of everything waiting in the spool."""
-    out = {}
-    for key_dir in spool.iterdir() if spool.is_dir() else ():
-        for path in key_dir.rglob("*"):
-            if path.is_file() and path.name != "store.json" and not path.name.endswith(".part"):
-                out[path.relative_to(key_dir).as_posix()] = path.read_bytes()
-    return out
 
 
 def upload_pending(url: str, endpoint: str, spool: Path):
