@@ -126,6 +126,7 @@ class RunEnd:
     manifest_extra: dict[str, Any] = field(default_factory=dict)
     extras: dict[str, Any] = field(default_factory=dict)
     step_seconds: dict[str, float] = field(default_factory=dict)
+    flagged_reports: Callable[[set[str]], list[str]] | None = None
 
     @property
     def failed_otherwise(self) -> bool:
@@ -228,6 +229,16 @@ def _explain(end: RunEnd) -> None:
         end.extras["explanations"] = explanations
 
 
+def _flagged_reports(end: RunEnd) -> None:
+    """Ask the caller for the reports of stages that regressed or drifted (when it deferred
+    them), before the stored run is completed so its manifest lists them."""
+    if end.flagged_reports is None or end.verdicts is None or end.verdicts.empty:
+        return
+    flagged = end.verdicts[end.verdicts["verdict"].isin(["regression", "drift"])]
+    if not flagged.empty:
+        end.warnings.extend(end.flagged_reports(set(flagged["stage"].astype(str))))
+
+
 def _drift(end: RunEnd) -> None:
     """Judge each prefix's series since the baseline start; failing drift fails the run."""
     from prefect_dask_profiling.regression import drift as rule
@@ -276,6 +287,7 @@ STEPS: list[tuple[str, Step]] = [
     ("drift", _drift),
     ("diagnosis", _diagnose),
     ("explanation", _explain),
+    ("flagged reports", _flagged_reports),
     ("trend", _trend),
 ]
 # Steps that need the completed stored run (e.g. views built from it).
@@ -285,7 +297,8 @@ AFTER_STORE: list[tuple[str, Step]] = [("fleet", _fleet)]
 def finish_run(store: RunStore, record: RunRecord, ctx: RunContext, stages: list[StageInfo],
                settings: FinishSettings | None = None, *, state: str | None = None,
                error: BaseException | None = None, env: dict[str, Any] | None = None,
-               warnings: list[str] | None = None) -> FinishResult:
+               warnings: list[str] | None = None,
+               flagged_reports: Callable[[set[str]], list[str]] | None = None) -> FinishResult:
     """Summarise, store, judge and complete one run; never raises for a failing step.
 
     Parameters
@@ -309,6 +322,10 @@ def finish_run(store: RunStore, record: RunRecord, ctx: RunContext, stages: list
         The environment fingerprint; default this process's.
     warnings
         Warnings collected before finishing (stage reports, snapshots...).
+    flagged_reports
+        Called with the names of the stages that regressed or drifted, once the run is
+        judged and before it is completed: renders the reports left for that case (it fills
+        the ``report`` of those ``stages``) and returns warnings for the manifest.
 
     Returns
     -------
@@ -323,7 +340,8 @@ def finish_run(store: RunStore, record: RunRecord, ctx: RunContext, stages: list
     end = RunEnd(store=store, record=record, ctx=ctx, stages=stages,
                  settings=settings or FinishSettings(), state=state, error=error,
                  env=env if env is not None else environment(),
-                 warnings=[*(warnings or []), *record.warnings])
+                 warnings=[*(warnings or []), *record.warnings],
+                 flagged_reports=flagged_reports)
     _run_step(end, "summary", _summarise)
     first = _write(end, provisional=True)
     for name, step in STEPS:

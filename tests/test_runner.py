@@ -14,6 +14,7 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRun
 from prefect_dask import DaskTaskRunner
 from profiled_flows import crunch, make_flow
 
+from prefect_dask_profiling import stage
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner, profiled
 from prefect_dask_profiling.store.runs import RunStore
 
@@ -47,6 +48,9 @@ def manifests(store_url: str, pipeline: str) -> list[dict]:
     ({"pipeline": "../etc"}, "pipeline"),
     ({"version": "a/b"}, "version"),
     ({"history": 0}, "history"),
+    ({"stage_reports": "yes"}, "stage_reports"),
+    ({"stage_reports": 1}, "stage_reports"),
+    ({"report_min_seconds": -1}, "report_min_seconds"),
     ({"check_options": {"bogus": 1}}, "check_options"),
     ({"address": "tcp://127.0.0.1:1", "cluster_class": "distributed.LocalCluster"}, "address"),
 ])
@@ -73,7 +77,7 @@ def test_duplicate_keeps_profiling_options_and_base_arguments():
 @pytest.fixture(scope="module")
 def local_run(tmp_path_factory):
     store = str(tmp_path_factory.mktemp("store"))
-    runner = ProfiledDaskTaskRunner(cluster_kwargs=LOCAL, store=store)
+    runner = ProfiledDaskTaskRunner(cluster_kwargs=LOCAL, store=store, stage_reports=True)
     state = make_flow(runner, name="runner-local")(return_state=True)
     return store, state
 
@@ -181,6 +185,29 @@ def test_no_stage_means_one_default_stage_and_no_recorder_left(external_cluster,
         plugins = client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.plugins))
     assert "task-stream" not in plugins
     assert not [p for p in plugins if p.startswith("task-timings")]
+
+
+def test_auto_reports_skip_a_short_stage_but_not_one_that_raised(external_cluster, tmp_path):
+    runner = ProfiledDaskTaskRunner(address=external_cluster, store=str(tmp_path))
+
+    @flow(name="runner-raised", version="1", task_runner=runner)
+    @profiled
+    def broken() -> None:
+        with stage("fine"):
+            crunch.submit(200, 2).result()
+        with stage("broken"):
+            crunch.submit(200, 3).result()
+            raise RuntimeError("the stage broke")
+
+    state = broken(return_state=True)
+    assert state.is_failed() and "the stage broke" in state.message
+    [manifest] = manifests(str(tmp_path), "runner-raised")
+    stages = {s["name"]: s for s in manifest["stages"]}
+    assert stages["fine"]["report"] is None
+    assert stages["fine"]["note"].startswith("no report: the stage ran"), stages["fine"]
+    report = stages["broken"]["report"]
+    assert report and report["tasks"] >= 1, stages["broken"]
+    assert "number of tasks" in Path(report["location"]).read_text()
 
 
 def test_workers_that_cannot_load_the_flow_fail_it_cleanly(tmp_path_factory, tmp_path):

@@ -43,6 +43,18 @@ class RenderedReport:
     truncated: bool
 
 
+def render_now(mode: bool | str, seconds: float, min_seconds: float) -> bool:
+    """Whether a stage that ran ``seconds`` gets its report at its exit.
+
+    ``mode`` is the runner's ``stage_reports``: ``True`` always, ``False`` never, ``"auto"``
+    when the stage ran at least ``min_seconds`` (a shorter stage's report waits until the
+    run is judged, and is rendered only if the stage regressed).
+    """
+    if mode == "auto":
+        return seconds >= min_seconds
+    return bool(mode)
+
+
 def _window_state(dask_scheduler) -> dict:
     plugin = dask_scheduler.plugins.get(TASK_STREAM_PLUGIN)
     installed = plugin is None

@@ -67,6 +67,7 @@ __all__ = ["ProfiledDaskTaskRunner", "ProfilingOptions", "RegressionDetected", "
            "profiled"]
 
 ON_REGRESSION = ("fail", "warn")
+STAGE_REPORTS = ("auto", True, False)
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,13 @@ class ProfilingOptions:
     report_retention_days
         Days per-stage reports are kept (S3 lifecycle rule, local ``sweep``).
     stage_reports
-        Render and upload a Dask performance report per stage.
+        ``"auto"`` (default): a Dask performance report for each stage that ran at least
+        ``report_min_seconds``, and for every stage that regressed or drifted, rendered at
+        ``finish()``; ``True``: a report for every stage; ``False``: none. A report costs the
+        scheduler about half a second of Bokeh whatever the stage's size, more than a short
+        stage itself.
+    report_min_seconds
+        In ``"auto"`` mode, the shortest stage (wall seconds) that always gets its report.
     on_regression
         ``"fail"`` ends the flow run Failed on a regression; ``"warn"`` only reports.
     threshold
@@ -111,7 +118,8 @@ class ProfilingOptions:
     pipeline: str | None = None
     version: str | None = None
     report_retention_days: int = 30
-    stage_reports: bool = True
+    stage_reports: bool | str = "auto"
+    report_min_seconds: float = 20.0
     on_regression: str = "fail"
     threshold: float = RegressionRule.threshold
     history: int = RegressionRule.history
@@ -126,6 +134,11 @@ class ProfilingOptions:
                              f"got {self.on_regression!r}")
         self.rule  # noqa: B018 - threshold, history and check_options: refused here if bad
         positive_number(self.sample_interval, "sample_interval (seconds)", allow_zero=True)
+        if not any(self.stage_reports is v or self.stage_reports == v == "auto"
+                   for v in STAGE_REPORTS):
+            raise ValueError(f"stage_reports must be one of {STAGE_REPORTS}, "
+                             f"got {self.stage_reports!r}")
+        positive_number(self.report_min_seconds, "report_min_seconds", allow_zero=True)
         positive_number(self.store_timeout, "store_timeout (seconds)")
         if self.pipeline is not None:
             validate_name(self.pipeline, "pipeline")
@@ -185,7 +198,8 @@ class ProfiledDaskTaskRunner(DaskTaskRunner):
                  client_kwargs: dict | None = None, performance_report_path: str | None = None,
                  *, store: str | None = None, storage_options: dict | None = None,
                  pipeline: str | None = None, version: str | None = None,
-                 report_retention_days: int = 30, stage_reports: bool = True,
+                 report_retention_days: int = 30, stage_reports: bool | str = "auto",
+                 report_min_seconds: float = 20.0,
                  on_regression: str = "fail",
                  threshold: float = RegressionRule.threshold,
                  history: int = RegressionRule.history,
@@ -195,6 +209,7 @@ class ProfiledDaskTaskRunner(DaskTaskRunner):
         self.profiling = profiling or ProfilingOptions(
             store=store, storage_options=storage_options, pipeline=pipeline, version=version,
             report_retention_days=report_retention_days, stage_reports=stage_reports,
+            report_min_seconds=report_min_seconds,
             on_regression=on_regression, threshold=threshold, history=history,
             sample_interval=sample_interval, check_options=_copy_dict(check_options),
             store_timeout=store_timeout)

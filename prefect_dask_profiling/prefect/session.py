@@ -73,6 +73,8 @@ class Session:
         self._store_url: str | None = None
         self._report_pool: ThreadPoolExecutor | None = None
         self._pending_reports: list[Future] = []
+        # auto mode: short stages whose report is rendered only if they regress
+        self._deferred: list[tuple[StageInfo, reports.ReportWindow, reports.WindowEnd]] = []
 
     # -- start / stop ----------------------------------------------------------------------
 
@@ -221,21 +223,32 @@ class Session:
         except Exception as exc:
             self.warnings.append(f"stage {name!r}: snapshot failed: {exc!r}")
         if token.window is not None:
-            self._submit_report(info, token.window)
+            self._submit_report(info, token.window, failed=error is not None)
         self.stages.append(info)
 
-    def _submit_report(self, info: StageInfo, window: reports.ReportWindow) -> None:
+    def _submit_report(self, info: StageInfo, window: reports.ReportWindow,
+                       failed: bool = False) -> None:
         """Mark the stage's end now; render and store its report while the next stage runs.
 
         Rendering takes the scheduler about half a second per report (Bokeh), which would
         otherwise hold up the flow at every stage exit. One background thread renders the
         reports in stage order; :meth:`wait_reports` (called by ``finish()`` and at close)
-        waits for them, so the stored run and its artifacts link every report.
+        waits for them, so the stored run and its artifacts link every report. In
+        ``"auto"`` mode a stage shorter than ``report_min_seconds`` that did not raise
+        (``failed``) keeps only its window marks; :meth:`render_flagged` renders it if the
+        stage regressed.
         """
         try:
             end = reports.close_window(self.client)
         except Exception as exc:
             info.note = f"report not rendered: {exc!r}"
+            return
+        seconds = end.stop - window.start
+        if not (failed and self.options.stage_reports) and not reports.render_now(
+                self.options.stage_reports, seconds, self.options.report_min_seconds):
+            info.note = (f"no report: the stage ran {seconds:.1f} s, under report_min_seconds="
+                         f"{self.options.report_min_seconds:g}, and did not regress")
+            self._deferred.append((info, window, end))
             return
         try:
             self.capture()  # the flow-run context is not visible from the report thread
@@ -259,6 +272,24 @@ class Session:
                 future.result()
             except Exception as exc:  # _store_report notes its own failures; belt and braces
                 self.warnings.append(f"stage report failed: {exc!r}")
+
+    def render_flagged(self, stages: set[str]) -> list[str]:
+        """Render now the deferred reports of ``stages`` (those that regressed or drifted).
+
+        Called by ``finish()`` once the run is judged; the task stream is read by the
+        recorder's counter, so it is still exact unless more than its buffer ran since.
+        Returns the warnings of storing them (e.g. spooled).
+        """
+        before = len(self.warnings)
+        keep = []
+        for info, window, end in self._deferred:
+            if info.name in stages:
+                info.note = None
+                self._store_report(info, window, end)
+            else:
+                keep.append((info, window, end))
+        self._deferred = keep
+        return self.warnings[before:]
 
     def _store_report(self, info: StageInfo, window: reports.ReportWindow,
                       end: reports.WindowEnd | None = None) -> None:
@@ -368,7 +399,8 @@ class Session:
             fail_on_regression=options.on_regression == "fail")
         env = environment(self.client) if _alive(self.client) else environment()
         result = finish_run(self.store, record, self.ctx, self.stages, settings, state=state,
-                            error=error, env=env, warnings=warnings)
+                            error=error, env=env, warnings=warnings,
+                            flagged_reports=self.render_flagged if self._deferred else None)
         for w in result.warnings:
             _run_log(logging.WARNING, f"dask-profiling: {w}")
         if not result.judged:

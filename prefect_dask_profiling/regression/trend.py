@@ -46,20 +46,29 @@ def trend_html(history: pd.DataFrame, latest: pd.DataFrame, verdicts: pd.DataFra
     fig = figure(title=title, x_range=runs, height=420, sizing_mode="stretch_width",
                  y_axis_label="total seconds", x_axis_label="run", tools="pan,wheel_zoom,reset")
     fig.xaxis.major_label_orientation = 0.8
-    for i, label in enumerate(top):
-        values = wide.loc[label].to_numpy(float)
-        source = ColumnDataSource({"run": runs, "total_s": values, "prefix": [label] * len(runs)})
-        color = Category20_20[i % 20]
-        fig.line("run", "total_s", source=source, color=color, line_width=2, legend_label=label)
-        fig.scatter("run", "total_s", source=source, color=color, size=5)
-        if label in flagged and LATEST in runs:
-            fig.scatter([LATEST], [values[-1]], marker="circle", size=14, fill_color="red",
-                        line_color="darkred", legend_label="regression")
-    fig.add_tools(HoverTool(tooltips=[("prefix", "@prefix"), ("run", "@run"),
-                                      ("seconds", "@total_s{0.00}")]))
+    # one renderer per kind (lines, points, regression markers), not one per prefix: a page
+    # is rendered at the end of every run, and Bokeh's cost grows with its model count
+    colors = {label: Category20_20[i % 20] for i, label in enumerate(top)}
+    values = {label: wide.loc[label].to_numpy(float) for label in top}
+    if top:
+        fig.multi_line("xs", "ys", color="color", line_width=2, legend_field="prefix",
+                       source=ColumnDataSource({
+                           "xs": [runs] * len(top), "prefix": top,
+                           "ys": [values[label].tolist() for label in top],
+                           "color": [colors[label] for label in top]}))
+        points = fig.scatter("run", "total_s", color="color", size=5, source=ColumnDataSource({
+            "run": runs * len(top), "prefix": [label for label in top for _ in runs],
+            "total_s": [v for label in top for v in values[label]],
+            "color": [colors[label] for label in top for _ in runs]}))
+        fig.add_tools(HoverTool(renderers=[points], tooltips=[
+            ("prefix", "@prefix"), ("run", "@run"), ("seconds", "@total_s{0.00}")]))
+    marked = [label for label in top if label in flagged]
+    if marked and LATEST in runs:
+        fig.scatter([LATEST] * len(marked), [values[label][-1] for label in marked],
+                    marker="circle", size=14, fill_color="red", line_color="darkred",
+                    legend_label="regression")
     if fig.legend:
         fig.legend.location = "top_left"
-        fig.legend.click_policy = "hide"
     parts = [Div(text=_subtitle(len(runs) - (LATEST in runs), top, left_out, flagged))]
     return file_html(column(*parts, fig, sizing_mode="stretch_width"), CDN, title)
 
