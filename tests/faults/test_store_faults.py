@@ -63,7 +63,8 @@ def timed_store(monkeypatch) -> Stopwatch:
 def run_flow(cluster, url: str, endpoint: str, name: str):
     runner = ProfiledDaskTaskRunner(address=cluster.address, store=url,
                                     storage_options=s3_options(endpoint),
-                                    store_timeout=TIMEOUT)
+                                    store_timeout=TIMEOUT,
+                                    stage_reports=True)  # the faults hit report uploads too
     start = time.monotonic()
     state = make_fault_flow(runner, name)(delay=0.05, blocks=4, return_state=True)
     return state, time.monotonic() - start
