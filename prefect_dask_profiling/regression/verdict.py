@@ -322,8 +322,9 @@ def _require(frame: pd.DataFrame, columns: list[str], name: str) -> None:
 
 
 def _divide(num: np.ndarray, den: np.ndarray) -> np.ndarray:
-    """``num / den`` with 0/0 = 1 (nothing before, nothing now) and x/0 = inf."""
-    with np.errstate(divide="ignore", invalid="ignore"):
+    """``num / den`` with 0/0 = 1 (nothing before, nothing now) and x/0 = inf (so is a
+    ratio past the float range)."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         ratio = num / den
     return np.where((num == 0) & (den == 0), 1.0, ratio)
 
