@@ -317,10 +317,14 @@ def worker_copy_cost(client: Client, runner: DaskTaskRunner, n: int = 200) -> fl
 
 @contextlib.contextmanager
 def prefect_server() -> Iterator[None]:
+    from prefect.logging.handlers import APILogHandler
     from prefect_server import running_server, use_server
 
     with running_server(ui=False) as server, use_server(server):
-        yield
+        try:
+            yield
+        finally:
+            APILogHandler().flush()  # send the last runs' logs while the server still answers
 
 
 def run_ndvi(args: argparse.Namespace, store_dir: str) -> None:
