@@ -1,9 +1,10 @@
 """A drifting pipeline end to end: real flow, LocalCluster and Prefect server.
 
-One run gives the per-prefix table of the pipeline; ten earlier nights are that table scaled
-down by 12% a night (stored with ``RunStore.write_run``). The next real run is then judged:
-the drift fails the flow, a Prefect event names it, the markdown artifact shows the flagged
-prefix's recent nights, the trend page is linked, and the fleet view has the run.
+One run gives the per-prefix table of the pipeline; ten earlier nights are that table with
+the ``compute`` stage scaled down by 12% a night (stored with ``RunStore.write_run``). The
+next real run is then judged: the drift fails the flow, a Prefect event names it, the
+markdown artifact shows the flagged prefix's recent nights, the trend page is linked, only
+the drifted stage has its report, and the fleet view has the run.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ def seed_drifting_history(store: RunStore, pipeline: str, tasks: pd.DataFrame) -
     now = datetime.now(UTC)
     for back in range(10, 0, -1):
         started = now - timedelta(days=back, hours=1)
-        scaled = tasks.assign(total_s=tasks["total_s"] / 1.12 ** back)
+        factor = (tasks["stage"] == "compute").map({True: 1.12 ** back, False: 1.0})
+        scaled = tasks.assign(total_s=tasks["total_s"] / factor)  # only compute drifts
         doc = {"version": "1", "status": "healthy", "state": "COMPLETED",
                "started": started.isoformat(), "utilisation": {"run": 0.5, "stages": {}}}
         assert not store.write_run(pipeline, new_run_id(started), {"tasks": scaled},
@@ -72,6 +74,12 @@ def test_drift_fails_the_flow_emits_an_event_and_shows_in_the_artifacts(prefect_
     manifest = store.read_manifest("drifting", newest["run_id"])
     assert newest["status"] == "regressed" and any(
         "slow_block" in p for p in manifest["drift"]["failing"])
+    stages = {s["name"]: s for s in manifest["stages"]}
+    drifted = {p.split("/", 1)[0] for p in manifest["drift"]["drifting"]}
+    assert drifted == {"compute"}, manifest["drift"]
+    for name, info in stages.items():  # stage_reports="auto": only a drifted stage's report
+        assert (info["report"] is not None) == (name in drifted), (name, info)
+    assert "report not" not in str(manifest["warnings"]), manifest["warnings"]
     fleet = pd.read_parquet(tmp_path / "store" / "fleet")
     assert set(fleet["run_id"]) == {newest["run_id"]}
 

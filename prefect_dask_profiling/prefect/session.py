@@ -247,7 +247,7 @@ class Session:
         if not (failed and self.options.stage_reports) and not reports.render_now(
                 self.options.stage_reports, seconds, self.options.report_min_seconds):
             info.note = (f"no report: the stage ran {seconds:.1f} s, under report_min_seconds="
-                         f"{self.options.report_min_seconds:g}, and did not regress")
+                         f"{self.options.report_min_seconds:g} (rendered only if it regresses)")
             self._deferred.append((info, window, end))
             return
         try:
