@@ -12,8 +12,10 @@ Four measurements, each printed as rows of one figures table (what, value, how m
 3. **a wide run** — ``--prefixes`` prefixes × ``--stages`` stages through the plugin, then
    the whole end of a run (``finish_run``: summarise, store, baseline of 8 earlier runs,
    verdict, diagnosis, trend...) on a local store: time per step and bytes stored.
-4. **a long history** — ``--runs`` stored runs of one pipeline; ``load_baseline`` on a local
-   store and on S3 (moto ``ThreadedMotoServer`` on 127.0.0.1): filesystem calls and time.
+4. **a long history** — ``--runs`` stored runs of one pipeline; ``load_baseline``, then what
+   judging a run reads (baseline and drift series, each reading for itself and remembering
+   reads as ``finish()`` does) on a local store and on S3 (moto ``ThreadedMotoServer`` on
+   127.0.0.1): filesystem calls and time.
 
     .venv/bin/python benchmarks/scale.py [--part all|stage|million|wide|history]
         [--stage-tasks 100000] [--transitions 1000000] [--prefixes 500] [--stages 10]
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import gc
 import operator
 import os
@@ -33,6 +36,7 @@ import tempfile
 import time
 import tracemalloc
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +47,7 @@ from distributed import Client, LocalCluster, wait
 
 from prefect_dask_profiling.finishing import FinishSettings, finish_run
 from prefect_dask_profiling.prefect import reports
+from prefect_dask_profiling.regression.drift import load_series
 from prefect_dask_profiling.regression.history import load_baseline
 from prefect_dask_profiling.store.manifest import RunContext, StageInfo
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
@@ -256,6 +261,23 @@ def time_baseline(store: RunStore, latest: str, label: str, runs: int) -> None:
            "load_baseline(n=8)")
 
 
+def time_judging_reads(store: RunStore, latest: str, label: str, runs: int,
+                       remember: bool) -> None:
+    """What finish() reads to judge a run: the baseline, then the drift series."""
+    counts = count_calls(store)
+    t0 = time.perf_counter()
+    with store.remembering_reads() if remember else contextlib.nullcontext():
+        load_baseline(store, "nightly", "1", n=8, exclude_run_id=latest)
+        series, _ = load_series(store, "nightly", "1", exclude_run_id=latest)
+    seconds = time.perf_counter() - t0
+    calls = ", ".join(f"{k} {v}" for k, v in counts.most_common())
+    how = "remembering reads (as finish() does)" if remember else "each reading for itself"
+    figure(f"baseline + drift series, {runs:,} stored runs, {label}, {how}",
+           f"{seconds:.2f} s, {sum(counts.values())} fs calls ({calls}); "
+           f"{series['run_id'].nunique()} runs in the series",
+           "load_baseline(n=8) + drift.load_series(max_runs=60)")
+
+
 def history(runs: int) -> None:
     print(f"4) baseline load with {runs:,} stored runs of one pipeline", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -264,7 +286,9 @@ def history(runs: int) -> None:
         latest = populate(local, runs)
         print(f"  ({runs:,} runs written locally in {time.perf_counter() - t0:.0f} s)",
               flush=True)
-        time_baseline(RunStore(f"{tmp}/store", spool_dir=f"{tmp}/spool"), latest, "local", runs)
+        for measure in (time_baseline, partial(time_judging_reads, remember=False),
+                        partial(time_judging_reads, remember=True)):
+            measure(RunStore(f"{tmp}/store", spool_dir=f"{tmp}/spool"), latest, "local", runs)
         try:
             from moto.server import ThreadedMotoServer
         except ImportError:
@@ -282,9 +306,11 @@ def history(runs: int) -> None:
             t0 = time.perf_counter()
             s3.fs.put(f"{tmp}/store/", "bench-history/", recursive=True)
             print(f"  (copied to moto S3 in {time.perf_counter() - t0:.0f} s)", flush=True)
-            s3 = RunStore("s3://bench-history", options, spool_dir=f"{tmp}/spool-s3",
-                          timeout=120)
-            time_baseline(s3, latest, "S3 (moto)", runs)
+            for measure in (time_baseline, partial(time_judging_reads, remember=False),
+                            partial(time_judging_reads, remember=True)):
+                s3 = RunStore("s3://bench-history", options, spool_dir=f"{tmp}/spool-s3",
+                              timeout=120)
+                measure(s3, latest, "S3 (moto)", runs)
         finally:
             server.stop()
 

@@ -344,8 +344,9 @@ def finish_run(store: RunStore, record: RunRecord, ctx: RunContext, stages: list
                  flagged_reports=flagged_reports)
     _run_step(end, "summary", _summarise)
     first = _write(end, provisional=True)
-    for name, step in STEPS:
-        _run_step(end, name, step)
+    with store.remembering_reads():  # the baseline and the drift series share the history
+        for name, step in STEPS:
+            _run_step(end, name, step)
     if not end.judged:
         end.unjudged_reason = end.unjudged_reason or "the verdict was not computed"
     final = _write(end, provisional=False)

@@ -118,3 +118,30 @@ def test_spooled_provisional_and_final_upload_as_one_complete_run(inproc_client,
     assert json.loads((blocked / "runs" / "nightly" / result.run_id / "manifest.json")
                       .read_text())["files"] == manifest["files"]
     assert "regression.csv" in manifest["files"]
+
+
+def test_judging_reads_the_history_once(inproc_client, tmp_path):
+    """Baseline and drift series share one listing of the index and one read of each table
+    (observed by a spy on the store's filesystem, which still does the work)."""
+    store = RunStore(str(tmp_path))
+    record = record_of(inproc_client)
+    for _ in range(4):
+        assert finish(store, record).judged
+    listed, read = [], []
+    find, cat_file = store.fs.find, store.fs.cat_file
+
+    def spy_find(path, *args, **kwargs):
+        listed.append(str(path))
+        return find(path, *args, **kwargs)
+
+    def spy_cat_file(path, *args, **kwargs):
+        read.append(str(path))
+        return cat_file(path, *args, **kwargs)
+
+    store.fs.find, store.fs.cat_file = spy_find, spy_cat_file
+    result = finish(store, record)
+    assert result.judged and len(result.extras["drift"]) > 0  # the drift step did read
+    index = [p for p in listed if f"{tmp_path}/index/" in p]
+    assert len(index) == 1, index
+    tables = [p for p in read if p.endswith("/tasks.csv")]
+    assert len(tables) == len(set(tables)) == 4, tables

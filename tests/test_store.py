@@ -562,3 +562,33 @@ def test_cli_report_open_uses_the_browser(local_store, tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == location
     assert opened.read_text() == Path(location).as_uri()
+
+
+def test_remembered_reads_list_once_copy_out_and_see_writes(s3_store, moto_endpoint,
+                                                            tmp_path):
+    day = datetime(2026, 11, 1, tzinfo=UTC)
+    first, _ = write_sample(s3_store, run_id=new_run_id(day))
+    write_sample(s3_store, run_id=new_run_id(day + timedelta(days=1)))
+    listings = record_calls(s3_store, "ListObjectsV2")
+    gets = record_calls(s3_store, "GetObject")
+    other = RunStore(s3_store.url, s3_options(moto_endpoint, KEY, SECRET),
+                     spool_dir=tmp_path / "other-spool", timeout=5)
+    with s3_store.remembering_reads():
+        runs = s3_store.list_runs("ndvi", "v1")
+        n = len(listings)
+        assert len(runs) == 2 and s3_store.list_runs("ndvi", "v1") == runs
+        assert len(listings) == n
+        table = s3_store.read_table("ndvi", first)
+        n_gets = len(gets)
+        table.loc[0, "total_s"] = -1.0  # a copy: the memory keeps what was read
+        assert s3_store.read_table("ndvi", first)["total_s"].iloc[0] == 12.5
+        assert len(gets) == n_gets
+        late = new_run_id(day + timedelta(days=2))
+        with pytest.raises(StoreError):
+            s3_store.read_table("ndvi", late)
+        write_sample(other, run_id=late)  # another writer: this store's memory is not told
+        assert s3_store.read_table("ndvi", late)["total_s"].iloc[0] == 12.5  # no failure kept
+        write_sample(s3_store, run_id=new_run_id(day + timedelta(days=3)))  # forgets
+        assert len(s3_store.list_runs("ndvi", "v1")) == 4 and len(listings) > n
+    n = len(listings)
+    assert len(s3_store.list_runs("ndvi", "v1")) == 4 and len(listings) > n  # listed again

@@ -206,25 +206,27 @@ def check_run(store: RunStore, pipeline: str, run_id: str | None = None,
         The regression rule; default :class:`RegressionRule` ().
     """
     rule = rule if rule is not None else RegressionRule()
-    if run_id is None:
-        runs = store.list_runs(pipeline, version)
-        if not runs:
-            what = f"pipeline {pipeline!r}" + (f" version {version!r}" if version else "")
-            raise StoreError(f"no runs of {what} in {store.url}")
-        run_id = runs[0]["run_id"]
-    manifest = store.read_manifest(pipeline, run_id)
-    run_version = manifest["version"]
-    if version is not None and version != run_version:
-        raise StoreError(f"run {run_id} is version {run_version!r}, not {version!r}")
-    latest = store.read_table(pipeline, run_id, "tasks")
-    baseline = load_baseline(store, pipeline, run_version, n=rule.history,
-                             exclude_run_id=run_id, before=run_id)
-    verdicts = detect_regressions(baseline.history, latest, rule=rule)
-    status = str(manifest.get("status") or "healthy")
-    outcome = run_outcome(verdicts, failed=status == "failed", incomplete=status == "incomplete")
-    return Check(run_id, pipeline, run_version, baseline, verdicts, status=status,
-                 outcome=outcome, unjudged_reason=manifest.get("unjudged_reason"),
-                 explanations=_explain(store, pipeline, manifest, baseline, verdicts))
+    with store.remembering_reads():  # manifests and the listing are read more than once
+        if run_id is None:
+            runs = store.list_runs(pipeline, version)
+            if not runs:
+                what = f"pipeline {pipeline!r}" + (f" version {version!r}" if version else "")
+                raise StoreError(f"no runs of {what} in {store.url}")
+            run_id = runs[0]["run_id"]
+        manifest = store.read_manifest(pipeline, run_id)
+        run_version = manifest["version"]
+        if version is not None and version != run_version:
+            raise StoreError(f"run {run_id} is version {run_version!r}, not {version!r}")
+        latest = store.read_table(pipeline, run_id, "tasks")
+        baseline = load_baseline(store, pipeline, run_version, n=rule.history,
+                                 exclude_run_id=run_id, before=run_id)
+        verdicts = detect_regressions(baseline.history, latest, rule=rule)
+        status = str(manifest.get("status") or "healthy")
+        outcome = run_outcome(verdicts, failed=status == "failed",
+                              incomplete=status == "incomplete")
+        return Check(run_id, pipeline, run_version, baseline, verdicts, status=status,
+                     outcome=outcome, unjudged_reason=manifest.get("unjudged_reason"),
+                     explanations=_explain(store, pipeline, manifest, baseline, verdicts))
 
 
 def _explain(store: RunStore, pipeline: str, manifest: dict[str, Any], baseline: Baseline,

@@ -16,13 +16,15 @@ read is skipped (or its index repaired) with a warning naming the run and the fi
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import logging
 import math
 import os
 import re
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -165,6 +167,7 @@ class RunStore:
         self.spool = Spool(self.spool_dir, self.url,
                            store_url.location_options(storage_options, protocol))
         self._down_until = 0.0
+        self._remembered: dict[tuple, Any] | None = None
 
     def __repr__(self) -> str:
         return f"RunStore({self.url!r})"
@@ -234,6 +237,7 @@ class RunStore:
         try:
             self.spool.forget(rel)
             if not spooled:
+                self._forget_reads()
                 self.fs.rm_file(self._path(rel))
         except Exception as exc:
             logger.debug("superseded marker %s not removed: %r", rel, exc)
@@ -277,6 +281,7 @@ class RunStore:
 
     def _put(self, rel: str, data: bytes, exclusive: bool,
              timeout: float | None = None) -> None:
+        self._forget_reads()
         path = self._path(rel)
         if exclusive and self._local:
             with self.fs.open(path, "xb") as f:  # atomic O_EXCL create
@@ -444,6 +449,7 @@ class RunStore:
                 continue
             rel = layout.report_dir(pipeline, run_id)
             try:
+                self._forget_reads()
                 self.fs.rm(self._path(rel), recursive=True, **self._kw)
             except Exception as exc:
                 logger.warning("could not remove %s: %s", self.location(rel),
@@ -490,9 +496,14 @@ class RunStore:
           stopped between the two writes) is listed from its manifest, and its marker
           written again; a damaged manifest there makes the run skipped.
         """
-        base = layout.index_dir(pipeline)
         if version is not None:
             validate_name(version, "version")
+        runs = self._recall(("runs", pipeline), lambda: self._list_all_runs(pipeline))
+        return [dict(r) for r in runs if version is None or r["version"] == version]
+
+    def _list_all_runs(self, pipeline: str) -> list[dict]:
+        """Every run of ``pipeline``, newest first (see :meth:`list_runs`)."""
+        base = layout.index_dir(pipeline)
         runs: dict[str, dict] = {}
         for rel, info in self._find(base).items():
             entry = layout.parse_marker(rel, STATUSES)
@@ -518,8 +529,7 @@ class RunStore:
             entry = self._unindexed(pipeline, run_id)
             if entry is not None:
                 runs[run_id] = entry
-        found = [r for r in runs.values() if version is None or r["version"] == version]
-        return sorted(found, key=lambda r: r["run_id"], reverse=True)
+        return sorted(runs.values(), key=lambda r: r["run_id"], reverse=True)
 
     def _unindexed(self, pipeline: str, run_id: str) -> dict | None:
         """A run folder without index marker: its entry from its manifest (marker repaired),
@@ -556,8 +566,10 @@ class RunStore:
         """The run's manifest; ``StoreError`` naming the file if missing, not UTF-8 JSON,
         malformed or of another schema."""
         rel = layout.manifest_file(pipeline, run_id)
-        data = self._read(rel, f"run {run_id!r} of pipeline {pipeline!r}")
-        return parse_manifest(data, pipeline, run_id, self.location(rel))
+        doc = self._recall(("manifest", pipeline, run_id), lambda: parse_manifest(
+            self._read(rel, f"run {run_id!r} of pipeline {pipeline!r}"), pipeline, run_id,
+            self.location(rel)))
+        return copy.deepcopy(doc) if self._remembered is not None else doc
 
     def read_table(self, pipeline: str, run_id: str, name: str = "tasks") -> pd.DataFrame:
         """One of the run's CSV tables, checked against the size and sha256 in its manifest.
@@ -565,6 +577,11 @@ class RunStore:
         ``StoreError`` naming the run and the file when the table is missing, truncated,
         changed, not UTF-8, not CSV, or (``tasks``) lacks columns or holds non-numbers.
         """
+        table = self._recall(("table", pipeline, run_id, name),
+                             lambda: self._read_table(pipeline, run_id, name))
+        return table.copy() if self._remembered is not None else table
+
+    def _read_table(self, pipeline: str, run_id: str, name: str) -> pd.DataFrame:
         rel = layout.table_file(pipeline, run_id, name)
         manifest = self.read_manifest(pipeline, run_id)
         entry = manifest["files"].get(rel.rsplit("/", 1)[1])
@@ -590,9 +607,45 @@ class RunStore:
 
     def accepted(self, pipeline: str, version: str) -> list[str]:
         """Accepted run ids of ``pipeline``/``version``, newest first."""
-        found = [layout.parse_accepted(rel)
-                 for rel in self._find(layout.accepted_dir(pipeline, version))]
-        return sorted((f[2] for f in found if f is not None), reverse=True)
+        def listed() -> list[str]:
+            found = [layout.parse_accepted(rel)
+                     for rel in self._find(layout.accepted_dir(pipeline, version))]
+            return sorted((f[2] for f in found if f is not None), reverse=True)
+
+        return list(self._recall(("accepted", pipeline, version), listed))
+
+    # ------------------------------------------------------------------ remembered reads
+    @contextlib.contextmanager
+    def remembering_reads(self) -> Iterator[RunStore]:
+        """Within the block, answer a repeated listing or read from memory.
+
+        Judging a run reads the history twice (the baseline, then the drift series) from
+        the same listing and partly the same tables; with thousands of stored runs the
+        listing is what costs (on S3 it pages through every index key). Any write or delete
+        through this store forgets what was read; callers get copies, never the memory.
+        """
+        outer = self._remembered
+        self._remembered = {} if outer is None else outer
+        try:
+            yield self
+        finally:
+            self._remembered = outer
+
+    def _recall(self, key: tuple, read: Callable[[], Any]) -> Any:
+        """``read()``, or inside :meth:`remembering_reads` its remembered answer (failures
+        are not remembered)."""
+        memory = self._remembered
+        if memory is None:
+            return read()
+        try:
+            return memory[key]
+        except KeyError:  # not read yet, or forgotten by a write from another thread
+            value = memory[key] = read()
+            return value
+
+    def _forget_reads(self) -> None:
+        if self._remembered:
+            self._remembered.clear()
 
     # ------------------------------------------------------------------ helpers
     def _check_reachable(self) -> None:
