@@ -35,6 +35,10 @@ class CountingStore(RunStore):
         self.table_reads.append(run_id)
         return super().read_table(pipeline, run_id, name)
 
+    def read_tables(self, pipeline: str, run_ids: list[str], name: str = "tasks") -> dict:
+        self.table_reads.extend(run_ids)
+        return super().read_tables(pipeline, run_ids, name)
+
     def list_runs(self, pipeline: str, version: str | None = None) -> list[dict]:
         self.listings += 1
         return super().list_runs(pipeline, version)

@@ -592,3 +592,46 @@ def test_remembered_reads_list_once_copy_out_and_see_writes(s3_store, moto_endpo
         assert len(s3_store.list_runs("ndvi", "v1")) == 4 and len(listings) > n
     n = len(listings)
     assert len(s3_store.list_runs("ndvi", "v1")) == 4 and len(listings) > n  # listed again
+
+
+def test_s3_read_tables_at_once_say_what_read_table_says(s3_store, moto_endpoint):
+    day = datetime(2026, 11, 1, tzinfo=UTC)
+    ids = [write_sample(s3_store, run_id=new_run_id(day + timedelta(days=i)))[0]
+           for i in range(5)]
+    s3 = boto_client(moto_endpoint)
+    s3.put_object(Bucket=BUCKET, Key=f"pfx/runs/ndvi/{ids[1]}/tasks.csv", Body=b"stage,pr")
+    s3.delete_object(Bucket=BUCKET, Key=f"pfx/runs/ndvi/{ids[2]}/manifest.json")
+    s3.delete_object(Bucket=BUCKET, Key=f"pfx/runs/ndvi/{ids[3]}/tasks.csv")
+    gets = record_calls(s3_store, "GetObject")
+    heads = record_calls(s3_store, "HeadObject")
+    missing = new_run_id(day + timedelta(days=9))
+    found = s3_store.read_tables("ndvi", [*ids, missing])
+    assert list(found) == [*ids, missing]
+    assert len(gets) == 6 + 4, gets  # every manifest once, then the tables they list
+    assert heads == []  # one request per object: no HEAD before each GET
+    for run_id in (ids[0], ids[4]):
+        assert found[run_id].equals(s3_store.read_table("ndvi", run_id))
+    for run_id in (ids[1], ids[2], ids[3], missing):
+        with pytest.raises(StoreError) as one:
+            s3_store.read_table("ndvi", run_id)
+        assert isinstance(found[run_id], StoreError) and str(found[run_id]) == str(one.value)
+    assert "truncated or changed" in str(found[ids[1]])
+    assert f"{ids[3]}/tasks.csv" in str(found[ids[3]]) and "not found" in str(found[ids[3]])
+    manifests = s3_store.read_manifests("ndvi", ids)
+    assert manifests[ids[0]]["version"] == "v1" and isinstance(manifests[ids[2]], StoreError)
+
+
+def test_s3_read_tables_from_a_store_that_is_down_answers_for_every_run(tmp_path):
+    refused = RefusedEndpoint()
+    try:
+        down = RunStore(f"s3://{BUCKET}/pfx", s3_options(refused.endpoint, KEY, SECRET),
+                        spool_dir=tmp_path / "spool", timeout=2)
+        ids = [new_run_id(datetime(2026, 11, 1 + i, tzinfo=UTC)) for i in range(3)]
+        start = time.monotonic()
+        found = down.read_tables("ndvi", ids)
+        elapsed = time.monotonic() - start
+    finally:
+        refused.release()
+    assert list(found) == ids and all(isinstance(v, StoreError) for v in found.values())
+    assert all("could not" in str(v) and KEY not in str(v) for v in found.values()), found
+    assert elapsed < 30

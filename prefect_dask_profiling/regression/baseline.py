@@ -138,18 +138,24 @@ def _read_newest(store: RunStore, pipeline: str, entries: list[dict], restart: s
     frames: list[tuple[str, pd.DataFrame]] = []
     skipped: list[tuple[str, str]] = []
     left_out: Counter = Counter()
-    for entry in sorted(entries, key=lambda e: e["run_id"], reverse=True):
-        if len(frames) == n:
+    newest_first = iter(sorted(entries, key=lambda e: e["run_id"], reverse=True))
+    while len(frames) < n:
+        wanted = []  # as many runs as frames are missing, read at once
+        for entry in newest_first:
+            if not counts_in_baseline(entry["run_id"], entry["status"], restart):
+                left_out[entry["status"]] += 1
+                continue
+            wanted.append(entry["run_id"])
+            if len(wanted) == n - len(frames):
+                break
+        if not wanted:
             break
-        run_id, status = entry["run_id"], entry["status"]
-        if not counts_in_baseline(run_id, status, restart):
-            left_out[status] += 1
-            continue
-        try:
-            frames.append((run_id, store.read_table(pipeline, run_id, "tasks")))
-        except StoreError as exc:
-            logger.warning("baseline of %s: skipping run %s: %s", pipeline, run_id, exc)
-            skipped.append((run_id, str(exc)))
+        for run_id, table in store.read_tables(pipeline, wanted, "tasks").items():
+            if isinstance(table, StoreError):
+                logger.warning("baseline of %s: skipping run %s: %s", pipeline, run_id, table)
+                skipped.append((run_id, str(table)))
+            else:
+                frames.append((run_id, table))
     return frames, skipped, left_out
 
 

@@ -231,14 +231,15 @@ def load_series(store: RunStore, pipeline: str, version: str, *,
     if len(ids) > max_runs:
         ids = ids[:keep_first] + ids[-(max_runs - keep_first):]
     frames = []
+    with store.remembering_reads():  # the tables are checked against the manifests read here
+        manifests = store.read_manifests(pipeline, ids)
+        tables = store.read_tables(pipeline, ids, "tasks")
     for run_id in ids:
-        try:
-            started = store.read_manifest(pipeline, run_id).get("started")
-            table = store.read_table(pipeline, run_id, "tasks")
-        except StoreError as exc:
-            logger.warning("drift series of %s: skipping run %s: %s", pipeline, run_id, exc)
+        table = tables[run_id]
+        if isinstance(table, StoreError):
+            logger.warning("drift series of %s: skipping run %s: %s", pipeline, run_id, table)
             continue
-        frames.append(table.assign(run_id=run_id, started=started))
+        frames.append(table.assign(run_id=run_id, started=manifests[run_id].get("started")))
     note = (f"series since accepted run {restart}" if restart
             else f"series since the first run of version {version}")
     if not frames:

@@ -582,13 +582,91 @@ class RunStore:
         return table.copy() if self._remembered is not None else table
 
     def _read_table(self, pipeline: str, run_id: str, name: str) -> pd.DataFrame:
-        rel = layout.table_file(pipeline, run_id, name)
         manifest = self.read_manifest(pipeline, run_id)
-        entry = manifest["files"].get(rel.rsplit("/", 1)[1])
-        if not isinstance(entry, dict):
+        rel = self._table_entry(pipeline, run_id, name, manifest)
+        return self._check_table(rel, name, self._read(rel, f"table {name!r} of run {run_id!r}"),
+                                 manifest)
+
+    def read_tables(self, pipeline: str, run_ids: list[str], name: str = "tasks"
+                    ) -> dict[str, pd.DataFrame | StoreError]:
+        """:meth:`read_table` of several runs at once: their manifests in one wave of
+        requests, then their tables in another (concurrent on S3, where reading a history
+        one file after the other costs a round trip each).
+
+        Returns
+        -------
+        dict
+            Each run id's table, or the ``StoreError`` :meth:`read_table` would have raised.
+        """
+        manifests = self.read_manifests(pipeline, run_ids)
+        out: dict[str, pd.DataFrame | StoreError] = {}
+        wanted: dict[str, tuple[str, Manifest]] = {}
+        for run_id, manifest in manifests.items():
+            remembered = self._remembered_value(("table", pipeline, run_id, name))
+            if isinstance(manifest, StoreError):
+                out[run_id] = manifest
+            elif remembered is not None:
+                out[run_id] = remembered.copy()
+            else:
+                try:
+                    wanted[run_id] = (self._table_entry(pipeline, run_id, name, manifest),
+                                      manifest)
+                except StoreError as exc:
+                    out[run_id] = exc
+        found = self._read_many({rel: f"table {name!r} of run {run_id!r}"
+                                 for run_id, (rel, _) in wanted.items()})
+        for run_id, (rel, manifest) in wanted.items():
+            try:
+                data = found[rel]
+                if isinstance(data, StoreError):
+                    raise data
+                table = self._check_table(rel, name, data, manifest)
+            except StoreError as exc:
+                out[run_id] = exc
+                continue
+            self._remember(("table", pipeline, run_id, name), table)
+            out[run_id] = table.copy() if self._remembered is not None else table
+        return {run_id: out[run_id] for run_id in run_ids}
+
+    def read_manifests(self, pipeline: str, run_ids: list[str]
+                       ) -> dict[str, Manifest | StoreError]:
+        """:meth:`read_manifest` of several runs at once (one wave of requests): each run id's
+        manifest, or the ``StoreError`` :meth:`read_manifest` would have raised."""
+        out: dict[str, Manifest | StoreError] = {}
+        wanted = {}
+        for run_id in run_ids:
+            remembered = self._remembered_value(("manifest", pipeline, run_id))
+            if remembered is not None:
+                out[run_id] = copy.deepcopy(remembered)
+            else:
+                wanted[layout.manifest_file(pipeline, run_id)] = run_id
+        found = self._read_many({rel: f"run {run_id!r} of pipeline {pipeline!r}"
+                                 for rel, run_id in wanted.items()})
+        for rel, run_id in wanted.items():
+            try:
+                data = found[rel]
+                if isinstance(data, StoreError):
+                    raise data
+                doc = parse_manifest(data, pipeline, run_id, self.location(rel))
+            except StoreError as exc:
+                out[run_id] = exc
+                continue
+            self._remember(("manifest", pipeline, run_id), doc)
+            out[run_id] = copy.deepcopy(doc) if self._remembered is not None else doc
+        return {run_id: out[run_id] for run_id in run_ids}
+
+    def _table_entry(self, pipeline: str, run_id: str, name: str, manifest: Manifest) -> str:
+        """The table's path, if the manifest lists it."""
+        rel = layout.table_file(pipeline, run_id, name)
+        if not isinstance(manifest["files"].get(rel.rsplit("/", 1)[1]), dict):
             raise StoreError(f"run {run_id!r} of pipeline {pipeline!r} has no table {name!r}")
+        return rel
+
+    def _check_table(self, rel: str, name: str, data: bytes, manifest: Manifest
+                     ) -> pd.DataFrame:
+        """The table from its bytes, checked against the size and sha256 in the manifest."""
+        entry = manifest["files"][rel.rsplit("/", 1)[1]]
         where = self.location(rel)
-        data = self._read(rel, f"table {name!r} of run {run_id!r}")
         if len(data) != entry.get("size") or sha256(data) != entry.get("sha256"):
             raise StoreError(f"{where} is truncated or changed: {len(data)} bytes, the manifest "
                              f"says {entry.get('size')} bytes with another checksum")
@@ -643,6 +721,15 @@ class RunStore:
             value = memory[key] = read()
             return value
 
+    def _remembered_value(self, key: tuple) -> Any:
+        memory = self._remembered
+        return None if memory is None else memory.get(key)
+
+    def _remember(self, key: tuple, value: Any) -> None:
+        memory = self._remembered
+        if memory is not None:
+            memory[key] = value
+
     def _forget_reads(self) -> None:
         if self._remembered:
             self._remembered.clear()
@@ -662,12 +749,48 @@ class RunStore:
         self._check_reachable()
         try:
             return self.fs.cat_file(self._path(rel), **self._kw)
-        except FileNotFoundError:
-            raise StoreError(f"{what} not found: no {self.location(rel)}") from None
+        except Exception as exc:
+            raise self._read_error(rel, what, exc) from None
+
+    def _read_error(self, rel: str, what: str, exc: BaseException) -> StoreError:
+        if isinstance(exc, FileNotFoundError):
+            return StoreError(f"{what} not found: no {self.location(rel)}")
+        self._note_failure(exc)
+        return StoreError(f"could not read {self.location(rel)}: {self._describe(exc)}")
+
+    def _read_many(self, items: dict[str, str]) -> dict[str, bytes | StoreError]:
+        """Read ``{path: what it is}`` at once: each path's bytes, or the ``StoreError`` of
+        :meth:`_read`. Concurrent on an async filesystem (S3), one by one elsewhere."""
+        from fsspec.asyn import AsyncFileSystem
+
+        paths = {self.fs._strip_protocol(self._path(rel)): rel for rel in items}
+        globbed = any(c in path for path in paths for c in "*?[")  # fs.cat() would expand them
+        if len(items) < 2 or not isinstance(self.fs, AsyncFileSystem) or globbed:
+            out: dict[str, bytes | StoreError] = {}
+            for rel, what in items.items():
+                try:
+                    out[rel] = self._read(rel, what)
+                except StoreError as exc:
+                    out[rel] = exc
+            return out
+        try:
+            self._check_reachable()
+            # aiobotocore's pool sends at most 10 at a time: a timeout per 32 files
+            timeout = self.timeout * math.ceil(len(paths) / 32)
+            found = self.fs.cat(list(paths), on_error="return", timeout=timeout)
+        except StoreError as exc:
+            return dict.fromkeys(items, exc)
         except Exception as exc:
             self._note_failure(exc)
-            raise StoreError(f"could not read {self.location(rel)}: "
-                             f"{self._describe(exc)}") from None
+            error = StoreError(f"could not read {len(items)} files under {self.url}: "
+                               f"{self._describe(exc)}")
+            return dict.fromkeys(items, error)
+        out = {}
+        for path, rel in paths.items():
+            data = found.get(path, FileNotFoundError(path))
+            out[rel] = (self._read_error(rel, items[rel], data)
+                        if isinstance(data, BaseException) else data)
+        return out
 
     def _exists(self, rel: str) -> bool:
         self._check_reachable()

@@ -50,6 +50,9 @@ def make_s3fs(storage_options: dict[str, Any] | None, timeout: float) -> Any:
         options["session"] = session
     options.setdefault("skip_instance_cache", True)
     options.setdefault("use_listings_cache", False)
+    # The store's objects are small: above 1, s3fs sends a HEAD before every GET to decide
+    # on a parallel ranged download, doubling the round trips of reading a history.
+    options.setdefault("max_concurrency", 1)
     fs = s3fs.S3FileSystem(config_kwargs=config, **options)
     fs.retries = 1  # s3fs's own outer retry loop (default 5) on top of botocore's attempts
     return fs
