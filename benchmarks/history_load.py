@@ -33,6 +33,10 @@ class CountingStore(RunStore):
         self.table_reads += 1
         return super().read_table(pipeline, run_id, name)
 
+    def read_tables(self, pipeline: str, run_ids: list[str], name: str = "tasks") -> dict:
+        self.table_reads += len(run_ids)
+        return super().read_tables(pipeline, run_ids, name)
+
 
 def tasks_table(rng: np.random.Generator) -> pd.DataFrame:
     total = 50.0 * (1 + np.arange(N_PREFIXES)) * rng.uniform(0.8, 1.2, N_PREFIXES)
