@@ -646,3 +646,9 @@ def test_s3_read_tables_from_a_store_that_is_down_answers_for_every_run(endpoint
     assert all("could not" in str(v) and KEY not in str(v) for v in found.values()), found
     assert all(isinstance(v, StoreError) for v in again.values())
     assert elapsed < 30
+
+
+@pytest.mark.parametrize("run_ids", ["20261101T000000Z-abcdef", [1, 2], ["../x", "y"]])
+def test_read_tables_refuses_what_is_not_a_list_of_run_ids(local_store, run_ids):
+    with pytest.raises(ValueError, match="run_id"):
+        local_store.read_tables("ndvi", run_ids)

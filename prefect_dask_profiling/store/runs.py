@@ -32,7 +32,7 @@ from typing import Any, TypedDict
 
 import pandas as pd
 
-from prefect_dask_profiling._util import validate_name
+from prefect_dask_profiling._util import InvalidInput, validate_name
 from prefect_dask_profiling.store import layout, s3
 from prefect_dask_profiling.store import url as store_url
 from prefect_dask_profiling.store.errors import StoreError
@@ -632,6 +632,8 @@ class RunStore:
                        ) -> dict[str, Manifest | StoreError]:
         """:meth:`read_manifest` of several runs at once (one wave of requests): each run id's
         manifest, or the ``StoreError`` :meth:`read_manifest` would have raised."""
+        if isinstance(run_ids, str) or not all(isinstance(r, str) for r in run_ids):
+            raise InvalidInput(f"run_ids must be a list of run id strings, got {run_ids!r}")
         out: dict[str, Manifest | StoreError] = {}
         wanted = {}
         for run_id in run_ids:
