@@ -230,7 +230,7 @@ def load_series(store: RunStore, pipeline: str, version: str, *,
                  and (restart is None or e["run_id"] >= restart))
     if len(ids) > max_runs:
         ids = ids[:keep_first] + ids[-(max_runs - keep_first):]
-    frames = []
+    frames, runs, started = [], [], []
     with store.remembering_reads():  # the tables are checked against the manifests read here
         manifests = store.read_manifests(pipeline, ids)
         tables = store.read_tables(pipeline, ids, "tasks")
@@ -239,12 +239,17 @@ def load_series(store: RunStore, pipeline: str, version: str, *,
         if isinstance(table, StoreError):
             logger.warning("drift series of %s: skipping run %s: %s", pipeline, run_id, table)
             continue
-        frames.append(table.assign(run_id=run_id, started=manifests[run_id].get("started")))
+        frames.append(table)
+        runs.append(run_id)
+        started.append(manifests[run_id].get("started"))
     note = (f"series since accepted run {restart}" if restart
             else f"series since the first run of version {version}")
     if not frames:
         return _empty_series(), note
+    lengths = [len(f) for f in frames]
     out = pd.concat(frames, ignore_index=True)
+    out["run_id"] = np.repeat(np.array(runs, dtype=object), lengths)
+    out["started"] = np.repeat(np.array(started, dtype=object), lengths)
     first = ["run_id", "started", "stage", "prefix", "tasks", "total_s"]
     return out[[*first, *[c for c in out.columns if c not in first]]], note
 

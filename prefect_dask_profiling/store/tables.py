@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import io
-import math
 
+import numpy as np
 import pandas as pd
 
 from prefect_dask_profiling._util import validate_name
@@ -60,11 +60,16 @@ def check_tasks(frame: pd.DataFrame, where: str) -> None:
     missing = [c for c in TASKS_COLUMNS if c not in frame.columns]
     if missing:
         raise StoreError(f"{where} lacks column(s) {', '.join(missing)}")
-    for column in TASKS_COLUMNS[2:]:
-        if len(frame) and not pd.api.types.is_numeric_dtype(frame[column]):
+    if not len(frame):
+        return
+    numbers = TASKS_COLUMNS[2:]
+    for column in numbers:
+        if not pd.api.types.is_numeric_dtype(frame[column]):
             raise StoreError(f"{where} has non-numeric values in column {column}")
-        if len(frame) and not frame[column].map(math.isfinite).all():
-            raise StoreError(f"{where} has missing or infinite values in column {column}")
+    finite = np.isfinite(frame[numbers].to_numpy(dtype=float)).all(axis=0)
+    if not finite.all():
+        column = numbers[int(np.argmin(finite))]
+        raise StoreError(f"{where} has missing or infinite values in column {column}")
 
 
 def first_line(exc: BaseException) -> str:
