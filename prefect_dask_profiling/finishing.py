@@ -232,11 +232,13 @@ def _explain(end: RunEnd) -> None:
 def _flagged_reports(end: RunEnd) -> None:
     """Ask the caller for the reports of stages that regressed or drifted (when it deferred
     them), before the stored run is completed so its manifest lists them."""
+    from prefect_dask_profiling.regression.drift import flagged
+
     if end.flagged_reports is None or end.verdicts is None or end.verdicts.empty:
         return
-    flagged = end.verdicts[end.verdicts["verdict"].isin(["regression", "drift"])]
-    if not flagged.empty:
-        end.warnings.extend(end.flagged_reports(set(flagged["stage"].astype(str))))
+    stages = set(flagged(end.verdicts)["stage"].astype(str))
+    if stages:
+        end.warnings.extend(end.flagged_reports(stages))
 
 
 def _drift(end: RunEnd) -> None:

@@ -56,10 +56,10 @@ def test_concurrent_renders_keep_their_own_end(client):
     assert _shown(a_html) < _shown(b_html)
 
 
-@pytest.mark.parametrize("mode, seconds, expected", [
-    ("auto", 19.9, False), ("auto", 20.0, True), ("auto", 3600.0, True),
-    (True, 0.1, True), (False, 3600.0, False),
+@pytest.mark.parametrize("mode, seconds, raised, expected", [
+    ("auto", 19.9, False, False), ("auto", 20.0, False, True), ("auto", 3600.0, False, True),
+    ("auto", 0.1, True, True), (True, 0.1, False, True), (False, 3600.0, True, False),
 ])
-def test_which_stages_get_their_report_at_exit(mode, seconds, expected):
+def test_which_stages_get_their_report_at_exit(mode, seconds, raised, expected):
     # "auto" leaves a shorter stage's report to finish(), which renders it if it regressed
-    assert reports.render_now(mode, seconds, min_seconds=20.0) is expected
+    assert reports.render_now(mode, seconds, min_seconds=20.0, raised=raised) is expected

@@ -43,15 +43,16 @@ class RenderedReport:
     truncated: bool
 
 
-def render_now(mode: bool | str, seconds: float, min_seconds: float) -> bool:
+def render_now(mode: bool | str, seconds: float, min_seconds: float,
+               raised: bool = False) -> bool:
     """Whether a stage that ran ``seconds`` gets its report at its exit.
 
     ``mode`` is the runner's ``stage_reports``: ``True`` always, ``False`` never, ``"auto"``
-    when the stage ran at least ``min_seconds`` (a shorter stage's report waits until the
-    run is judged, and is rendered only if the stage regressed).
+    when the stage ran at least ``min_seconds`` or its block ``raised`` (a shorter stage's
+    report waits until the run is judged, and is rendered only if the stage regressed).
     """
     if mode == "auto":
-        return seconds >= min_seconds
+        return raised or seconds >= min_seconds
     return bool(mode)
 
 

@@ -244,8 +244,8 @@ class Session:
             info.note = f"report not rendered: {exc!r}"
             return
         seconds = end.stop - window.start
-        if not (failed and self.options.stage_reports) and not reports.render_now(
-                self.options.stage_reports, seconds, self.options.report_min_seconds):
+        if not reports.render_now(self.options.stage_reports, seconds,
+                                  self.options.report_min_seconds, raised=failed):
             info.note = (f"no report: the stage ran {seconds:.1f} s, under report_min_seconds="
                          f"{self.options.report_min_seconds:g} (rendered only if it regresses)")
             self._deferred.append((info, window, end))

@@ -280,6 +280,11 @@ def merge_drift(verdicts: pd.DataFrame, drift: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def flagged(verdicts: pd.DataFrame) -> pd.DataFrame:
+    """The rows of ``verdicts`` (drift merged in) that regressed or drifted."""
+    return verdicts[verdicts["verdict"].isin(["regression", "drift"])]
+
+
 def flagged_series(verdicts: pd.DataFrame, drift: pd.DataFrame | None,
                    nights: int = 8) -> list[dict]:
     """Each flagged prefix's recent totals and baseline, for a compact inline row.
@@ -309,7 +314,7 @@ def flagged_series(verdicts: pd.DataFrame, drift: pd.DataFrame | None,
     if verdicts.empty:
         return []
     out = []
-    for r in verdicts[verdicts["verdict"].isin(["regression", "drift"])].itertuples(index=False):
+    for r in flagged(verdicts).itertuples(index=False):
         key = (str(r.stage), str(r.prefix))
         recent = series.get(key) or [getattr(r, "latest_s", math.nan)]
         ratio = getattr(r, "ratio", math.nan)

@@ -565,11 +565,7 @@ class RunStore:
     def read_manifest(self, pipeline: str, run_id: str) -> Manifest:
         """The run's manifest; ``StoreError`` naming the file if missing, not UTF-8 JSON,
         malformed or of another schema."""
-        rel = layout.manifest_file(pipeline, run_id)
-        doc = self._recall(("manifest", pipeline, run_id), lambda: parse_manifest(
-            self._read(rel, f"run {run_id!r} of pipeline {pipeline!r}"), pipeline, run_id,
-            self.location(rel)))
-        return copy.deepcopy(doc) if self._remembered is not None else doc
+        return _or_raise(self.read_manifests(pipeline, [run_id])[run_id])
 
     def read_table(self, pipeline: str, run_id: str, name: str = "tasks") -> pd.DataFrame:
         """One of the run's CSV tables, checked against the size and sha256 in its manifest.
@@ -577,15 +573,7 @@ class RunStore:
         ``StoreError`` naming the run and the file when the table is missing, truncated,
         changed, not UTF-8, not CSV, or (``tasks``) lacks columns or holds non-numbers.
         """
-        table = self._recall(("table", pipeline, run_id, name),
-                             lambda: self._read_table(pipeline, run_id, name))
-        return table.copy() if self._remembered is not None else table
-
-    def _read_table(self, pipeline: str, run_id: str, name: str) -> pd.DataFrame:
-        manifest = self.read_manifest(pipeline, run_id)
-        rel = self._table_entry(pipeline, run_id, name, manifest)
-        return self._check_table(rel, name, self._read(rel, f"table {name!r} of run {run_id!r}"),
-                                 manifest)
+        return _or_raise(self.read_tables(pipeline, [run_id], name)[run_id])
 
     def read_tables(self, pipeline: str, run_ids: list[str], name: str = "tasks"
                     ) -> dict[str, pd.DataFrame | StoreError]:
@@ -598,6 +586,7 @@ class RunStore:
         dict
             Each run id's table, or the ``StoreError`` :meth:`read_table` would have raised.
         """
+        validate_name(name, "table name")
         manifests = self.read_manifests(pipeline, run_ids)
         out: dict[str, pd.DataFrame | StoreError] = {}
         wanted: dict[str, tuple[str, Manifest]] = {}
@@ -632,8 +621,8 @@ class RunStore:
                        ) -> dict[str, Manifest | StoreError]:
         """:meth:`read_manifest` of several runs at once (one wave of requests): each run id's
         manifest, or the ``StoreError`` :meth:`read_manifest` would have raised."""
-        if isinstance(run_ids, str) or not all(isinstance(r, str) for r in run_ids):
-            raise InvalidInput(f"run_ids must be a list of run id strings, got {run_ids!r}")
+        if isinstance(run_ids, str):
+            raise InvalidInput(f"run_ids must be a list of run ids, got the string {run_ids!r}")
         out: dict[str, Manifest | StoreError] = {}
         wanted = {}
         for run_id in run_ids:
@@ -852,6 +841,13 @@ class RunStore:
 
 
 # ---------------------------------------------------------------------- module helpers
+def _or_raise(found: Any) -> Any:
+    """``found``, unless it is the ``StoreError`` a batch read answered with."""
+    if isinstance(found, StoreError):
+        raise found
+    return found
+
+
 def _unreachable(exc: BaseException | None) -> bool:
     """Whether ``exc`` (or its cause) says the endpoint did not answer, not that it refused."""
     seen = 0
