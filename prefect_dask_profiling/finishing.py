@@ -7,14 +7,20 @@ Used by the Prefect session (:mod:`prefect_dask_profiling.prefect.session`), by 
 2. **store the record first** — tables and a provisional manifest with status ``unjudged``
    — or spool it when the store does not answer;
 3. run each later **step** on its own (:data:`STEPS`): deliver what earlier runs left in the
-   spool, lifecycle rule, baseline, verdict, per-stage diagnosis, trend... A step that raises
+   spool, lifecycle rule, per-stage diagnosis, the history, **the judgement** (the one
+   :func:`~prefect_dask_profiling.regression.judge.judge`), trend... A step that raises
    leaves the others done; its failure becomes a warning in the manifest and in the logs;
-4. **complete** the stored run: the verdict's tables and the final manifest. A run whose
-   verdict could not be computed keeps status ``unjudged``: it stays out of every baseline
-   and ``dask-profiling check`` exits non-zero for it, with the reason.
+4. **complete** the stored run: the judgement's tables, the final manifest (with the rules
+   that judged the run) and the fleet view's rows. A run whose history could not be read or
+   whose judgement could not be made keeps status ``unjudged``: it stays out of every
+   baseline and ``dask-profiling check`` exits non-zero for it, with the reason.
+
+Every write after the record fails closed: a store error at the final write (a listing, a
+PUT, 403, 503, a timeout) spools what was not written and never loses the judgement, which
+the caller applies to the flow all the same.
 
 Nothing here changes the flow's own outcome: deciding to fail the flow on a regression is
-the caller's (:attr:`FinishResult.regressed` and :attr:`FinishSettings.on_regression`).
+the caller's (:attr:`FinishResult.regressed` and :attr:`FinishSettings.fail_on_regression`).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from prefect_dask_profiling.regression.rule import RegressionRule
+from prefect_dask_profiling.regression.rule import RegressionRule, Rules
 from prefect_dask_profiling.store.manifest import (
     RunContext,
     StageInfo,
@@ -37,6 +43,8 @@ from prefect_dask_profiling.store.manifest import (
 from prefect_dask_profiling.summary import RunRecord, summarise, utilisation
 
 if TYPE_CHECKING:
+    from prefect_dask_profiling.diagnosis.stages import Diagnosis
+    from prefect_dask_profiling.regression.judge import History, Judgement
     from prefect_dask_profiling.store.runs import RunStore
 
 logger = logging.getLogger("prefect_dask_profiling")
@@ -74,10 +82,30 @@ class FinishSettings:
     spool_budget_s: float = 10.0
     fail_on_regression: bool = False
 
+    @property
+    def rules(self) -> Rules:
+        """The rules the run is judged by (refused here if a setting is bad)."""
+        return Rules.from_options(self.threshold, self.history, self.check_options)
+
 
 @dataclass
 class FinishResult:
-    """What finishing the run produced."""
+    """What finishing the run produced.
+
+    Attributes
+    ----------
+    status
+        The stored status: ``unjudged`` when no judgement could be made.
+    judgement
+        The run's judgement (:class:`~prefect_dask_profiling.regression.judge.Judgement`),
+        ``None`` when unjudged.
+    regressed
+        The run counts as regressed (the judgement's outcome).
+    diagnoses
+        The bottleneck verdict of each stage.
+    fleet_location
+        Where the run's rows of the fleet view were written, if they were.
+    """
 
     run_id: str
     pipeline: str
@@ -91,11 +119,19 @@ class FinishResult:
     regressed: bool
     warnings: list[str]
     trend_location: str | None = None
-    extras: dict[str, Any] = field(default_factory=dict)
+    judgement: Judgement | None = None
+    diagnoses: dict[str, Diagnosis] = field(default_factory=dict)
+    fleet_location: str | None = None
 
     @property
     def judged(self) -> bool:
         return self.status != UNJUDGED
+
+    @property
+    def failure_message(self) -> str:
+        """One line naming what regressed and drifted (the flow's failure message)."""
+        return self.judgement.outcome.message if self.judgement is not None \
+            else "no regression"
 
 
 @dataclass
@@ -103,7 +139,7 @@ class RunEnd:
     """Everything a step reads and writes while the run is being finished.
 
     Steps communicate through these attributes only; ``manifest_extra`` keys are added to the
-    stored manifest, ``files`` are stored next to the tables, ``extras`` reach the caller.
+    stored manifest, ``files`` are stored next to the tables.
     """
 
     store: RunStore
@@ -117,14 +153,15 @@ class RunEnd:
     warnings: list[str]
     summary: pd.DataFrame | None = None
     util: pd.DataFrame | None = None
-    baseline: Any = None
-    verdicts: pd.DataFrame | None = None
-    judged: bool = False
+    history: History | None = None
+    judgement: Judgement | None = None
+    diagnoses: dict[str, Diagnosis] = field(default_factory=dict)
     unjudged_reason: str | None = None
     files: dict[str, bytes] = field(default_factory=dict)
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     manifest_extra: dict[str, Any] = field(default_factory=dict)
-    extras: dict[str, Any] = field(default_factory=dict)
+    manifest: dict[str, Any] | None = None
+    fleet_location: str | None = None
     step_seconds: dict[str, float] = field(default_factory=dict)
     flagged_reports: Callable[[set[str]], list[str]] | None = None
 
@@ -134,13 +171,12 @@ class RunEnd:
         return self.error is not None or self.record.incomplete
 
     @property
-    def regressed(self) -> bool:
-        from prefect_dask_profiling.regression.verdict import run_outcome
+    def judged(self) -> bool:
+        return self.judgement is not None
 
-        return run_outcome(self.verdicts if self.judged else None,
-                           failed=self.error is not None,
-                           incomplete=self.record.incomplete).regressed \
-            or bool(self.extras.get("drift_fails"))
+    @property
+    def regressed(self) -> bool:
+        return self.judgement is not None and self.judgement.regressed
 
 
 Step = Callable[[RunEnd], None]
@@ -161,40 +197,50 @@ def _lifecycle(end: RunEnd) -> None:
         end.warnings.append(warning)
 
 
-def _baseline(end: RunEnd) -> None:
-    from prefect_dask_profiling.regression.baseline import load_baseline
+def _history(end: RunEnd) -> None:
+    """Read the run's history; one that cannot be read leaves the run unjudged."""
+    from prefect_dask_profiling.regression.judge import load_history
 
-    end.baseline = load_baseline(end.store, end.ctx.pipeline, end.ctx.version,
-                                 n=end.settings.history, exclude_run_id=end.ctx.run_id)
-    end.warnings.extend(f"baseline: skipped run {r}: {why}" for r, why in end.baseline.skipped)
+    end.history = load_history(end.store, end.ctx.pipeline, end.ctx.version,
+                               end.settings.rules, run_id=end.ctx.run_id)
+    end.warnings.extend(end.history.warnings)
 
 
-def _verdict(end: RunEnd) -> None:
-    from prefect_dask_profiling.regression.verdict import detect_regressions
+def _judge(end: RunEnd) -> None:
+    """The one judgement of the night (:func:`~prefect_dask_profiling.regression.judge.judge`)."""
+    from prefect_dask_profiling.regression.judge import Tonight, judge
 
-    if end.baseline is None:
-        raise RuntimeError("no baseline could be loaded")
+    if end.history is None:
+        raise RuntimeError("no history could be read")
     if end.summary is None:
         raise RuntimeError("no summary could be computed")
-    rule = RegressionRule.from_options(end.settings.threshold, end.settings.history,
-                                       end.settings.check_options)
-    end.verdicts = detect_regressions(end.baseline.history, end.summary, rule=rule)
-    end.judged = True
-    end.tables["regression"] = end.verdicts
+    tonight = Tonight(
+        run_id=end.ctx.run_id, pipeline=end.ctx.pipeline, version=end.ctx.version,
+        summary=end.summary, started=end.ctx.started.isoformat(),
+        failed=end.error is not None, incomplete=end.record.incomplete,
+        context={"version": end.ctx.version, "source_hash": end.ctx.source_hash,
+                 "workers": end.record.n_workers, "threads": end.record.threads,
+                 "environment": end.env, "stages": [s.__dict__ for s in end.stages]})
+    end.judgement = judge(tonight, end.history, end.settings.rules)
+    end.tables["regression"] = end.judgement.verdicts
+    end.tables["drift"] = end.judgement.drift.drop(columns="series", errors="ignore")
+    end.manifest_extra.update(end.judgement.to_manifest())
 
 
 def _trend(end: RunEnd) -> None:
     from prefect_dask_profiling.regression.trend import trend_html
 
-    if end.baseline is None or end.summary is None or end.verdicts is None:
+    if end.history is None or end.summary is None or end.judgement is None:
         return
     title = f"{end.ctx.pipeline} {end.ctx.version}: total seconds per prefix"
-    end.files["trend.html"] = trend_html(end.baseline.history, end.summary, end.verdicts,
-                                         title=title).encode()
+    end.files["trend.html"] = trend_html(end.history.baseline.history, end.summary,
+                                         end.judgement.verdicts, title=title).encode()
 
 
 def _diagnose(end: RunEnd) -> None:
-    """A bottleneck verdict per stage (same classifier as ``bench``), kept in the manifest."""
+    """A bottleneck verdict per stage (same classifier as ``bench``), kept in the manifest;
+    before the judgement, whose explanations compare tonight's bottleneck with the
+    baseline's."""
     from prefect_dask_profiling.diagnosis.stages import diagnose_run
 
     diagnoses, warnings = diagnose_run(end.record)
@@ -202,98 +248,43 @@ def _diagnose(end: RunEnd) -> None:
     for info in end.stages:
         if info.name in diagnoses:
             info.diagnosis = diagnoses[info.name].to_dict()
-    end.extras["diagnoses"] = diagnoses
-
-
-def _explain(end: RunEnd) -> None:
-    """For regressed stages: how the bottleneck and the run's context changed since the
-    baseline runs (their manifests; unreadable ones are left out)."""
-    from prefect_dask_profiling.regression.explain import explain_verdicts
-
-    if end.baseline is None or end.verdicts is None or end.verdicts.empty:
-        return
-    if not (end.verdicts["verdict"] == "regression").any():
-        return
-    manifests = []
-    for run_id in end.baseline.runs:
-        try:
-            manifests.append(end.store.read_manifest(end.ctx.pipeline, run_id))
-        except Exception as exc:  # one unreadable manifest must not cost the others
-            end.warnings.append(f"explanation: baseline run {run_id} skipped: {exc}")
-    tonight = {"version": end.ctx.version, "source_hash": end.ctx.source_hash,
-               "workers": end.record.n_workers, "threads": end.record.threads,
-               "environment": end.env, "stages": [s.__dict__ for s in end.stages]}
-    explanations = explain_verdicts(end.verdicts, tonight, manifests)
-    if explanations:
-        end.manifest_extra["explanations"] = explanations
-        end.extras["explanations"] = explanations
+    end.diagnoses = diagnoses
 
 
 def _flagged_reports(end: RunEnd) -> None:
     """Ask the caller for the reports of stages that regressed or drifted (when it deferred
     them), before the stored run is completed so its manifest lists them."""
-    from prefect_dask_profiling.regression.drift import flagged
-
-    if end.flagged_reports is None or end.verdicts is None or end.verdicts.empty:
+    if end.flagged_reports is None or end.judgement is None:
         return
-    stages = set(flagged(end.verdicts)["stage"].astype(str))
+    stages = set(end.judgement.flagged()["stage"].astype(str))
     if stages:
         end.warnings.extend(end.flagged_reports(stages))
 
 
-def _drift(end: RunEnd) -> None:
-    """Judge each prefix's series since the baseline start; failing drift fails the run."""
-    from prefect_dask_profiling.regression import drift as rule
-    from prefect_dask_profiling.regression.verdict import describe, regressed
-
-    if end.summary is None or end.verdicts is None or end.failed_otherwise:
-        return
-    series, note = rule.load_series(end.store, end.ctx.pipeline, end.ctx.version,
-                                    exclude_run_id=end.ctx.run_id)
-    latest = end.summary.assign(run_id=end.ctx.run_id, started=end.ctx.started.isoformat())
-    options = {k: v for k, v in end.settings.check_options.items()
-               if k in ("min_seconds", "min_share")}
-    found = rule.detect_drift(pd.concat([series, latest], ignore_index=True),
-                              threshold=end.settings.threshold, **options)
-    failing = rule.drifted(found, failing_only=True)
-    end.extras["drift"] = found
-    end.extras["drift_fails"] = not failing.empty
-    end.tables["drift"] = found.drop(columns="series")
-    one_night = regressed(end.verdicts)
-    end.verdicts = rule.merge_drift(end.verdicts, found)
-    end.tables["regression"] = end.verdicts
-    end.manifest_extra["drift"] = {
-        "note": note, "failing": [f"{r.stage}/{r.prefix}" for r in failing.itertuples()],
-        "drifting": [f"{r.stage}/{r.prefix}" for r in rule.drifted(found).itertuples()]}
-    if not failing.empty:
-        parts = ([describe(one_night)] if not one_night.empty else []) \
-            + [rule.describe_drift(failing)]
-        end.extras["failure_message"] = "; ".join(parts)
-
-
 def _fleet(end: RunEnd) -> None:
-    """Write the run's rows of the fleet-wide Parquet view (``<store>/fleet/``)."""
+    """Write the run's rows of the fleet-wide Parquet view (``<store>/fleet/``), from the
+    final manifest before it is written, so a failure here reaches the manifest."""
     from prefect_dask_profiling.export.fleet import write_fleet
 
-    manifest, tasks = end.extras.get("_manifest"), end.tables.get("tasks")
-    if manifest is not None and tasks is not None:
-        end.extras["fleet_location"] = write_fleet(end.store, manifest, tasks)
+    tasks = end.tables.get("tasks")
+    if end.manifest is not None and tasks is not None:
+        end.fleet_location = write_fleet(end.store, end.manifest, tasks)
 
 
 # The steps after the record is stored, in order. Each one is isolated: add new ones here.
 STEPS: list[tuple[str, Step]] = [
     ("spool delivery", _deliver_spool),
     ("lifecycle", _lifecycle),
-    ("baseline", _baseline),
-    ("verdict", _verdict),
-    ("drift", _drift),
     ("diagnosis", _diagnose),
-    ("explanation", _explain),
+    ("history", _history),
+    ("judgement", _judge),
     ("flagged reports", _flagged_reports),
     ("trend", _trend),
 ]
-# Steps that need the completed stored run (e.g. views built from it).
-AFTER_STORE: list[tuple[str, Step]] = [("fleet", _fleet)]
+# Steps that need the final manifest (built, not yet written): views built from it.
+FINAL: list[tuple[str, Step]] = [("fleet", _fleet)]
+# A failing step of these names leaves the run unjudged.
+JUDGING_STEPS = ("summary", "history", "judgement")
 
 
 def finish_run(store: RunStore, record: RunRecord, ctx: RunContext, stages: list[StageInfo],
@@ -345,27 +336,30 @@ def finish_run(store: RunStore, record: RunRecord, ctx: RunContext, stages: list
                  warnings=[*(warnings or []), *record.warnings],
                  flagged_reports=flagged_reports)
     _run_step(end, "summary", _summarise)
-    first = _write(end, provisional=True)
+    first = _store_record(end)
     with store.remembering_reads():  # the baseline and the drift series share the history
         for name, step in STEPS:
             _run_step(end, name, step)
     if not end.judged:
         end.unjudged_reason = end.unjudged_reason or "the verdict was not computed"
-    final = _write(end, provisional=False)
-    for name, step in AFTER_STORE:
+    end.manifest = _manifest(end, provisional=False)
+    for name, step in FINAL:
         _run_step(end, name, step)
-    location = final.location or first.location
-    manifest = end.extras.pop("_manifest")
-    for w in final.warnings:
+    final_warnings, location = _complete(end)
+    location = location or first.location
+    for w in final_warnings:
         logger.warning("dask-profiling: %s", w)
+    judgement = end.judgement
     return FinishResult(
         run_id=ctx.run_id, pipeline=ctx.pipeline, version=ctx.version,
-        status=manifest["status"], summary=_or_empty(end.summary),
-        utilisation=_or_empty(end.util), verdicts=_verdicts_or_empty(end.verdicts),
-        manifest=manifest, location=location, regressed=end.regressed,
-        warnings=[*end.warnings, *first.warnings, *final.warnings],
+        status=end.manifest["status"], summary=_or_empty(end.summary),
+        utilisation=_or_empty(end.util),
+        verdicts=judgement.verdicts if judgement is not None
+        else pd.DataFrame(columns=VERDICT_COLUMNS),
+        manifest=end.manifest, location=location, regressed=end.regressed,
+        warnings=[*end.warnings, *first.warnings, *final_warnings],
         trend_location=_join(location, "trend.html") if "trend.html" in end.files else None,
-        extras=end.extras)
+        judgement=judgement, diagnoses=end.diagnoses, fleet_location=end.fleet_location)
 
 
 def _summarise(end: RunEnd) -> None:
@@ -381,19 +375,15 @@ def _run_step(end: RunEnd, name: str, step: Step) -> None:
     except Exception as exc:
         message = f"{name} step failed: {type(exc).__name__}: {exc}"
         end.warnings.append(message)
-        if name in ("baseline", "verdict", "summary"):
+        if name in JUDGING_STEPS:
             end.unjudged_reason = end.unjudged_reason or message
         logger.warning("dask-profiling: %s", message, exc_info=True)
     finally:
         end.step_seconds[name] = time.perf_counter() - started
 
 
-def _write(end: RunEnd, *, provisional: bool):
-    """Store the run: first the record and a provisional manifest, then the rest.
-
-    Both writes spool when the store does not answer. The provisional write raises
-    ``StoreError`` only when the run id is already taken.
-    """
+def _manifest(end: RunEnd, *, provisional: bool) -> dict[str, Any]:
+    """The run's manifest: provisional (``unjudged``, verdict pending) or final."""
     state = end.state
     if state is None:
         fails = end.error is not None or (end.regressed and end.settings.fail_on_regression)
@@ -401,25 +391,53 @@ def _write(end: RunEnd, *, provisional: bool):
     if end.record.incomplete and state == "COMPLETED":
         state = "CRASHED"
     judged = end.judged and not provisional
-    baseline = end.baseline
+    baseline = None
+    if end.judgement is not None:
+        baseline = {"runs": list(end.judgement.baseline_runs), "version": end.ctx.version,
+                    "note": end.judgement.baseline_note}
+    elif end.history is not None:
+        baseline = {"runs": list(end.history.baseline.runs), "version": end.ctx.version,
+                    "note": end.history.baseline.note}
     manifest = build_manifest(
-        end.ctx, state=state, regressed=end.regressed, judged=judged,
+        end.ctx, state=state, regressed=end.regressed and not provisional, judged=judged,
         utilisation=_or_empty(end.util, ["utilisation", "wall_s", "task_s"]),
         stages=end.stages, workers=end.record.n_workers, threads=end.record.threads,
-        env=end.env, warnings=list(end.warnings),
-        baseline=None if baseline is None else {"runs": baseline.runs,
-                                                "version": baseline.version,
-                                                "note": baseline.note},
+        env=end.env, warnings=list(end.warnings), baseline=baseline,
         unjudged_reason=None if judged else (end.unjudged_reason or "verdict pending"))
-    manifest.update(end.manifest_extra)
+    if not provisional:
+        manifest.update(end.manifest_extra)
     if end.step_seconds:
         manifest["finish_seconds"] = {k: round(v, 4) for k, v in end.step_seconds.items()}
-    end.extras["_manifest"] = manifest
-    if provisional:
-        end.tables = _record_tables(end)
-        return end.store.write_run(end.ctx.pipeline, end.ctx.run_id, end.tables, manifest)
-    return end.store.complete_run(end.ctx.pipeline, end.ctx.run_id, end.tables, manifest,
-                                  extra_files=end.files)
+    return manifest
+
+
+def _store_record(end: RunEnd):
+    """Store the record and a provisional manifest (spooled when the store does not
+    answer). Raises ``StoreError`` only when the run id is already taken."""
+    end.tables = _record_tables(end)
+    return end.store.write_run(end.ctx.pipeline, end.ctx.run_id, end.tables,
+                               _manifest(end, provisional=True))
+
+
+def _complete(end: RunEnd) -> tuple[list[str], str | None]:
+    """Write the judgement's tables, files and the final manifest; never raises.
+
+    The store spools what it cannot write. Should it raise all the same, the judgement is
+    kept (the caller still applies it to the flow) and the failure is a warning.
+    """
+    manifest = end.manifest
+    manifest["warnings"] = list(end.warnings)
+    if end.step_seconds:
+        manifest["finish_seconds"] = {k: round(v, 4) for k, v in end.step_seconds.items()}
+    try:
+        result = end.store.complete_run(end.ctx.pipeline, end.ctx.run_id, end.tables,
+                                        manifest, extra_files=end.files)
+    except Exception as exc:
+        message = (f"the final write of run {end.ctx.run_id} failed: {type(exc).__name__}: "
+                   f"{exc}; the run stays stored as provisional (unjudged)")
+        end.warnings.append(message)
+        return [message], None
+    return list(result.warnings), result.location
 
 
 def _record_tables(end: RunEnd) -> dict[str, pd.DataFrame]:

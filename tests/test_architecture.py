@@ -265,3 +265,47 @@ def test_function_level_and_type_checking_imports_count():
     assert {f"{PACKAGE}.store.runs", f"{PACKAGE}.regression.history",
             f"{PACKAGE}.summary.record", f"{PACKAGE}.regression.rule",
             f"{PACKAGE}.summary"} <= found
+
+
+# The rules of a night are applied in one place: the judge. These names are the one-night and
+# drift rules and their loaders; only the judge (and the modules defining them) may use them.
+JUDGE = f"{PACKAGE}.regression.judge"
+RULE_FUNCTIONS = {
+    f"{PACKAGE}.regression.verdict": {"detect_regressions", "run_outcome"},
+    f"{PACKAGE}.regression.drift": {"detect_drift", "load_series", "merge_drift"},
+    f"{PACKAGE}.regression.baseline": {"load_baseline"},
+}
+
+
+def rule_uses(text: str, source: str) -> list[tuple[str, int]]:
+    """Names of the rule functions that module ``source`` imports or reaches as attributes."""
+    tree = ast.parse(text)
+    every = set().union(*RULE_FUNCTIONS.values())
+    found: list[tuple[str, int]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            module = absolute(node, source)
+            found.extend((f"{module}.{a.name}", node.lineno) for a in node.names
+                         if a.name in RULE_FUNCTIONS.get(module, ()))
+        elif isinstance(node, ast.Attribute) and node.attr in every:
+            found.append((node.attr, node.lineno))
+    return found
+
+
+def test_only_the_judge_applies_the_rules():
+    offenders = [f"{source}: {name} (line {line})"
+                 for source in MODULES
+                 if source != JUDGE and source not in RULE_FUNCTIONS
+                 and part(source) != "__init__"
+                 for name, line in rule_uses(MODULES[source].read_text(), source)]
+    assert not offenders, ("the one-night and drift rules are applied only by "
+                           f"{JUDGE}; found:\n" + "\n".join(offenders))
+
+
+def test_the_rule_check_sees_a_direct_call():
+    """The check above can fail: a module importing ``detect_drift`` is caught."""
+    text = ("from prefect_dask_profiling.regression.drift import detect_drift\n"
+            "from prefect_dask_profiling.regression import verdict\n"
+            "verdict.detect_regressions(a, b)\n")
+    names = [n for n, _ in rule_uses(text, f"{PACKAGE}.cli.history")]
+    assert names == [f"{PACKAGE}.regression.drift.detect_drift", "detect_regressions"]

@@ -132,7 +132,7 @@ def test_a_failed_run_never_counts_as_regressed(store):
     out = cli("check", "--store", store.url, "--run", failed, "--json")
     assert out.exit_code == 0, out.output
     data = json.loads(out.stdout)
-    assert data["regressed"] is False and "failed" in data["note"]
+    assert data["regressed"] is False and "failed" in data["outcome"]["reason"]
     assert any(v["verdict"] == "regression" for v in data["verdicts"])
     slow = put(store, 12, scale=3.0)
     assert cli("check", "--store", store.url, "--run", slow).exit_code == 1

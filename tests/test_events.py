@@ -24,12 +24,14 @@ from prefect_dask_profiling.prefect.events import (
     event_payload,
     findings,
 )
+from prefect_dask_profiling.regression.judge import Judgement, Outcome
+from prefect_dask_profiling.regression.rule import Rules
 
 pytestmark = pytest.mark.slow
 
 
 def result(flow_run_id: str | None, run_id: str, *, regression: bool = True,
-           drift: bool = True) -> FinishResult:
+           drift: bool = True, failed: bool = False) -> FinishResult:
     verdicts = pd.DataFrame({
         "stage": ["read", "reduce"], "prefix": ["open_dataset", "nanmedian"],
         "verdict": ["regression" if regression else "ok", "ok"], "cause": ["slower tasks", ""],
@@ -39,11 +41,18 @@ def result(flow_run_id: str | None, run_id: str, *, regression: bool = True,
         "fails": [True], "cumulative_ratio": [2.3], "start_run": ["20261101T020000Z-aaaaaa"],
         "start_s": [5.0], "level_s": [11.5]})
     manifest = {"flow_run_id": flow_run_id, "flow_run_name": "nightly-ndvi-1",
-                "state": "COMPLETED", "status": "regressed"}
-    return FinishResult(run_id=run_id, pipeline="ndvi", version="v3", status="regressed",
-                        summary=pd.DataFrame(), utilisation=pd.DataFrame(), verdicts=verdicts,
-                        manifest=manifest, location=f"/store/runs/ndvi/{run_id}",
-                        regressed=regression, warnings=[], extras={"drift": drift_rows})
+                "state": "FAILED" if failed else "COMPLETED",
+                "status": "failed" if failed else "regressed"}
+    outcome = Outcome(regressed=(regression or drift) and not failed,
+                      reason="the run is failed: its regressed prefixes do not count"
+                      if failed else "")
+    judgement = Judgement(run_id=run_id, pipeline="ndvi", version="v3", rules=Rules(),
+                          verdicts=verdicts, drift=drift_rows, outcome=outcome)
+    return FinishResult(run_id=run_id, pipeline="ndvi", version="v3",
+                        status=manifest["status"], summary=pd.DataFrame(),
+                        utilisation=pd.DataFrame(), verdicts=verdicts, manifest=manifest,
+                        location=f"/store/runs/ndvi/{run_id}", regressed=outcome.regressed,
+                        warnings=[], judgement=judgement)
 
 
 def test_payload_and_findings_are_pure_and_json_clean():
@@ -58,6 +67,12 @@ def test_payload_and_findings_are_pure_and_json_clean():
     assert payload["report_links"] == {"read": "https://x/read.html"}
     json.dumps(payload)
     assert findings(result("0" * 32, "r1", regression=False, drift=False)) == {}
+
+
+def test_a_failed_run_has_no_findings():
+    """A failed run's flagged prefixes do not count (its times are partial): no event says
+    ``regression.detected``, let alone with ``fails: true`` (issue 19, item 6)."""
+    assert findings(result("0" * 32, "r1", failed=True)) == {}
     events, warnings = emit_detection_events(result(None, "r1"))
     assert events == [] and "no Prefect flow run" in warnings[0]
 

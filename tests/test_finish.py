@@ -65,7 +65,7 @@ def test_a_failed_verdict_stores_the_run_unjudged_and_out_of_the_baseline(
         inproc_client, tmp_path, monkeypatch):
     store = RunStore(str(tmp_path))
     healthy = finish(store, record_of(inproc_client))
-    replace_step(monkeypatch, "verdict", failing("bug in the rule"))
+    replace_step(monkeypatch, "judgement", failing("bug in the rule"))
     broken = finish(store, record_of(inproc_client))
     assert broken.status == "unjudged" and not broken.judged and not broken.regressed
     manifest = store.read_manifest("nightly", broken.run_id)
@@ -82,7 +82,7 @@ def test_a_crash_after_the_record_leaves_a_visible_unjudged_run(inproc_client, t
     def crash(end) -> None:
         raise KeyboardInterrupt  # not an Exception: the process is going down
 
-    replace_step(monkeypatch, "baseline", crash)
+    replace_step(monkeypatch, "history", crash)
     store = RunStore(str(tmp_path))
     with pytest.raises(KeyboardInterrupt):
         finish(store, record_of(inproc_client))
@@ -107,8 +107,11 @@ def test_spooled_provisional_and_final_upload_as_one_complete_run(inproc_client,
     store = RunStore(str(blocked), spool_dir=spool)
     result = finish(store, record_of(inproc_client))
     assert any("spool" in w for w in result.warnings)
-    pending = {p.name for p in spool.rglob("*") if p.is_file()}
-    assert f"{result.run_id}.unjudged" not in pending  # superseded before upload
+    # the history could not be listed either: the run is unjudged, never "healthy"
+    assert result.status == "unjudged" and not result.regressed
+    assert "could not be listed" in result.manifest["unjudged_reason"]
+    pending = [p.name for p in spool.rglob("*") if p.is_file()]
+    assert pending.count(f"{result.run_id}.unjudged") == 1  # the final marker replaced the first
     blocked.unlink()
     uploaded = RunStore(str(blocked), spool_dir=spool).upload_pending()
     assert uploaded.failed == 0 and uploaded.uploaded >= 5
@@ -117,7 +120,8 @@ def test_spooled_provisional_and_final_upload_as_one_complete_run(inproc_client,
     manifest = back.read_manifest("nightly", result.run_id)
     assert json.loads((blocked / "runs" / "nightly" / result.run_id / "manifest.json")
                       .read_text())["files"] == manifest["files"]
-    assert "regression.csv" in manifest["files"]
+    assert "regression.csv" not in manifest["files"]
+    assert manifest["unjudged_reason"] == result.manifest["unjudged_reason"]
 
 
 def test_judging_reads_the_history_once(inproc_client, tmp_path):
@@ -140,7 +144,7 @@ def test_judging_reads_the_history_once(inproc_client, tmp_path):
 
     store.fs.find, store.fs.cat_file = spy_find, spy_cat_file
     result = finish(store, record)
-    assert result.judged and len(result.extras["drift"]) > 0  # the drift step did read
+    assert result.judged and len(result.judgement.drift) > 0  # the drift step did read
     index = [p for p in listed if f"{tmp_path}/index/" in p]
     assert len(index) == 1, index
     tables = [p for p in read if p.endswith("/tasks.csv")]

@@ -51,11 +51,11 @@ def test_drifting_night_fails_stores_the_drift_and_writes_the_fleet_file(record,
     result = finish(store, record, now)
     assert result.regressed and result.status == "regressed", result.warnings
     assert not any("step failed" in w for w in result.warnings), result.warnings
-    drift = result.extras["drift"]
+    drift = result.judgement.drift
     assert set(drift["verdict"]) == {"drift"}
     assert (drift["cumulative_ratio"] > 2.0).all() and drift["fails"].all()
     assert set(result.verdicts["verdict"]) == {"drift"}  # the one-night rule saw nothing
-    assert "since" in result.extras["failure_message"]
+    assert "since" in result.failure_message
     manifest = store.read_manifest("nightly", result.run_id)
     assert manifest["status"] == "regressed"
     assert manifest["drift"]["failing"] and "since the first run" in manifest["drift"]["note"]
@@ -64,7 +64,7 @@ def test_drifting_night_fails_stores_the_drift_and_writes_the_fleet_file(record,
     fleet = pd.read_parquet(tmp_path / "store" / "fleet")
     assert set(fleet["run_id"]) == {result.run_id}  # only runs finished through here
     assert set(fleet["status"]) == {"regressed"}
-    assert result.extras["fleet_location"].endswith(f"pipeline=nightly/{result.run_id}.parquet")
+    assert result.fleet_location.endswith(f"pipeline=nightly/{result.run_id}.parquet")
 
 
 def test_a_steady_history_has_no_drift(record, tmp_path):
@@ -73,5 +73,5 @@ def test_a_steady_history_has_no_drift(record, tmp_path):
     history(store, record, now, growth=1.0)
     result = finish(store, record, now)
     assert not result.regressed and result.status == "healthy", result.warnings
-    assert set(result.extras["drift"]["verdict"]) == {"ok"}
-    assert "failure_message" not in result.extras
+    assert set(result.judgement.drift["verdict"]) == {"ok"}
+    assert result.failure_message == "no regression"

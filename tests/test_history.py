@@ -13,7 +13,11 @@ from s3_servers import closed_endpoint, s3_options
 from typer.testing import CliRunner
 
 from prefect_dask_profiling.cli import app
-from prefect_dask_profiling.regression.history import HISTORY_COLUMNS, load_baseline
+from prefect_dask_profiling.regression.baseline import (
+    HISTORY_COLUMNS,
+    HistoryUnavailable,
+    load_baseline,
+)
 from prefect_dask_profiling.regression.trend import trend_html
 from prefect_dask_profiling.regression.verdict import detect_regressions, regressed
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
@@ -178,11 +182,12 @@ def test_new_version_starts_a_new_baseline(store):
     assert set(verdicts["verdict"]) == {"insufficient-history"}
 
 
-def test_unreachable_store_gives_an_empty_baseline(tmp_path):
+def test_unreachable_store_has_no_baseline_rather_than_an_empty_one(tmp_path):
+    """An empty baseline would judge every prefix insufficient-history: the run "healthy"."""
     store = RunStore("s3://bucket/pfx", s3_options(closed_endpoint()),
                      spool_dir=tmp_path / "spool", timeout=1)
-    base = load_baseline(store, PIPELINE, "v1")
-    assert base.runs == [] and base.history.empty and base.note.startswith("no baseline:")
+    with pytest.raises(HistoryUnavailable, match="could not be listed"):
+        load_baseline(store, PIPELINE, "v1")
 
 
 def test_n_is_validated(store):

@@ -103,35 +103,36 @@ def fleet_command(
 def drift_command(
     store: StoreOption = None,
     pipeline: PipelineOption = None,
-    threshold: Annotated[float, typer.Option(
-        "--threshold", help="Cumulative ratio from which drift fails (exit 1).")] = 2.0,
+    run_id: Annotated[str | None, typer.Option(
+        "--run", help="Run id (default: the newest).")] = None,
+    threshold: Annotated[float | None, typer.Option(
+        "--threshold", help="Cumulative ratio from which drift fails (exit 1); default the "
+                            "run's own rules.")] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Judge the newest run of a pipeline for gradual drift since its baseline start."""
-    from prefect_dask_profiling.regression import drift, history
+    """Judge a run (default the newest) for gradual drift since its baseline start."""
+    from prefect_dask_profiling.regression import history
+    from prefect_dask_profiling.regression.judge import judge_stored
 
     run_store = existing_store(store)
-    name = history.resolve_pipeline(run_store, pipeline)
-    runs = run_store.list_runs(name)
-    if not runs:
-        raise BadInput(f"no runs of pipeline {name!r}")
-    newest = runs[0]
-    series, note = drift.load_series(run_store, name, newest["version"],
-                                     exclude_run_id=newest["run_id"])
-    latest = run_store.read_table(name, newest["run_id"], "tasks").assign(
-        run_id=newest["run_id"],
-        started=run_store.read_manifest(name, newest["run_id"]).get("started"))
-    import pandas as pd
-
-    verdicts = drift.detect_drift(pd.concat([series, latest], ignore_index=True),
-                                  threshold=threshold)
-    failing = drift.drifted(verdicts, failing_only=True)
+    name = history.find_run(run_store, run_id, pipeline) if run_id is not None \
+        else history.resolve_pipeline(run_store, pipeline)
+    overrides = {"threshold": threshold} if threshold is not None else None
+    result = judge_stored(run_store, name, run_id, overrides=overrides)
+    judgement = result.judgement
+    if judgement is None:
+        raise BadInput(f"run {result.manifest['run_id']} cannot be judged now: {result.error}")
+    failing = judgement.drifting(failing_only=True)
+    verdicts = judgement.drift
     if as_json:
-        emit_json({"pipeline": name, "run_id": newest["run_id"], "note": note,
-                   "failing": not failing.empty, "verdicts": verdicts.to_dict("records")})
+        emit_json({"pipeline": name, "run_id": judgement.run_id, "note": judgement.series_note,
+                   "failing": not failing.empty, "rules": judgement.rules.to_dict(),
+                   "verdicts": verdicts.to_dict("records")})
     else:
         print_table(verdicts[[c for c in DRIFT_SHOW if c in verdicts.columns]],
-                    title=f"{name} {newest['run_id']}: drift ({note})")
-        say(drift.describe_drift(drift.drifted(verdicts)))
+                    title=f"{name} {judgement.run_id}: drift ({judgement.series_note})")
+        from prefect_dask_profiling.regression.drift import describe_drift
+
+        say(describe_drift(judgement.drifting()))
     if not failing.empty:
         raise typer.Exit(EXIT_VERDICT)

@@ -23,7 +23,6 @@ from prefect_dask_profiling.cli._params import (
     existing_store,
 )
 from prefect_dask_profiling.regression import history
-from prefect_dask_profiling.regression.rule import RegressionRule
 
 if TYPE_CHECKING:
     from prefect_dask_profiling.store.runs import RunStore
@@ -166,41 +165,54 @@ def check_command(
     pipeline: PipelineOption = None,
     version: str | None = typer.Option(None, "--version", help="Newest run of this version."),
     run_id: str | None = typer.Option(None, "--run", help="Run id (default: the newest)."),
-    threshold: float = typer.Option(RegressionRule.threshold, "--threshold",
-                                    help="Ratio to the median (> 1)."),
-    n_history: int = typer.Option(RegressionRule.history, "--history", min=1,
-                                  help="Baseline runs at most."),
+    threshold: float | None = typer.Option(
+        None, "--threshold", help="Ratio to the median (> 1); default the run's own rules."),
+    n_history: int | None = typer.Option(
+        None, "--history", min=1, help="Baseline runs at most; default the run's own rules."),
     store: StoreOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Judge a run against its baseline; exit 1 on a regression or an unjudged run."""
-    from prefect_dask_profiling.regression.verdict import describe, regressed
+    """Judge a stored run again with the rules it was judged with (one-night verdicts and
+    drift); exit 1 on a regression or an unjudged run."""
+    from prefect_dask_profiling.regression.judge import judge_stored
 
-    rule = RegressionRule(threshold=threshold, history=n_history)
+    overrides = {k: v for k, v in (("threshold", threshold), ("history", n_history))
+                 if v is not None}
     if run_id is not None and pipeline is None:
         run_store, pipeline = _store_and_run(store, pipeline, run_id)
     else:
         run_store, pipeline = _store_and_pipeline(store, pipeline)
-    result = history.check_run(run_store, pipeline, run_id, version, rule=rule)
+    result = judge_stored(run_store, pipeline, run_id, version, overrides=overrides)
     if as_json:
         emit_json(result.to_json())
     else:
-        base = result.baseline
-        say(f"{pipeline} {result.version} run {result.run_id} against {len(base.runs)} "
-            f"baseline run(s)" + (f" ({base.note})" if base.note else ""))
-        print_table(result.verdicts[CHECK_COLUMNS], title="verdicts")
-        for row in result.verdicts[result.verdicts["note"] != ""].itertuples():
-            say(f"note: {row.stage}/{row.prefix}: {row.note}")
-        say(describe(regressed(result.verdicts)))
-        for line in bottleneck_lines(None, result.explanations):
-            say(line)
-        if result.outcome is not None and result.outcome.reason:
-            say(f"note: {result.outcome.reason}")
-        if result.unjudged:
-            say(f"run {result.run_id} was stored unjudged: "
-                f"{result.unjudged_reason or 'no reason recorded'}")
-    if result.regressed or result.unjudged:
+        _say_check(result)
+    if result.failing:
         raise typer.Exit(EXIT_VERDICT)
+
+
+def _say_check(result) -> None:
+    """The human form of ``check``: the verdict table, notes, outcome and explanations."""
+    manifest, judgement = result.manifest, result.judgement
+    run = f"{manifest['pipeline']} {manifest['version']} run {manifest['run_id']}"
+    if judgement is None:
+        say(f"{run}: cannot be judged now: {result.error}")
+    else:
+        base = judgement.baseline_note
+        say(f"{run} against {len(judgement.baseline_runs)} baseline run(s)"
+            + (f" ({base})" if base else ""))
+        verdicts = judgement.verdicts
+        print_table(verdicts[CHECK_COLUMNS], title="verdicts")
+        for row in verdicts[verdicts["note"] != ""].itertuples():
+            say(f"note: {row.stage}/{row.prefix}: {row.note}")
+        say(judgement.outcome.message)
+        for line in bottleneck_lines(None, judgement.explanations):
+            say(line)
+        if judgement.outcome.reason:
+            say(f"note: {judgement.outcome.reason}")
+    if result.unjudged:
+        say(f"run {manifest['run_id']} was stored unjudged: "
+            f"{manifest.get('unjudged_reason') or 'no reason recorded'}")
 
 
 def accept_command(

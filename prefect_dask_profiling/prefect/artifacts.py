@@ -69,7 +69,8 @@ def run_markdown(result: FinishResult, links: dict[str, str], trend: str | None)
                      f"{evidence} | {report} |")
     for stage, why in (m.get("explanations") or {}).items():
         lines += ["", f"**Why {stage} regressed:** {why.get('text', '')}"]
-    flagged = flagged_markdown(result.verdicts, result.extras.get("drift"))
+    flagged = flagged_markdown(result.verdicts, result.judgement.drift
+                               if result.judgement is not None else None)
     if flagged:
         lines += ["", *flagged]
     if trend:
@@ -127,7 +128,7 @@ def publish(result: FinishResult, links: dict[str, str],
                       description=f"Per-prefix task summary of run {result.run_id}"),
         MarkdownArtifact(markdown=run_markdown(result, links, trend_location), key=f"{key}-run",
                          description=f"Utilisation, stages and reports of run {result.run_id}"),
-        TableArtifact(table=table_rows(result.verdicts, VERDICT_ARTIFACT_COLUMNS),
+        TableArtifact(table=regression_rows(result),
                       key=f"{key}-regression",
                       description=f"Regression check of run {result.run_id}"),
     ]

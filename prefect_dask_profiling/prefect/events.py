@@ -38,18 +38,22 @@ PREFIX_FIELDS = ("stage", "prefix", "verdict", "ratio", "cumulative_ratio", "bas
 
 
 def findings(result: FinishResult) -> dict[str, pd.DataFrame]:
-    """The flagged rows by event name: regressions from the verdicts, drift from extras."""
+    """The flagged rows of the run's judgement by event name.
+
+    A run that failed or is incomplete has no findings: by the judgement's own rule its
+    flagged prefixes do not count (its times are partial), and its failure is reported by
+    Prefect itself. An unjudged run has none either.
+    """
+    judgement = result.judgement
+    if judgement is None or judgement.outcome.reason:
+        return {}
     out: dict[str, pd.DataFrame] = {}
-    verdicts = result.verdicts
-    if result.judged and not verdicts.empty and "verdict" in verdicts.columns:
-        rows = verdicts[verdicts["verdict"] == "regression"]
-        if not rows.empty:
-            out[REGRESSION_EVENT] = rows
-    drift = result.extras.get("drift")
-    if isinstance(drift, pd.DataFrame) and not drift.empty and "verdict" in drift.columns:
-        rows = drift[drift["verdict"] == "drift"]
-        if not rows.empty:
-            out[DRIFT_EVENT] = rows
+    rows = judgement.regressions()
+    if not rows.empty:
+        out[REGRESSION_EVENT] = rows
+    rows = judgement.drifting()
+    if not rows.empty:
+        out[DRIFT_EVENT] = rows
     return out
 
 
@@ -83,7 +87,8 @@ def emit_detection_events(result: FinishResult, links: dict[str, str] | None = N
     trend_link
         Link to the stored trend page.
     fail_on_regression
-        Whether the run's findings fail the flow (goes to the payload's ``fails``).
+        Whether the caller fails the flow on a regression: the payload's ``fails`` is true
+        only then and only when the run counts as regressed.
 
     Notes
     -----
@@ -104,7 +109,7 @@ def emit_detection_events(result: FinishResult, links: dict[str, str] | None = N
         return [], [f"no event emitted: {exc!r}"]
     events, warnings = [], []
     for name, rows in found.items():
-        fails = fail_on_regression and (
+        fails = fail_on_regression and result.regressed and (
             name == REGRESSION_EVENT or bool(rows.get("fails", pd.Series(dtype=bool)).any()))
         try:
             event = emit_event(name, resource=resource, related=related,

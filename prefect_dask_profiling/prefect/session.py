@@ -328,8 +328,7 @@ class Session:
         if self.finished:
             if self.result is not None and self.result.regressed and error is None and (
                     publish and self.options.on_regression == "fail"):
-                raise RegressionDetected(self.result.verdicts,
-                                         self.result.extras.get("failure_message"))
+                raise RegressionDetected(self.result.verdicts, self.result.failure_message)
             return self.result
         self.finished = True
         try:
@@ -340,8 +339,7 @@ class Session:
             return None
         if (self.result.regressed and error is None and publish
                 and self.options.on_regression == "fail"):
-            raise RegressionDetected(self.result.verdicts,
-                                     self.result.extras.get("failure_message"))
+            raise RegressionDetected(self.result.verdicts, self.result.failure_message)
         return self.result
 
     def finish_unattended(self, error: BaseException | None) -> None:
@@ -415,8 +413,11 @@ class Session:
                 logger.warning("dask-profiling: %s", w)
         from prefect_dask_profiling.prefect.events import emit_detection_events
 
+        # only a published finish (in the flow body) can fail the flow; the runner's exit
+        # path runs after the flow's state is final
         _, event_warnings = emit_detection_events(
-            result, links, trend, fail_on_regression=options.on_regression == "fail")
+            result, links, trend,
+            fail_on_regression=publish and options.on_regression == "fail")
         for w in event_warnings:
             logger.warning("dask-profiling: %s", w)
         return result

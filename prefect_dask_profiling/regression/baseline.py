@@ -11,7 +11,10 @@ Rules:
   ``healthy``: regressed and failed runs would drag the median towards the regression;
 * an accepted run (``dask-profiling accept RUN``) restarts the baseline: only it and newer
   runs count, and it counts even though it was flagged regressed;
-* a run whose table is missing or unreadable is skipped with a warning, never a crash.
+* a run whose table is missing or unreadable is skipped with a warning, never a crash;
+* a history that cannot be listed, or none of whose candidate runs can be read, raises
+  :class:`HistoryUnavailable`: judging the run against "no history" would store it healthy
+  and let it into later baselines, so the caller leaves it unjudged instead.
 
 :func:`counts_in_baseline` is that rule for one run; :func:`load_baseline` applies it.
 """
@@ -34,6 +37,13 @@ HISTORY_COLUMNS = ["run_id", *TASKS_COLUMNS]
 # The only status whose runs form a baseline: regressed, failed, incomplete and unjudged runs
 # would drag the median towards what is being detected, or hold partial times.
 BASELINE_STATUS = "healthy"
+
+
+class HistoryUnavailable(StoreError):
+    """The history of a pipeline version could not be listed or read: no verdict is possible.
+
+    Distinct from an empty history (a new version), which is judged ``insufficient-history``.
+    """
 
 
 def counts_in_baseline(run_id: str, status: str, restart: str | None) -> bool:
@@ -98,22 +108,26 @@ def load_baseline(store: RunStore, pipeline: str, version: str,
     before
         Only runs older than this run id count (to judge an older run against its own past).
 
-    Notes
-    -----
-    Storage errors while listing give an empty baseline with a note (a run is never failed
-    because its history could not be read); unreadable runs are skipped with a warning.
+    Raises
+    ------
+    HistoryUnavailable
+        When the history cannot be listed, or when none of the runs it should use can be
+        read. Single unreadable runs are skipped with a warning.
     """
     positive_int(n, "n")
     try:
         entries = store.list_runs(pipeline, version)
         restart = _restart(store.accepted(pipeline, version), before)
     except StoreError as exc:
-        logger.warning("no baseline for %s %s: %s", pipeline, version, exc)
-        return Baseline(_empty(), [], version, f"no baseline: {exc}")
+        raise HistoryUnavailable(f"the history of {pipeline} {version} could not be "
+                                 f"listed: {exc}") from exc
     entries = [e for e in entries if e["run_id"] != exclude_run_id
                and (before is None or e["run_id"] < before)
                and (restart is None or e["run_id"] >= restart)]
     frames, skipped, left_out = _read_newest(store, pipeline, entries, restart, n)
+    if skipped and not frames:
+        raise HistoryUnavailable(f"none of the {len(skipped)} baseline run(s) of {pipeline} "
+                                 f"{version} could be read; first: {skipped[0][1]}")
     runs = [run_id for run_id, _ in reversed(frames)]
     history = pd.concat([f.assign(run_id=r) for r, f in reversed(frames)], ignore_index=True) \
         if frames else _empty()

@@ -65,6 +65,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from prefect_dask_profiling.regression.baseline import HistoryUnavailable
 from prefect_dask_profiling.store.runs import RunStore, StoreError
 
 logger = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ def detect_drift(history: pd.DataFrame, threshold: float = 2.0, min_ratio: float
                  z_threshold: float = 3.5, cusum_limit: float = 5.0, allowance: float = 0.5,
                  start_nights: int = 3, recent_nights: int = 3, min_nights: int = 8,
                  min_seconds: float = 1.0, min_share: float = 0.05,
-                 mad_floor: float = 0.05) -> pd.DataFrame:
+                 mad_floor: float = 0.05, judged_run: str | None = None) -> pd.DataFrame:
     """Judge every (stage, prefix) series of ``history`` for sustained drift.
 
     Parameters
@@ -101,7 +102,8 @@ def detect_drift(history: pd.DataFrame, threshold: float = 2.0, min_ratio: float
     history
         Long table ``run_id, stage, prefix, total_s`` (``started`` optional) of every night
         since the baseline start, the judged night included. Nights are ordered by
-        ``started`` when present, else by ``run_id``; the newest night is the one judged.
+        ``started`` when present, else by ``run_id``; the newest night is the one judged
+        (unless ``judged_run`` is given).
         Rows repeated for one (run, stage, prefix) are added up; a prefix absent from a
         night has no value that night.
     threshold
@@ -122,6 +124,9 @@ def detect_drift(history: pd.DataFrame, threshold: float = 2.0, min_ratio: float
         Smallest share of the newest night's task time.
     mad_floor
         Floor of the noise as a relative change (5%: no timing repeats better).
+    judged_run
+        The run being judged: its night is the last of every series whatever its ``started``
+        (another run of the pipeline may have started later and finished first).
 
     Returns
     -------
@@ -139,7 +144,7 @@ def detect_drift(history: pd.DataFrame, threshold: float = 2.0, min_ratio: float
                          f"{', '.join(SERIES_COLUMNS)}")
     if history.empty:
         return pd.DataFrame(columns=DRIFT_COLUMNS)
-    wide, started = _wide(history)
+    wide, started = _wide(history, judged_run)
     newest = wide.iloc[-1]
     run_total = float(np.nansum(newest.to_numpy(dtype=float)))
     rows = []
@@ -209,7 +214,7 @@ def load_series(store: RunStore, pipeline: str, version: str, *,
         ``run_id, started, stage, prefix, tasks, total_s`` of the runs with status healthy or
         regressed, from the newest accepted run (or the version's first run) on, oldest
         first; and a note naming where the series starts. Unreadable runs are skipped with a
-        warning; a store that cannot be listed gives an empty table and a note.
+        warning; a store that cannot be listed raises :class:`HistoryUnavailable`.
     """
     for name, value in (("max_runs", max_runs), ("keep_first", keep_first)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -221,8 +226,8 @@ def load_series(store: RunStore, pipeline: str, version: str, *,
         accepted = [a for a in store.accepted(pipeline, version)
                     if before is None or a <= before]
     except StoreError as exc:
-        logger.warning("no drift series for %s %s: %s", pipeline, version, exc)
-        return _empty_series(), f"no series: {exc}"
+        raise HistoryUnavailable(f"the drift series of {pipeline} {version} could not be "
+                                 f"listed: {exc}") from exc
     restart = max(accepted) if accepted else None
     ids = sorted(e["run_id"] for e in entries
                  if e["status"] in SERIES_STATUSES and e["run_id"] != exclude_run_id
@@ -241,11 +246,15 @@ def load_series(store: RunStore, pipeline: str, version: str, *,
             continue
         frames.append(table)
         runs.append(run_id)
-        started.append(manifests[run_id].get("started"))
+        manifest = manifests.get(run_id)
+        started.append(manifest.get("started") if isinstance(manifest, dict) else None)
     note = (f"series since accepted run {restart}" if restart
             else f"series since the first run of version {version}")
+    if ids and not frames:
+        raise HistoryUnavailable(f"none of the {len(ids)} run(s) of the drift series of "
+                                 f"{pipeline} {version} could be read")
     if not frames:
-        return _empty_series(), note
+        return empty_series(), note
     lengths = [len(f) for f in frames]
     out = pd.concat(frames, ignore_index=True)
     out["run_id"] = np.repeat(np.array(runs, dtype=object), lengths)
@@ -415,8 +424,12 @@ def _cusum(u: np.ndarray, allowance: float, limit: float) -> tuple[np.ndarray, i
     return s, start
 
 
-def _wide(history: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
-    """Nights x (stage, prefix) totals, oldest night first, and each night's start time."""
+def _wide(history: pd.DataFrame, judged_run: str | None = None) -> tuple[pd.DataFrame, dict]:
+    """Nights x (stage, prefix) totals, oldest night first, and each night's start time.
+
+    ``judged_run``, when given, is the last night whatever its start time: two overlapping
+    runs of a pipeline must each be judged as themselves.
+    """
     frame = history.copy()
     frame["run_id"] = frame["run_id"].astype(str)
     frame["stage"] = frame["stage"].astype(str)
@@ -431,6 +444,11 @@ def _wide(history: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
         order = sorted(frame["run_id"].unique())
     wide = frame.pivot_table(index="run_id", columns=KEYS, values="total_s", aggfunc="sum",
                              dropna=False)
+    if judged_run is not None:
+        judged_run = str(judged_run)
+        if judged_run not in order:
+            raise ValueError(f"judged_run {judged_run!r} is not in the history")
+        order = [r for r in order if r != judged_run] + [judged_run]
     wide = wide.reindex(order)
     # pivot_table turns an all-missing cell into 0 with aggfunc="sum": restore "absent"
     present = frame.dropna(subset=["total_s"]).groupby(["run_id", *KEYS]).size()
@@ -438,7 +456,8 @@ def _wide(history: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
     return wide.where(mask), {r: (None if pd.isna(v) else str(v)) for r, v in started.items()}
 
 
-def _empty_series() -> pd.DataFrame:
+def empty_series() -> pd.DataFrame:
+    """A drift series with no nights (the columns of :func:`load_series`)."""
     return pd.DataFrame({"run_id": pd.Series(dtype=object), "started": pd.Series(dtype=object),
                          "stage": pd.Series(dtype=object), "prefix": pd.Series(dtype=object),
                          "tasks": pd.Series(dtype=float), "total_s": pd.Series(dtype=float)})

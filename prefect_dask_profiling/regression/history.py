@@ -1,33 +1,19 @@
-"""Questions asked of a store's history: which runs, one run, two runs compared, a re-check.
+"""Questions asked of a store's history: which runs, one run, two runs compared, accepting.
 
 Plain functions returning data; the ``dask-profiling`` commands print what they return.
-Which runs form a baseline is :mod:`~prefect_dask_profiling.regression.baseline`; whether a
-run counts as regressed is :func:`~prefect_dask_profiling.regression.verdict.run_outcome`.
+Which runs form a baseline is :mod:`~prefect_dask_profiling.regression.baseline`; judging a
+stored run again (``check``) is :func:`~prefect_dask_profiling.regression.judge.judge_stored`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 
-from prefect_dask_profiling.regression.baseline import (
-    HISTORY_COLUMNS,
-    Baseline,
-    counts_in_baseline,
-    load_baseline,
-)
-from prefect_dask_profiling.regression.rule import RegressionRule
-from prefect_dask_profiling.regression.verdict import (
-    RunOutcome,
-    detect_regressions,
-    run_outcome,
-)
 from prefect_dask_profiling.store.runs import RunStore, StoreError
 
-__all__ = ["HISTORY_COLUMNS", "Baseline", "Check", "accept_run", "check_run", "compare_runs",
-           "counts_in_baseline", "find_run", "list_runs", "load_baseline", "open_store",
+__all__ = ["accept_run", "compare_runs", "find_run", "list_runs", "open_store",
            "resolve_pipeline", "show_run"]
 
 SHOW_COLUMNS = ["stage", "prefix", "tasks", "errors", "total_s", "p50_s", "p95_s", "gb_out",
@@ -142,108 +128,6 @@ def compare_runs(store: RunStore, pipeline: str, run_a: str, run_b: str) -> pd.D
     both = both.sort_values("delta_s", key=lambda s: s.abs(), ascending=False, kind="stable")
     return both[["stage", "prefix", "total_s_a", "total_s_b", "ratio", "delta_s", "tasks_a",
                  "tasks_b"]].reset_index(drop=True)
-
-
-@dataclass
-class Check:
-    """The verdict of one stored run against its baseline.
-
-    Attributes
-    ----------
-    status
-        The run's stored status (what the run's own finish decided).
-    outcome
-        What the verdicts computed now mean for the run (:func:`run_outcome`).
-    unjudged_reason
-        Why the run was stored without a verdict, when its status is ``unjudged``.
-    """
-
-    run_id: str
-    pipeline: str
-    version: str
-    baseline: Baseline
-    verdicts: pd.DataFrame
-    status: str = "healthy"
-    outcome: RunOutcome | None = None
-    unjudged_reason: str | None = None
-    explanations: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def regressed(self) -> bool:
-        """The run counts as regressed (never when it failed or is incomplete)."""
-        outcome = self.outcome or run_outcome(self.verdicts)
-        return outcome.regressed
-
-    @property
-    def unjudged(self) -> bool:
-        """The run was stored without a verdict: someone should look at why."""
-        return self.status == "unjudged"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "pipeline": self.pipeline, "version": self.version,
-                "status": self.status, "regressed": self.regressed,
-                "unjudged_reason": self.unjudged_reason,
-                "note": self.outcome.reason if self.outcome else "",
-                "baseline": {"runs": self.baseline.runs, "note": self.baseline.note,
-                             "skipped": [list(s) for s in self.baseline.skipped]},
-                "verdicts": self.verdicts.to_dict(orient="records"),
-                "explanations": self.explanations}
-
-
-def check_run(store: RunStore, pipeline: str, run_id: str | None = None,
-              version: str | None = None, rule: RegressionRule | None = None) -> Check:
-    """Judge ``run_id`` (default: the newest run, of ``version`` if given) against its baseline.
-
-    Parameters
-    ----------
-    store, pipeline
-        Where the run is.
-    run_id
-        The run; default the newest one.
-    version
-        Only runs of this version (and the run must be of it).
-    rule
-        The regression rule; default :class:`RegressionRule` ().
-    """
-    rule = rule if rule is not None else RegressionRule()
-    with store.remembering_reads():  # manifests and the listing are read more than once
-        if run_id is None:
-            runs = store.list_runs(pipeline, version)
-            if not runs:
-                what = f"pipeline {pipeline!r}" + (f" version {version!r}" if version else "")
-                raise StoreError(f"no runs of {what} in {store.url}")
-            run_id = runs[0]["run_id"]
-        manifest = store.read_manifest(pipeline, run_id)
-        run_version = manifest["version"]
-        if version is not None and version != run_version:
-            raise StoreError(f"run {run_id} is version {run_version!r}, not {version!r}")
-        latest = store.read_table(pipeline, run_id, "tasks")
-        baseline = load_baseline(store, pipeline, run_version, n=rule.history,
-                                 exclude_run_id=run_id, before=run_id)
-        verdicts = detect_regressions(baseline.history, latest, rule=rule)
-        status = str(manifest.get("status") or "healthy")
-        outcome = run_outcome(verdicts, failed=status == "failed",
-                              incomplete=status == "incomplete")
-        return Check(run_id, pipeline, run_version, baseline, verdicts, status=status,
-                     outcome=outcome, unjudged_reason=manifest.get("unjudged_reason"),
-                     explanations=_explain(store, pipeline, manifest, baseline, verdicts))
-
-
-def _explain(store: RunStore, pipeline: str, manifest: dict[str, Any], baseline: Baseline,
-             verdicts: pd.DataFrame) -> dict[str, Any]:
-    """Why each regressed stage regressed (:mod:`~prefect_dask_profiling.regression.explain`);
-    baseline manifests that cannot be read are left out."""
-    from prefect_dask_profiling.regression.explain import explain_verdicts
-
-    if verdicts.empty or not (verdicts["verdict"] == "regression").any():
-        return {}
-    manifests = []
-    for run in baseline.runs:
-        try:
-            manifests.append(store.read_manifest(pipeline, run))
-        except StoreError:
-            continue
-    return explain_verdicts(verdicts, manifest, manifests)
 
 
 def accept_run(store: RunStore, pipeline: str, run_id: str) -> str:

@@ -10,12 +10,12 @@ instead of failing at night inside the verdict.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from prefect_dask_profiling._util import InvalidInput
 
-__all__ = ["CHECK_OPTION_KEYS", "RegressionRule"]
+__all__ = ["CHECK_OPTION_KEYS", "DriftRule", "RegressionRule", "Rules"]
 
 
 def _number(name: str, value: object, *, low: float, low_open: bool,
@@ -123,3 +123,149 @@ class RegressionRule:
 
 CHECK_OPTION_KEYS: tuple[str, ...] = tuple(
     f.name for f in fields(RegressionRule) if f.name not in ("threshold", "history"))
+
+
+@dataclass(frozen=True)
+class DriftRule:
+    """When a prefix's series since the baseline start counts as drifting.
+
+    The one-night settings it shares with :class:`RegressionRule` (``threshold``,
+    ``min_seconds``, ``min_share``, ``mad_floor``) are taken from there by :class:`Rules`;
+    the method and the defaults are explained in :mod:`~prefect_dask_profiling.regression.drift`.
+
+    Parameters
+    ----------
+    min_ratio
+        Smallest cumulative ratio ever reported as drift (> 1). :class:`Rules` lowers it to
+        the regression ``threshold`` when that is smaller, so a drifting prefix is always
+        reported before it fails.
+    z_threshold
+        Smallest robust shift, in noise units (> 0).
+    cusum_limit, allowance
+        CUSUM decision limit (> 0) and per-night allowance (>= 0), in noise units.
+    start_nights, recent_nights
+        Nights whose median gives the start level and the current level (>= 1).
+    min_nights
+        Fewest nights in a series before it is judged (>= 1).
+    max_runs
+        Most runs read for one series (> ``start_nights``): the first ``start_nights`` and the
+        newest others.
+    enabled
+        Whether drift is judged at all.
+
+    Raises
+    ------
+    InvalidInput
+        A ``ValueError`` naming the setting and its allowed range.
+    """
+
+    min_ratio: float = 1.5
+    z_threshold: float = 3.5
+    cusum_limit: float = 5.0
+    allowance: float = 0.5
+    start_nights: int = 3
+    recent_nights: int = 3
+    min_nights: int = 8
+    max_runs: int = 60
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        _number("min_ratio", self.min_ratio, low=1, low_open=True)
+        _number("z_threshold", self.z_threshold, low=0, low_open=True)
+        _number("cusum_limit", self.cusum_limit, low=0, low_open=True)
+        _number("allowance", self.allowance, low=0, low_open=False)
+        _whole("start_nights", self.start_nights, low=1)
+        _whole("recent_nights", self.recent_nights, low=1)
+        _whole("min_nights", self.min_nights, low=1)
+        _whole("max_runs", self.max_runs, low=2)
+        if self.max_runs <= self.start_nights:
+            raise InvalidInput(f"max_runs ({self.max_runs}) must be above start_nights "
+                               f"({self.start_nights})")
+        if not isinstance(self.enabled, bool):
+            raise InvalidInput(f"enabled must be True or False, got {self.enabled!r}")
+
+
+@dataclass(frozen=True)
+class Rules:
+    """Every rule a night is judged by: the one-night rule and the drift rule, together.
+
+    Built once where the settings are given (the runner, ``dask-profiling check``), stored
+    in each judged run's manifest (:meth:`to_dict`) and read back to re-judge it
+    (:meth:`from_dict`).
+
+    The drift rule is **derived**, not refused, when it would contradict the regression
+    rule: a ``threshold`` below the drift rule's ``min_ratio`` (say 1.3 against 1.5) lowers
+    ``min_ratio`` to the threshold. Refusing would make a legitimate one-night threshold
+    unusable; keeping ``min_ratio`` above it would switch drift off in every run (a drifting
+    prefix must be reported before it fails).
+    """
+
+    regression: RegressionRule = field(default_factory=RegressionRule)
+    drift: DriftRule = field(default_factory=DriftRule)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.regression, RegressionRule):
+            raise InvalidInput(f"regression must be a RegressionRule, got "
+                               f"{type(self.regression).__name__}")
+        if not isinstance(self.drift, DriftRule):
+            raise InvalidInput(f"drift must be a DriftRule, got {type(self.drift).__name__}")
+        if self.drift.min_ratio > self.regression.threshold:
+            object.__setattr__(self, "drift",
+                               replace(self.drift, min_ratio=self.regression.threshold))
+
+    @classmethod
+    def from_options(cls, threshold: float = 2.0, history: int = 8,
+                     check_options: dict[str, Any] | None = None,
+                     drift_options: dict[str, Any] | None = None) -> Rules:
+        """The rules from the runner's options (see :meth:`RegressionRule.from_options`).
+
+        Raises
+        ------
+        InvalidInput
+            For an unknown key or a value out of range, naming it.
+        """
+        regression = RegressionRule.from_options(threshold, history, check_options)
+        return cls(regression, _drift_rule(drift_options or {}))
+
+    def drift_settings(self) -> dict[str, Any]:
+        """Keyword arguments of :func:`~prefect_dask_profiling.regression.drift.detect_drift`."""
+        d, r = self.drift, self.regression
+        return {"threshold": r.threshold, "min_ratio": d.min_ratio,
+                "z_threshold": d.z_threshold, "cusum_limit": d.cusum_limit,
+                "allowance": d.allowance, "start_nights": d.start_nights,
+                "recent_nights": d.recent_nights, "min_nights": d.min_nights,
+                "min_seconds": r.min_seconds, "min_share": r.min_share,
+                "mad_floor": r.mad_floor}
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """Plain JSON form, as stored in a judged run's manifest (``rules``)."""
+        return {"regression": asdict(self.regression), "drift": asdict(self.drift)}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Rules:
+        """The rules stored by :meth:`to_dict`; settings added since then take defaults.
+
+        Raises
+        ------
+        InvalidInput
+            When ``data`` is not such a document, or names an unknown setting.
+        """
+        if not isinstance(data, dict) or not isinstance(data.get("regression", {}), dict) \
+                or not isinstance(data.get("drift", {}), dict):
+            raise InvalidInput(f"stored rules must be a dict of 'regression' and 'drift' "
+                               f"settings, got {data!r}")
+        regression = dict(data.get("regression", {}))
+        unknown = sorted(set(regression) - {f.name for f in fields(RegressionRule)}, key=str)
+        if unknown:
+            raise InvalidInput(f"stored regression rule has unknown settings {unknown}")
+        return cls(RegressionRule(**regression), _drift_rule(dict(data.get("drift", {}))))
+
+
+def _drift_rule(options: dict[str, Any]) -> DriftRule:
+    if not isinstance(options, dict):
+        raise InvalidInput(f"drift options must be a dict, got {type(options).__name__}")
+    unknown = sorted(set(options) - {f.name for f in fields(DriftRule)}, key=str)
+    if unknown:
+        raise InvalidInput(f"drift options have unknown keys {unknown}; allowed: "
+                           f"{sorted(f.name for f in fields(DriftRule))}")
+    return DriftRule(**options)

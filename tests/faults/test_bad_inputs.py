@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from prefect_dask_profiling.cli import app
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner
-from prefect_dask_profiling.regression import history
+from prefect_dask_profiling.regression.baseline import load_baseline
 from prefect_dask_profiling.stage import stage
 from prefect_dask_profiling.store.runs import TASKS_COLUMNS, RunStore, new_run_id
 
@@ -250,7 +250,7 @@ def malformed_store(tmp_path_factory) -> tuple[RunStore, str, dict[str, str]]:
 def test_history_skips_each_malformed_run_with_a_warning(malformed_store, bad_input, caplog):
     store, good, broken = malformed_store
     with caplog.at_level(logging.WARNING):
-        baseline = history.load_baseline(store, PIPE, VERSION, n=20)
+        baseline = load_baseline(store, PIPE, VERSION, n=20)
     assert baseline.runs == [good]
     skipped = dict(baseline.skipped)
     for case, run_id in broken.items():

@@ -1,0 +1,441 @@
+"""The judgement of one run, made in one place.
+
+A night is judged once, here, from three inputs: the run itself (:class:`Tonight`), its
+history (:class:`History`: the healthy baseline runs of the same pipeline version, the series
+since the baseline start, the baseline runs' manifests) and the rules (:class:`~.rule.Rules`).
+The result, a :class:`Judgement`, holds everything a reader needs — the per-prefix verdicts
+with drift merged in, the drift table, the run's outcome (does it fail, and why), and the
+explanations of regressed stages — and the rules that made it, which are stored in the run's
+manifest so that ``dask-profiling check`` re-judges a stored run exactly as it was judged.
+
+Who uses it:
+
+* :func:`~prefect_dask_profiling.finishing.finish_run` (the end of every run) calls
+  :func:`load_history` then :func:`judge`;
+* ``dask-profiling check`` and ``dask-profiling drift`` call :func:`judge_stored`;
+* the artifacts, the events and the exports read the :class:`Judgement` (or what it stored).
+
+Nothing else calls the one-night rule (:mod:`.verdict`) or the drift rule (:mod:`.drift`):
+``tests/test_architecture.py`` enforces it. :func:`judge` is pure (tables in, a judgement
+out); the two loaders are the only I/O.
+
+A history that cannot be listed or read raises :class:`~.baseline.HistoryUnavailable`:
+the caller stores the run ``unjudged`` with the reason. It is never judged against "no
+history", which would call it healthy and let it into later baselines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+import pandas as pd
+
+from prefect_dask_profiling._util import InvalidInput
+from prefect_dask_profiling.regression import drift as drift_rule
+from prefect_dask_profiling.regression.baseline import (
+    Baseline,
+    HistoryUnavailable,
+    load_baseline,
+)
+from prefect_dask_profiling.regression.explain import explain_verdicts
+from prefect_dask_profiling.regression.rule import RegressionRule, Rules
+from prefect_dask_profiling.regression.verdict import (
+    describe,
+    detect_regressions,
+    regressed,
+    run_outcome,
+)
+from prefect_dask_profiling.store.runs import RunStore, StoreError
+
+__all__ = ["History", "HistoryUnavailable", "Judgement", "Outcome", "StoredJudgement",
+           "Tonight", "judge", "judge_stored", "load_history"]
+
+# Stored statuses whose regressions do not count: the run stopped early or never finished.
+NOT_COMPARABLE = {"failed": "failed", "incomplete": "incomplete"}
+
+
+@dataclass(frozen=True)
+class Tonight:
+    """The run being judged.
+
+    Attributes
+    ----------
+    run_id, pipeline, version
+        Its identity.
+    summary
+        Its per-prefix table (``tasks.csv``: ``stage, prefix, tasks, total_s``, ...).
+    started
+        ISO start time (orders the drift series; the judged run is last whatever it says).
+    failed
+        The flow failed: its flagged prefixes do not count (its times are partial).
+    incomplete
+        Its record is incomplete (the final collection failed): the same.
+    context
+        What the explanations compare with the baseline runs' manifests: ``version``,
+        ``source_hash``, ``workers``, ``threads``, ``environment``, ``stages`` (with their
+        ``diagnosis``) — the run's manifest, or the same fields before it is written.
+    """
+
+    run_id: str
+    pipeline: str
+    version: str
+    summary: pd.DataFrame
+    started: str | None = None
+    failed: bool = False
+    incomplete: bool = False
+    context: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_manifest(cls, manifest: Mapping[str, Any], summary: pd.DataFrame) -> Tonight:
+        """A stored run as it was judged: failed and incomplete runs stay so."""
+        status = str(manifest.get("status") or "")
+        return cls(run_id=str(manifest["run_id"]), pipeline=str(manifest["pipeline"]),
+                   version=str(manifest["version"]), summary=summary,
+                   started=manifest.get("started"), failed=status == "failed",
+                   incomplete=status == "incomplete", context=manifest)
+
+
+@dataclass(frozen=True)
+class History:
+    """What a run is judged against: loaded by :func:`load_history`.
+
+    Attributes
+    ----------
+    baseline
+        The healthy baseline runs of the same version (:func:`~.baseline.load_baseline`).
+    series
+        Every comparable night since the baseline start, ``run_id, started, stage, prefix,
+        tasks, total_s`` (:func:`~.drift.load_series`); empty when drift is switched off.
+    series_note
+        Where the series starts.
+    manifests
+        The readable manifests of the baseline runs (for explanations).
+    warnings
+        Runs skipped because they could not be read.
+    """
+
+    baseline: Baseline
+    series: pd.DataFrame
+    series_note: str = ""
+    manifests: tuple[Mapping[str, Any], ...] = ()
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the judgement means for the run as a whole.
+
+    Attributes
+    ----------
+    regressed
+        The run counts as regressed: a prefix regressed on this night or drifted past the
+        threshold, and the run neither failed nor is incomplete. Only such a run fails a
+        flow (``on_regression="fail"``) or makes ``dask-profiling check`` exit 1.
+    reason
+        Why flagged prefixes do not count (the run failed or is incomplete); empty otherwise.
+    message
+        One line naming what regressed and drifted (the failure message of the flow).
+    """
+
+    regressed: bool
+    reason: str = ""
+    message: str = "no regression"
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """The one judgement of a run.
+
+    Attributes
+    ----------
+    run_id, pipeline, version
+        Whose judgement.
+    rules
+        The rules that made it (stored in the manifest: ``rules``).
+    verdicts
+        One row per (stage, prefix), ``verdict.OUTPUT_COLUMNS``: the one-night verdict, with
+        ``drift`` where a prefix drifted (a one-night ``regression`` keeps its verdict).
+    drift
+        The drift table (``drift.DRIFT_COLUMNS``); empty when drift was not judged.
+    outcome
+        The run's outcome.
+    explanations
+        Per regressed stage: how its bottleneck and the run's context changed since the
+        baseline runs (:func:`~.explain.explain_verdicts`).
+    baseline_runs, baseline_note, series_note
+        Which runs the night was compared with, and notes on them.
+    """
+
+    run_id: str
+    pipeline: str
+    version: str
+    rules: Rules
+    verdicts: pd.DataFrame
+    drift: pd.DataFrame
+    outcome: Outcome
+    explanations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    baseline_runs: tuple[str, ...] = ()
+    baseline_note: str = ""
+    series_note: str = ""
+
+    @property
+    def regressed(self) -> bool:
+        """Shorthand for ``outcome.regressed``."""
+        return self.outcome.regressed
+
+    def flagged(self) -> pd.DataFrame:
+        """The verdict rows that regressed or drifted."""
+        return drift_rule.flagged(self.verdicts)
+
+    def regressions(self) -> pd.DataFrame:
+        """The rows the one-night rule calls ``regression``."""
+        return regressed(self.verdicts)
+
+    def drifting(self, failing_only: bool = False) -> pd.DataFrame:
+        """The drift rows (that fail the run, if asked)."""
+        return drift_rule.drifted(self.drift, failing_only=failing_only)
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON form (``dask-profiling check --json``)."""
+        return {**self.to_manifest(),
+                "run_id": self.run_id, "pipeline": self.pipeline, "version": self.version,
+                "regressed": self.outcome.regressed,
+                "baseline": {"runs": list(self.baseline_runs), "note": self.baseline_note},
+                "verdicts": self.verdicts.to_dict(orient="records"),
+                "drift_verdicts": self.drift.drop(columns="series", errors="ignore")
+                .to_dict(orient="records")}
+
+    def to_manifest(self) -> dict[str, Any]:
+        """The judgement's part of the stored manifest."""
+        return {
+            "rules": self.rules.to_dict(),
+            "outcome": {"regressed": self.outcome.regressed, "reason": self.outcome.reason,
+                        "message": self.outcome.message},
+            "drift": {"note": self.series_note,
+                      "failing": _names(self.drifting(failing_only=True)),
+                      "drifting": _names(self.drifting())},
+            "explanations": self.explanations,
+        }
+
+
+def load_history(store: RunStore, pipeline: str, version: str, rules: Rules, *,
+                 run_id: str, before: str | None = None) -> History:
+    """Read what ``run_id`` is judged against: baseline, drift series, baseline manifests.
+
+    Parameters
+    ----------
+    store
+        Where the runs are (wrap the call in ``store.remembering_reads()`` to read each
+        stored file once).
+    pipeline, version
+        The run's pipeline and version: only runs of the same version count.
+    rules
+        How many baseline runs (``rules.regression.history``) and series nights
+        (``rules.drift.max_runs``) to read.
+    run_id
+        The judged run: never part of its own history.
+    before
+        Only runs older than this run id count (re-judging a stored run against its past).
+
+    Raises
+    ------
+    HistoryUnavailable
+        When the history cannot be listed, or none of the runs it needs can be read.
+    """
+    baseline = load_baseline(store, pipeline, version, n=rules.regression.history,
+                             exclude_run_id=run_id, before=before)
+    warnings = [f"baseline: skipped run {r}: {why}" for r, why in baseline.skipped]
+    if rules.drift.enabled:
+        series, note = drift_rule.load_series(store, pipeline, version, exclude_run_id=run_id,
+                                              before=before, max_runs=rules.drift.max_runs,
+                                              keep_first=rules.drift.start_nights)
+    else:
+        series, note = drift_rule.empty_series(), "drift is switched off"
+    manifests = []
+    for run, doc in store.read_manifests(pipeline, list(baseline.runs)).items():
+        if isinstance(doc, StoreError):
+            warnings.append(f"explanation: baseline run {run} skipped: {doc}")
+        else:
+            manifests.append(doc)
+    return History(baseline, series, note, tuple(manifests), tuple(warnings))
+
+
+def judge(tonight: Tonight, history: History, rules: Rules | None = None) -> Judgement:
+    """Judge one night against its history (pure: no I/O).
+
+    Parameters
+    ----------
+    tonight
+        The run.
+    history
+        Its history (:func:`load_history`).
+    rules
+        The rules; default :class:`~.rule.Rules` ().
+
+    Returns
+    -------
+    Judgement
+    """
+    rules = rules if rules is not None else Rules()
+    if not isinstance(rules, Rules):
+        raise TypeError(f"rules must be a Rules, got {type(rules).__name__}")
+    one_night = detect_regressions(history.baseline.history, tonight.summary,
+                                   rule=rules.regression)
+    drift = _drift(tonight, history, rules)
+    verdicts = drift_rule.merge_drift(one_night, drift)
+    outcome = _outcome(one_night, drift, failed=tonight.failed, incomplete=tonight.incomplete)
+    explanations = explain_verdicts(one_night, tonight.context, list(history.manifests)) \
+        if not regressed(one_night).empty else {}
+    return Judgement(run_id=tonight.run_id, pipeline=tonight.pipeline, version=tonight.version,
+                     rules=rules, verdicts=verdicts, drift=drift, outcome=outcome,
+                     explanations=explanations, baseline_runs=tuple(history.baseline.runs),
+                     baseline_note=history.baseline.note, series_note=history.series_note)
+
+
+@dataclass(frozen=True)
+class StoredJudgement:
+    """A stored run judged again (``dask-profiling check``), beside what it stored.
+
+    Attributes
+    ----------
+    judgement
+        The judgement made now, with the rules the run was judged with unless overridden;
+        ``None`` when the run's history can no longer be read (``error`` says why).
+    manifest
+        The run's stored manifest.
+    error
+        Why no judgement could be made now.
+    """
+
+    judgement: Judgement | None
+    manifest: Mapping[str, Any]
+    error: str | None = None
+
+    @property
+    def status(self) -> str:
+        """The stored status (``healthy``, ``regressed``, ``failed``, ``unjudged``...)."""
+        return str(self.manifest.get("status") or "unjudged")
+
+    @property
+    def unjudged(self) -> bool:
+        """The run was stored without a verdict: someone should look at why."""
+        return self.status == "unjudged"
+
+    @property
+    def failing(self) -> bool:
+        """``check`` exits non-zero: the run regressed, was stored unjudged, or cannot be
+        judged now."""
+        return self.unjudged or self.judgement is None or self.judgement.regressed
+
+    @property
+    def agrees(self) -> bool:
+        """The judgement made now has the outcome the run stored."""
+        if self.judgement is None or self.unjudged:
+            return False
+        return self.judgement.regressed == bool(self.manifest.get("regressed"))
+
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON form: the judgement made now beside what the run stored."""
+        judged = self.judgement.to_json() if self.judgement is not None else {}
+        return {**judged, "run_id": self.manifest.get("run_id"),
+                "pipeline": self.manifest.get("pipeline"),
+                "version": self.manifest.get("version"),
+                "regressed": self.judgement is not None and self.judgement.regressed,
+                "status": self.status, "stored_regressed": bool(self.manifest.get("regressed")),
+                "unjudged_reason": self.manifest.get("unjudged_reason"),
+                "error": self.error, "agrees": self.agrees, "failing": self.failing}
+
+
+def judge_stored(store: RunStore, pipeline: str, run_id: str | None = None,
+                 version: str | None = None, rules: Rules | None = None,
+                 overrides: Mapping[str, Any] | None = None) -> StoredJudgement:
+    """Judge a stored run again, against the runs that preceded it.
+
+    Parameters
+    ----------
+    store, pipeline
+        Where the run is.
+    run_id
+        The run; default the newest one (of ``version`` if given).
+    version
+        Only runs of this version (and the run must be of it).
+    rules
+        The rules; default the ones stored in the run's manifest (:class:`~.rule.Rules` ()
+        for runs stored before rules were).
+    overrides
+        Single regression settings to change in those rules (``threshold``, ``history``,
+        ``min_seconds``...), e.g. from the command line.
+
+    Raises
+    ------
+    StoreError
+        When the run, its manifest or its table cannot be read.
+    InvalidInput
+        For stored or overriding rules that are not valid.
+    """
+    with store.remembering_reads():  # manifests and listings are read more than once
+        if run_id is None:
+            runs = store.list_runs(pipeline, version)
+            if not runs:
+                what = f"pipeline {pipeline!r}" + (f" version {version!r}" if version else "")
+                raise StoreError(f"no runs of {what} in {store.url}")
+            run_id = runs[0]["run_id"]
+        manifest = store.read_manifest(pipeline, run_id)
+        if version is not None and version != manifest["version"]:
+            raise StoreError(f"run {run_id} is version {manifest['version']!r}, "
+                             f"not {version!r}")
+        rules = _stored_rules(manifest, rules, overrides)
+        tonight = Tonight.from_manifest(manifest, store.read_table(pipeline, run_id, "tasks"))
+        try:
+            history = load_history(store, pipeline, tonight.version, rules, run_id=run_id,
+                                   before=run_id)
+        except HistoryUnavailable as exc:
+            return StoredJudgement(None, manifest, str(exc))
+        return StoredJudgement(judge(tonight, history, rules), manifest)
+
+
+# ---------------------------------------------------------------------- internals
+def _drift(tonight: Tonight, history: History, rules: Rules) -> pd.DataFrame:
+    """The drift table of the night; empty when drift is off or the run is not comparable."""
+    if not rules.drift.enabled or tonight.failed or tonight.incomplete:
+        return pd.DataFrame(columns=drift_rule.DRIFT_COLUMNS)
+    latest = tonight.summary.assign(run_id=tonight.run_id, started=tonight.started)
+    series = pd.concat([history.series, latest], ignore_index=True) \
+        if not history.series.empty else latest
+    return drift_rule.detect_drift(series, judged_run=tonight.run_id, **rules.drift_settings())
+
+
+def _outcome(one_night: pd.DataFrame, drift: pd.DataFrame, *, failed: bool,
+             incomplete: bool) -> Outcome:
+    """Does the run fail: one-night regressions and failing drift, if the run is comparable."""
+    counted = run_outcome(one_night, failed=failed, incomplete=incomplete)
+    failing = drift_rule.drifted(drift, failing_only=True)
+    rows = regressed(one_night)
+    parts = ([describe(rows)] if not rows.empty else []) \
+        + ([drift_rule.describe_drift(failing)] if not failing.empty else [])
+    message = "; ".join(parts) or "no regression"
+    if counted.reason:  # flagged prefixes of a failed or incomplete run do not count
+        return Outcome(regressed=False, reason=counted.reason, message=message)
+    return Outcome(regressed=counted.regressed or not failing.empty, message=message)
+
+
+def _stored_rules(manifest: Mapping[str, Any], rules: Rules | None,
+                  overrides: Mapping[str, Any] | None) -> Rules:
+    """The rules to re-judge with: given, else stored, else defaults; then the overrides."""
+    if rules is None:
+        stored = manifest.get("rules")
+        rules = Rules.from_dict(stored) if stored is not None else Rules()
+    if overrides:
+        unknown = sorted(set(overrides) - {f.name for f in fields(RegressionRule)}, key=str)
+        if unknown:
+            raise InvalidInput(f"unknown regression setting(s) {unknown}")
+        rules = Rules(replace(rules.regression, **dict(overrides)), rules.drift)
+    return rules
+
+
+def _names(rows: pd.DataFrame) -> list[str]:
+    return [f"{r.stage}/{r.prefix}" for r in rows.itertuples(index=False)]
+
