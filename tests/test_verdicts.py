@@ -132,7 +132,7 @@ def test_a_broken_verdict_step_never_changes_the_flow_and_is_visible(cluster, hi
     def broken(end) -> None:
         raise RuntimeError("verdict bug for the test")
 
-    monkeypatch.setattr(finishing, "STEPS", [(n, broken if n == "verdict" else s)
+    monkeypatch.setattr(finishing, "STEPS", [(n, broken if n == "judgement" else s)
                                              for n, s in finishing.STEPS])
     store, _ = history
     state = run(cluster, store, SLOW)  # would regress; the verdict cannot be computed
