@@ -9,17 +9,10 @@ import sys
 import unicodedata
 from typing import Any
 
+from prefect_dask_profiling.errors import InvalidInput
+
 MAX_LENGTH = 128
 _ARTIFACT_KEY = re.compile(r"[^a-z0-9]+")
-
-
-class InvalidInput(ValueError):
-    """A value given by the user is not allowed; the message names it and what is allowed.
-
-    Raised by argument validation only, so callers (the command line) can tell bad input
-    (exit code 2) from a bug (any other exception). A ``ValueError``, so existing
-    ``except ValueError`` code keeps working.
-    """
 
 
 def validate_name(value: object, field: str) -> str:

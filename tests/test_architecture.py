@@ -32,9 +32,9 @@ ROOT = Path(prefect_dask_profiling.__file__).parent
 
 # The layers, lowest first: a part may import its own modules and any part listed before it
 # in LAYERS; ``bench`` (the benchmark protocol) stands aside and imports only BENCH_USES.
-LAYERS = ["_util", "environment", "timing", "stage", "summary", "store", "regression",
+LAYERS = ["errors", "_util", "environment", "timing", "stage", "summary", "store", "regression",
           "diagnosis", "export", "finishing", "prefect", "cli"]
-BENCH_USES = {"_util", "environment", "timing", "summary", "diagnosis"}
+BENCH_USES = {"errors", "_util", "environment", "timing", "summary", "diagnosis"}
 ALLOWED: dict[str, set[str]] = {part: set(LAYERS[:i]) for i, part in enumerate(LAYERS)}
 ALLOWED["bench"] = BENCH_USES
 ALLOWED["cli"] |= {"bench"}

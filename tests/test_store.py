@@ -30,11 +30,11 @@ from s3_servers import (
 from typer.testing import CliRunner
 
 from prefect_dask_profiling.cli import app
+from prefect_dask_profiling.cli.store import parse_age
 from prefect_dask_profiling.store.runs import (
     RunStore,
     StoreError,
     new_run_id,
-    parse_age,
 )
 
 BUCKET = "perf-bucket"

@@ -15,8 +15,9 @@ import pandas as pd
 import pytest
 from s3_servers import boto_client, s3_options, seaweedfs
 
+from prefect_dask_profiling.cli.store import report_link
 from prefect_dask_profiling.store import s3
-from prefect_dask_profiling.store.runs import RunStore, StoreError, new_run_id, report_link
+from prefect_dask_profiling.store.runs import RunStore, StoreError, new_run_id
 
 pytestmark = pytest.mark.slow
 BUCKET = "perf-weed"

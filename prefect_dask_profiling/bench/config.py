@@ -15,9 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-
-class BenchInputError(ValueError):
-    """Bad benchmark input: printed as one line by the CLI (exit code 2)."""
+from prefect_dask_profiling.errors import BenchInputError
 
 
 @dataclass

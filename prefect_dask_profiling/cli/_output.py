@@ -1,11 +1,24 @@
 """What every command prints and how it ends: tables, JSON, one-line errors, exit codes.
 
-Exit codes: 0 ok, 1 a verdict failed (a regression, an unjudged run, files still pending),
-2 bad input (raised as :class:`BadInput`, :class:`~prefect_dask_profiling._util.InvalidInput`
-or :class:`~prefect_dask_profiling.store.runs.StoreError`: an unknown store, run or
-pipeline, a malformed argument), 3 an unexpected error — a bug: one line without a
-traceback and a hint to report it; ``--debug`` (or ``DASK_PROFILING_DEBUG=1``) shows the
-traceback.
+Every command is wrapped in :func:`guarded`, which maps the package's error tree
+(:mod:`prefect_dask_profiling.errors`) to an exit code in one table, :data:`EXIT_CODES`:
+
+==== ===========================================================================================
+code meaning
+==== ===========================================================================================
+0    ok
+1    a verdict failed: a regression (``VerdictFailed``), an unjudged run, files still pending
+2    bad input or a bad record: ``InvalidInput`` (a malformed argument, :class:`BadInput`,
+     ``BenchInputError``) or a ``StoreError`` naming what is missing, damaged or in conflict
+     (an unknown store, pipeline, run or report; a damaged manifest or table)
+4    the store could not be used: ``StoreUnavailable`` — unreachable or timed out
+     (``StoreUnreachable``: retry later) or access denied (``StoreAccessDenied``: fix the
+     credentials or permissions). Not bad input: the same command may succeed unchanged.
+3    anything else — a bug: one line without a traceback and a hint to report it;
+     ``--debug`` (or ``DASK_PROFILING_DEBUG=1``) shows the traceback
+==== ===========================================================================================
+
+Every error prints as one line on stderr (``error: ...``).
 """
 
 from __future__ import annotations
@@ -22,7 +35,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from prefect_dask_profiling._util import InvalidInput, json_clean
+from prefect_dask_profiling._util import json_clean
+from prefect_dask_profiling.errors import (
+    InvalidInput,
+    StoreError,
+    StoreUnavailable,
+    VerdictFailed,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -30,7 +49,14 @@ if TYPE_CHECKING:
 console = Console()
 err_console = Console(stderr=True)
 
-EXIT_OK, EXIT_VERDICT, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_OK, EXIT_VERDICT, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_STORE = 0, 1, 2, 3, 4
+# The one map from errors to exit codes, most specific first (see the module docstring).
+EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
+    (StoreUnavailable, EXIT_STORE),
+    (StoreError, EXIT_BAD_INPUT),
+    (InvalidInput, EXIT_BAD_INPUT),
+    (VerdictFailed, EXIT_VERDICT),
+)
 DEBUG_ENV = "DASK_PROFILING_DEBUG"
 FLOAT_DIGITS = 3  # tables; single values print with 2
 
@@ -61,14 +87,17 @@ def warn(text: str) -> None:
     err_console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
-def _bad_input_types() -> tuple[type[BaseException], ...]:
-    from prefect_dask_profiling.store.runs import StoreError
-
-    return (InvalidInput, StoreError)
+def exit_code(exc: BaseException) -> int:
+    """The exit code for ``exc``: from :data:`EXIT_CODES`, else :data:`EXIT_INTERNAL`."""
+    for kind, code in EXIT_CODES:
+        if isinstance(exc, kind):
+            return code
+    return EXIT_INTERNAL
 
 
 def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Bad input → one line and exit 2; anything unexpected → one line, a hint, exit 3."""
+    """Run a command body; a known error → one line and its :func:`exit_code`; anything
+    unexpected → one line, a hint, exit 3 (the traceback with ``--debug``)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -76,10 +105,11 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort, KeyboardInterrupt):
             raise
-        except _bad_input_types() as exc:
-            warn(f"error: {_one_line(exc)}")
-            raise typer.Exit(EXIT_BAD_INPUT) from None
         except Exception as exc:
+            code = exit_code(exc)
+            if code != EXIT_INTERNAL:
+                warn(f"error: {_one_line(exc)}")
+                raise typer.Exit(code) from None
             if debugging():
                 raise
             warn(f"internal error: {type(exc).__name__}: {_one_line(exc)} (this is a bug in "

@@ -29,7 +29,8 @@ def _options(
     """Where each night's Dask time went, and whether it regressed.
 
     Exit codes: 0 ok, 1 a regression (or an unjudged run, or files still pending),
-    2 bad input, 3 an unexpected error (please report it, with --debug).
+    2 bad input (or a missing or damaged record), 3 an unexpected error (please report it,
+    with --debug), 4 the store could not be reached or denied access (retry, or fix access).
     """
     set_debug(debug)
 

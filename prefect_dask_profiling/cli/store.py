@@ -1,6 +1,9 @@
-"""Store commands: ``sweep``, ``upload-pending``, ``report``."""
+"""Store commands: ``sweep``, ``upload-pending``, ``report`` (and their argument bodies)."""
 
 from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -22,6 +25,9 @@ from prefect_dask_profiling.cli._params import (
     make_store,
 )
 
+if TYPE_CHECKING:
+    from prefect_dask_profiling.store.runs import RunStore
+
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to ``app``."""
@@ -36,8 +42,6 @@ def sweep_command(
     as_json: JsonOption = False,
 ) -> None:
     """Delete per-stage reports older than --older-than (never summaries or the index)."""
-    from prefect_dask_profiling.store.runs import parse_age
-
     try:
         days = parse_age(older_than)
     except ValueError as exc:  # the age's own validation
@@ -90,7 +94,6 @@ def report_command(
     from pathlib import Path
 
     from prefect_dask_profiling.regression.history import find_run
-    from prefect_dask_profiling.store.runs import report_link
 
     run_store = make_store(store)
     pipeline = find_run(run_store, validate_name(run_id, "run_id"), pipeline)
@@ -102,3 +105,41 @@ def report_command(
         say(target)
     if open_it and not webbrowser.open(target if "://" in target else Path(target).as_uri()):
         warn("warning: no browser could be opened")
+
+
+def parse_age(text: str) -> float:
+    """Days from ``30d``, ``12h`` or a plain number of days (``--older-than``)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([dh]?)\s*", str(text), re.IGNORECASE)
+    if not match or float(match.group(1)) <= 0:
+        raise ValueError(f"--older-than must look like 30d, 12h or a number of days, got {text!r}")
+    value = float(match.group(1))
+    return value / 24 if match.group(2).lower() == "h" else value
+
+
+def report_link(store: RunStore, run_id: str, stage: str, pipeline: str,
+                expires_s: int = 3600) -> dict[str, Any]:
+    """Where a stage's report is, with a presigned link when the store is S3 and can sign.
+
+    ``StoreNotFound`` for an unknown run or a report that expired or was never written.
+    """
+    from prefect_dask_profiling.store import layout, s3
+    from prefect_dask_profiling.store.errors import StoreNotFound
+
+    manifest = store.read_manifest(pipeline, run_id)
+    stage = validate_name(stage, "stage")
+    entries = [s for s in manifest.get("stages") or [] if isinstance(s, dict)
+               and s.get("name") == stage]
+    report = entries[0].get("report") if entries else None
+    if isinstance(report, dict) and isinstance(report.get("location"), str):
+        location = report["location"]
+    else:
+        location = store.location(layout.report_file(pipeline, run_id, stage))
+    if not store.exists(location):
+        known = ", ".join(str(s.get("name")) for s in manifest.get("stages") or []
+                          if isinstance(s, dict)) or "none"
+        raise StoreNotFound(f"no report for stage {stage!r} of run {run_id!r} (expired or "
+                            f"never written); stages in the manifest: {known}")
+    url = store.presign(location, expires_s)
+    return {"pipeline": pipeline, "run_id": run_id, "stage": stage, "location": location,
+            "url": url, "signed": url is not None,
+            "expires_s": min(expires_s, s3.MAX_PRESIGN_S) if store.kind == "s3" else None}

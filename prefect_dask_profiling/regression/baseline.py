@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from prefect_dask_profiling._util import positive_int
+from prefect_dask_profiling.errors import HistoryUnavailable
 from prefect_dask_profiling.regression.rule import RegressionRule
 from prefect_dask_profiling.store.runs import TASKS_COLUMNS, RunStore, StoreError
 
@@ -37,13 +38,6 @@ HISTORY_COLUMNS = ["run_id", *TASKS_COLUMNS]
 # The only status whose runs form a baseline: regressed, failed, incomplete and unjudged runs
 # would drag the median towards what is being detected, or hold partial times.
 BASELINE_STATUS = "healthy"
-
-
-class HistoryUnavailable(StoreError):
-    """The history of a pipeline version could not be listed or read: no verdict is possible.
-
-    Distinct from an empty history (a new version), which is judged ``insufficient-history``.
-    """
 
 
 def counts_in_baseline(run_id: str, status: str, restart: str | None) -> bool:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from prefect_dask_profiling.store.errors import StoreNotFound
 from prefect_dask_profiling.store.runs import RunStore, StoreError
 
 __all__ = ["accept_run", "compare_runs", "find_run", "list_runs", "open_store",
@@ -26,12 +27,8 @@ MANIFEST_SUMMARY = ["run_id", "pipeline", "version", "status", "state", "regress
 def open_store(url: str | None) -> RunStore:
     """A store that exists (``StoreError`` naming it otherwise)."""
     store = RunStore(url)  # the URL is checked by store.url.check_store_url
-    try:
-        found = store.fs.exists(store.root)
-    except Exception as exc:  # any transport error: say where and what, in one line
-        raise StoreError(f"could not reach store {store.url}: {store._describe(exc)}") from None
-    if not found:
-        raise StoreError(f"no store at {store.url} (set --store or $DASK_PROFILING_STORE)")
+    if not store.root_exists():  # StoreUnreachable / StoreAccessDenied name the store
+        raise StoreNotFound(f"no store at {store.url} (set --store or $DASK_PROFILING_STORE)")
     return store
 
 

@@ -41,6 +41,7 @@ import numpy as np
 import pandas as pd
 
 from prefect_dask_profiling._util import InvalidInput
+from prefect_dask_profiling.errors import VerdictFailed
 from prefect_dask_profiling.regression.rule import CHECK_OPTION_KEYS, RegressionRule
 
 KEYS = ["stage", "prefix"]
@@ -56,7 +57,7 @@ MAD_TO_SIGMA = 1.4826  # 1 / Phi^-1(3/4): makes the MAD estimate sigma for norma
 CAUSE_SPLIT = 0.75
 
 
-class RegressionDetected(Exception):
+class RegressionDetected(VerdictFailed):
     """Raised (by the runner) when at least one prefix regressed.
 
     Attributes

@@ -14,11 +14,13 @@ import importlib
 from typing import Any
 
 _PUBLIC = {
-    "StoreError": "errors",
+    "StoreError": "errors", "StoreNotFound": "errors", "DamagedRecord": "errors",
+    "StoreConflict": "errors", "StoreUnavailable": "errors", "StoreUnreachable": "errors",
+    "StoreAccessDenied": "errors",
     "SCHEMA_VERSION": "manifest", "STATUSES": "manifest", "Manifest": "manifest",
     "RunContext": "manifest", "StageInfo": "manifest", "build_manifest": "manifest",
-    "DeliveryReport": "runs", "RunStore": "runs", "WriteResult": "runs", "new_run_id": "runs",
-    "parse_age": "runs", "report_link": "runs",
+    "DeliveryReport": "delivery", "RunStore": "runs", "WriteResult": "writing",
+    "new_run_id": "runs",
     "UploadResult": "spool", "default_spool_dir": "spool",
     "TASKS_COLUMNS": "tables",
     "DEFAULT_URL": "url", "check_store_url": "url", "public_url": "url",

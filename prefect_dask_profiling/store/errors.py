@@ -1,7 +1,16 @@
-"""The store's one error type, shared by its modules."""
+"""The store's errors: re-exported from :mod:`prefect_dask_profiling.errors`, their one home."""
 
 from __future__ import annotations
 
+from prefect_dask_profiling.errors import (
+    DamagedRecord,
+    StoreAccessDenied,
+    StoreConflict,
+    StoreError,
+    StoreNotFound,
+    StoreUnavailable,
+    StoreUnreachable,
+)
 
-class StoreError(Exception):
-    """Malformed stored content or an unknown run; the message is one clear line."""
+__all__ = ["DamagedRecord", "StoreAccessDenied", "StoreConflict", "StoreError",
+           "StoreNotFound", "StoreUnavailable", "StoreUnreachable"]

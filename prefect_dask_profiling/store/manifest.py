@@ -16,7 +16,7 @@ import pandas as pd
 
 from prefect_dask_profiling._util import json_clean, validate_name
 from prefect_dask_profiling.environment import environment as environment  # re-exported
-from prefect_dask_profiling.store.errors import StoreError
+from prefect_dask_profiling.store.errors import DamagedRecord
 
 SCHEMA_VERSION = 1
 # Index statuses. ``unjudged``: the run is stored but its verdict could not be computed.
@@ -184,28 +184,28 @@ def marker_doc(manifest: Manifest) -> dict[str, Any]:
 
 
 def parse_manifest(data: bytes, pipeline: str, run_id: str, where: str) -> Manifest:
-    """The manifest stored as ``data`` at ``where``; ``StoreError`` naming ``where`` if it is
-    not UTF-8 JSON, not a manifest, of another schema, incomplete or of another run."""
+    """The manifest stored as ``data`` at ``where``; ``DamagedRecord`` naming ``where`` if it
+    is not UTF-8 JSON, not a manifest, of another schema, incomplete or of another run."""
     try:
         doc = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-        raise StoreError(f"{where} is not valid JSON ({reason})") from None
+        raise DamagedRecord(f"{where} is not valid JSON ({reason})") from None
     if not isinstance(doc, dict) or "schema_version" not in doc:
-        raise StoreError(f"{where} is not a dask-profiling manifest (no schema_version)")
+        raise DamagedRecord(f"{where} is not a dask-profiling manifest (no schema_version)")
     if doc["schema_version"] != SCHEMA_VERSION:
-        raise StoreError(f"{where} has schema_version {doc['schema_version']!r}; this "
+        raise DamagedRecord(f"{where} has schema_version {doc['schema_version']!r}; this "
                          f"version of dask-profiling reads {SCHEMA_VERSION}")
     missing = [k for k in MANIFEST_REQUIRED if k not in doc]
     if missing:
-        raise StoreError(f"{where} lacks {', '.join(missing)}")
+        raise DamagedRecord(f"{where} lacks {', '.join(missing)}")
     if doc["run_id"] != run_id or doc["pipeline"] != pipeline:
-        raise StoreError(f"{where} belongs to run {doc['run_id']!r} of pipeline "
+        raise DamagedRecord(f"{where} belongs to run {doc['run_id']!r} of pipeline "
                          f"{doc['pipeline']!r}")
     if not isinstance(doc["files"], dict):
-        raise StoreError(f"{where} has a malformed 'files' entry")
+        raise DamagedRecord(f"{where} has a malformed 'files' entry")
     if doc["status"] not in STATUSES or not isinstance(doc["version"], str):
-        raise StoreError(f"{where} has an unknown status {doc['status']!r} or a malformed "
+        raise DamagedRecord(f"{where} has an unknown status {doc['status']!r} or a malformed "
                          "version")
     return cast(Manifest, doc)
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prefect_dask_profiling.errors import StoreConflict
 from prefect_dask_profiling.store import layout
 
 META = "store.json"
@@ -37,8 +38,8 @@ except ImportError:  # pragma: no cover - not POSIX
     fcntl = None  # type: ignore[assignment]
 
 
-class Clash(Exception):
-    """The store already holds other bytes at a spooled file's path; the file stays spooled."""
+# The store already holds other bytes at a spooled file's path; the file stays spooled.
+Clash = StoreConflict
 
 
 @dataclass

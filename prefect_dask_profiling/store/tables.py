@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from prefect_dask_profiling._util import validate_name
-from prefect_dask_profiling.store.errors import StoreError
+from prefect_dask_profiling.store.errors import DamagedRecord
 from prefect_dask_profiling.store.layout import MANIFEST
 
 TASKS_COLUMNS = ["stage", "prefix", "tasks", "total_s", "p50_s", "p95_s", "gb_out"]
@@ -39,7 +39,7 @@ def encode_files(tables: dict[str, pd.DataFrame],
 
 
 def decode_table(data: bytes, name: str, where: str) -> pd.DataFrame:
-    """The table stored as ``data`` at ``where``; ``StoreError`` naming ``where`` if damaged.
+    """The table stored as ``data`` at ``where``; ``DamagedRecord`` naming ``where`` if damaged.
 
     Damaged means: not UTF-8, not CSV, empty, or (for ``tasks``) missing columns or holding
     non-numeric, missing or infinite numbers.
@@ -49,27 +49,27 @@ def decode_table(data: bytes, name: str, where: str) -> pd.DataFrame:
                             dtype={c: str for c in NAME_COLUMNS}, encoding="utf-8")
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError,
             ValueError, TypeError) as exc:
-        raise StoreError(f"{where} is not a valid CSV table ({first_line(exc)})") from None
+        raise DamagedRecord(f"{where} is not a valid CSV table ({first_line(exc)})") from None
     if name == "tasks":
         check_tasks(frame, where)
     return frame
 
 
 def check_tasks(frame: pd.DataFrame, where: str) -> None:
-    """``StoreError`` unless ``frame`` has the tasks columns with finite numbers."""
+    """``DamagedRecord`` unless ``frame`` has the tasks columns with finite numbers."""
     missing = [c for c in TASKS_COLUMNS if c not in frame.columns]
     if missing:
-        raise StoreError(f"{where} lacks column(s) {', '.join(missing)}")
+        raise DamagedRecord(f"{where} lacks column(s) {', '.join(missing)}")
     if not len(frame):
         return
     numbers = TASKS_COLUMNS[2:]
     for column in numbers:
         if not pd.api.types.is_numeric_dtype(frame[column]):
-            raise StoreError(f"{where} has non-numeric values in column {column}")
+            raise DamagedRecord(f"{where} has non-numeric values in column {column}")
     finite = np.isfinite(frame[numbers].to_numpy(dtype=float)).all(axis=0)
     if not finite.all():
         column = numbers[int(np.argmin(finite))]
-        raise StoreError(f"{where} has missing or infinite values in column {column}")
+        raise DamagedRecord(f"{where} has missing or infinite values in column {column}")
 
 
 def first_line(exc: BaseException) -> str:
