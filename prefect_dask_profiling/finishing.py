@@ -183,12 +183,23 @@ Step = Callable[[RunEnd], None]
 
 
 def _deliver_spool(end: RunEnd) -> None:
+    """Deliver what earlier runs left in the spool, and write the fleet rows of the runs
+    whose manifest it delivered (their own finish could not)."""
+    from prefect_dask_profiling.export.fleet import write_fleet
+
     deliver = getattr(end.store, "deliver_pending", None)
     if deliver is None:
         return
     report = deliver(end.settings.spool_budget_s)
-    if report:
-        end.manifest_extra["spool_delivery"] = report
+    if not report:
+        return
+    end.manifest_extra["spool_delivery"] = report
+    for run_id, pipeline in (report.get("pipelines") or {}).items():
+        try:
+            write_fleet(end.store, end.store.read_manifest(pipeline, run_id),
+                        end.store.read_table(pipeline, run_id, "tasks"))
+        except Exception as exc:  # one delivered run's view must not cost the others
+            end.warnings.append(f"fleet view of delivered run {run_id} not written: {exc}")
 
 
 def _lifecycle(end: RunEnd) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 from run_records import record_stages
 
@@ -149,3 +150,18 @@ def test_judging_reads_the_history_once(inproc_client, tmp_path):
     assert len(index) == 1, index
     tables = [p for p in read if p.endswith("/tasks.csv")]
     assert len(tables) == len(set(tables)) == 4, tables
+
+
+def test_a_run_delivered_from_the_spool_gets_its_fleet_file(inproc_client, tmp_path):
+    """The spooled run's own finish could not write its fleet rows: the run that delivers
+    its files does (issue 19, item 11)."""
+    blocked = tmp_path / "store"
+    blocked.write_text("a file where the store's folder should be")
+    spool = tmp_path / "spool"
+    first = finish(RunStore(str(blocked), spool_dir=spool), record_of(inproc_client))
+    assert first.fleet_location is None
+    blocked.unlink()
+    second = finish(RunStore(str(blocked), spool_dir=spool), record_of(inproc_client))
+    assert second.manifest["spool_delivery"]["pipelines"] == {first.run_id: "nightly"}
+    fleet = pd.read_parquet(blocked / "fleet")
+    assert set(fleet["run_id"]) == {first.run_id, second.run_id}

@@ -24,12 +24,14 @@ class DeliveryReport(TypedDict):
     """What :meth:`Delivery.deliver_pending` did with files earlier runs left in the spool.
 
     ``delivered``/``left`` count files; ``runs`` are the run ids whose manifest was
-    delivered; ``note`` says why files were left (store down, out of time, busy), if any.
+    delivered, ``pipelines`` the pipeline of each; ``note`` says why files were left (store
+    down, out of time, busy), if any.
     """
 
     delivered: int
     left: int
     runs: list[str]
+    pipelines: dict[str, str]
     seconds: float
     note: str | None
     warnings: list[str]
@@ -81,6 +83,7 @@ class Delivery(StoreAccess):
                     else "the store failed" if result.failed and result.warnings
                     and not result.uploaded else None)
         report = DeliveryReport(delivered=result.uploaded, left=result.failed, runs=result.runs,
+                                pipelines=result.pipelines,
                                 seconds=round(time.monotonic() - start, 3), note=note,
                                 warnings=result.warnings)
         if result.uploaded:

@@ -50,6 +50,8 @@ class UploadResult:
     failed: int = 0
     warnings: list[str] = field(default_factory=list)
     runs: list[str] = field(default_factory=list)
+    # pipeline of each run in ``runs`` (views such as the fleet file are written for them)
+    pipelines: dict[str, str] = field(default_factory=dict)
     busy: bool = False
     out_of_time: bool = False
 
@@ -184,7 +186,7 @@ def deliver(spool: Spool, send: Callable[[str, bytes, float | None], None], *,
     order = spool.pending()
     blocked: set[tuple[str, str]] = set()
     stop: str | None = None
-    delivered_runs: set[str] = set()
+    delivered_runs: set[tuple[str, str]] = set()
     for n, rel in enumerate(order, 1):
         run = layout.run_of(rel)
         left = None if deadline is None else deadline - time.monotonic()
@@ -205,7 +207,7 @@ def deliver(spool: Spool, send: Callable[[str, bytes, float | None], None], *,
                     (spool.dir / rel).unlink(missing_ok=True)
                     result.uploaded += 1
                     if run is not None and rel.endswith("/" + layout.MANIFEST):
-                        delivered_runs.add(run[1])
+                        delivered_runs.add(run)
             except Clash as exc:
                 result.failed += 1
                 result.warnings.append(str(exc))
@@ -220,7 +222,8 @@ def deliver(spool: Spool, send: Callable[[str, bytes, float | None], None], *,
         if progress is not None:
             progress(n, len(order))
     spool.prune()
-    result.runs = sorted(delivered_runs)
+    result.runs = sorted(run_id for _, run_id in delivered_runs)
+    result.pipelines = {run_id: pipeline for pipeline, run_id in delivered_runs}
     return result
 
 
