@@ -81,9 +81,10 @@ def run_markdown(result: FinishResult, links: dict[str, str], trend: str | None)
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in m["warnings"]]
     env = m.get("environment") or {}
     lines += ["", "## Environment", "", ", ".join(
-        f"{k} {v}" for k, v in env.items() if k != "mismatches" and v)]
-    if env.get("mismatches"):
-        lines += ["", "Version mismatches:"] + [f"- {x}" for x in env["mismatches"]]
+        f"{k} {v}" for k, v in env.items() if k not in ("mismatches", "mismatch_detail") and v)]
+    mismatches = env.get("mismatch_detail") or env.get("mismatches")  # with worker addresses
+    if mismatches:
+        lines += ["", "Version mismatches:"] + [f"- {x}" for x in mismatches]
     return "\n".join(lines) + "\n"
 
 
