@@ -67,6 +67,10 @@ def run_markdown(result: FinishResult, links: dict[str, str], trend: str | None)
         verdict, evidence = _bottleneck(s.get("diagnosis"))
         lines.append(f"| {s['name']} | {s['tasks']} | {_fmt(s['task_s'])} | {verdict} | "
                      f"{evidence} | {report} |")
+    local = [s for s in m["stages"] if s.get("local_work")]
+    if local:
+        lines += ["", "## Work the profile did not see", ""]
+        lines += [f"- {s.get('note') or s['name']}" for s in local]
     for stage, why in (m.get("explanations") or {}).items():
         lines += ["", f"**Why {stage} regressed:** {why.get('text', '')}"]
     flagged = flagged_markdown(result.verdicts, result.extras.get("drift"))
