@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     from distributed import Client
 
 __all__ = ["FINGERPRINT_PACKAGES", "KEY_PACKAGES", "cluster_mismatches", "environment",
-           "environment_fingerprint", "package_version", "package_versions",
-           "version_mismatches"]
+           "environment_fingerprint", "mismatch_detail", "mismatch_key", "package_version",
+           "package_versions", "version_mismatches"]
 
 # Installed distributions recorded with a run or a benchmark session.
 FINGERPRINT_PACKAGES = ("dask", "distributed", "prefect", "prefect-dask", "pandas", "numpy",
@@ -46,6 +46,11 @@ def package_versions(names: tuple[str, ...] = FINGERPRINT_PACKAGES) -> dict[str,
 def version_mismatches(versions: dict[str, Any]) -> list[str]:
     """Key packages whose versions differ between client, scheduler and workers (pure).
 
+    Each line names the *roles* holding each version, never a worker's address: addresses
+    change from run to run, and a mismatch that lasts for months must read the same every
+    night so that only a real change is reported as new (:func:`mismatch_key`). The
+    addresses are in :func:`mismatch_detail`.
+
     Parameters
     ----------
     versions
@@ -53,13 +58,52 @@ def version_mismatches(versions: dict[str, Any]) -> list[str]:
 
     Returns
     -------
-    One line per package that differs, e.g.
-    ``"numpy: 2.1.0 on client, scheduler; 1.26.4 on worker tcp://10.0.0.5:4321"``.
+    One line per package that differs, versions in the order client, scheduler, workers,
+    e.g. ``"numpy: 2.1.0 on client, scheduler; 1.26.4 on workers"``.
     """
+    return [_line(pkg, {v: _roles(sides) for v, sides in seen.items()})
+            for pkg, seen in _differing(versions).items()]
+
+
+def mismatch_detail(versions: dict[str, Any]) -> list[str]:
+    """:func:`version_mismatches` with each worker's address, for people to act on (pure).
+
+    E.g. ``"numpy: 2.1.0 on client, scheduler; 1.26.4 on worker tcp://10.0.0.5:4321"``.
+    Not comparable across runs (addresses change); compare :func:`version_mismatches`.
+    """
+    return [_line(pkg, seen) for pkg, seen in _differing(versions).items()]
+
+
+def mismatch_key(line: str) -> str:
+    """The comparable form of a mismatch line: package, and the roles holding each version.
+
+    Idempotent on :func:`version_mismatches` lines, and turns lines stored before them (which
+    named each worker, ``"... on worker tcp://10.0.0.5:4321, worker tcp://..."``) into the
+    same form, so old baselines compare with new runs. A line that is not a mismatch (e.g.
+    ``"versions not collected: ..."``) is returned unchanged.
+    """
+    pkg, sep, rest = line.partition(": ")
+    if not sep or " on " not in rest:
+        return line
+    seen: dict[str, list[str]] = {}
+    for part in rest.split("; "):
+        version, on, sides = part.rpartition(" on ")
+        if not on:
+            return line
+        seen[version] = [s.strip() for s in sides.split(", ") if s.strip()]
+    return _line(pkg, {v: _roles(sides) for v, sides in seen.items()})
+
+
+_ROLES = ("client", "scheduler", "workers")
+
+
+def _differing(versions: dict[str, Any]) -> dict[str, dict[str, list[str]]]:
+    """``{package: {version: [side, ...]}}`` for the key packages seen in two versions."""
     sides = {"client": versions.get("client") or {},
              "scheduler": versions.get("scheduler") or {}}
-    sides.update({f"worker {w}": v or {} for w, v in (versions.get("workers") or {}).items()})
-    mismatches = []
+    workers = versions.get("workers") or {}
+    sides.update({f"worker {w}": workers[w] or {} for w in sorted(workers, key=str)})
+    out = {}
     for pkg in KEY_PACKAGES:
         seen: dict[str, list[str]] = {}
         for side, info in sides.items():
@@ -69,9 +113,25 @@ def version_mismatches(versions: dict[str, Any]) -> list[str]:
             if value is not None:
                 seen.setdefault(str(value), []).append(side)
         if len(seen) > 1:
-            detail = "; ".join(f"{v} on {', '.join(s)}" for v, s in seen.items())
-            mismatches.append(f"{pkg}: {detail}")
-    return mismatches
+            out[pkg] = seen
+    return out
+
+
+def _roles(sides: list[str]) -> list[str]:
+    """``client``, ``scheduler`` and ``workers`` (for any ``worker <address>``), in order."""
+    named = {"workers" if s.startswith("worker") else s for s in sides}
+    return [r for r in _ROLES if r in named] + sorted(named - set(_ROLES))
+
+
+def _line(pkg: str, seen: dict[str, list[str]]) -> str:
+    """``"pkg: v1 on a, b; v2 on c"``, versions ordered by the first role holding them."""
+    def order(item: tuple[str, list[str]]) -> tuple[int, str]:
+        first = item[1][0] if item[1] else ""
+        role = "workers" if first.startswith("worker") else first
+        return (_ROLES.index(role) if role in _ROLES else len(_ROLES), item[0])
+
+    return f"{pkg}: " + "; ".join(f"{v} on {', '.join(s)}" for v, s in sorted(seen.items(),
+                                                                               key=order))
 
 
 def cluster_mismatches(client: Client) -> list[str]:
@@ -79,23 +139,34 @@ def cluster_mismatches(client: Client) -> list[str]:
 
     A dying cluster must not cost the run its summary: a failure to ask becomes one line.
     """
+    return _cluster_mismatches(client)[0]
+
+
+def _cluster_mismatches(client: Client) -> tuple[list[str], list[str]]:
+    """(comparable lines, lines with addresses); a failure to ask is one line in each (its
+    type only in the comparable one: the message may carry an address)."""
     try:
         versions = client.get_versions(check=False)
     except Exception as exc:  # any failure of a dying cluster
-        return [f"versions not collected: {exc!r}"]
-    return version_mismatches(versions)
+        return ([f"versions not collected: {type(exc).__name__}"],
+                [f"versions not collected: {exc!r}"])
+    return version_mismatches(versions), mismatch_detail(versions)
 
 
 def environment(client: Client | None = None) -> dict[str, Any]:
     """Python and the versions of :data:`FINGERPRINT_PACKAGES` here, and cluster mismatches.
 
-    Keys are ``python``, the package names with ``-`` as ``_``, and ``mismatches`` (empty
-    without a ``client``). This is the manifest's ``environment``.
+    Keys are ``python``, the package names with ``-`` as ``_``, ``mismatches`` (comparable
+    across runs, :func:`version_mismatches`) and ``mismatch_detail`` (the same with worker
+    addresses, :func:`mismatch_detail`); both empty without a ``client``. This is the
+    manifest's ``environment``.
     """
     env: dict[str, Any] = {"python": platform.python_version()}
     for name, version in package_versions().items():
         env[name.replace("-", "_")] = version
-    env["mismatches"] = cluster_mismatches(client) if client is not None else []
+    mismatches, detail = _cluster_mismatches(client) if client is not None else ([], [])
+    env["mismatches"] = mismatches
+    env["mismatch_detail"] = detail
     return env
 
 

@@ -28,10 +28,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import threading
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import dask
+from dask.callbacks import Callback
 
 from prefect_dask_profiling._util import validate_name
 from prefect_dask_profiling.timing.plugin import DEFAULT_STAGE, RUN_ANNOTATION, STAGE_ANNOTATION
@@ -148,6 +152,65 @@ def stage(name: str) -> Iterator[str]:
         finally:
             if listener is not None:
                 listener.stage_closed(name, token, error)
+
+
+@dataclass(frozen=True)
+class LocalCount:
+    """Dask work run by Dask's local schedulers while a :class:`LocalWorkWatch` watched."""
+
+    tasks: int
+    seconds: float
+    computes: int
+
+
+class LocalWorkWatch(Callback):
+    """Count Dask tasks that Dask's *local* schedulers run in this process while registered.
+
+    A stage records what runs on the cluster. Work computed with Dask's local schedulers
+    (threads or processes of this process) never reaches the scheduler, so a stage around
+    it records nothing: in a Prefect flow body that is any bare ``.compute()``, because
+    prefect-dask's clients are not the default client. Dask's local-scheduler callbacks
+    see that work; this one counts tasks, computes and the computes' wall seconds. Work
+    computed inside a Dask worker task is left out (the cluster records its task).
+
+    Registered globally (``Callback.active``): work computed by other threads of the
+    process while it is registered counts too.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self._started: dict[int, float] = {}
+        self._tasks = 0
+        self._seconds = 0.0
+        self._computes = 0
+
+    def _start(self, dsk: Any) -> None:
+        if running_task_key() is None:
+            with self._lock:
+                self._started[threading.get_ident()] = time.perf_counter()
+
+    def _posttask(self, key: Any, result: Any, dsk: Any, state: Any, worker_id: Any) -> None:
+        if threading.get_ident() in self._started:
+            with self._lock:
+                self._tasks += 1
+
+    def _finish(self, dsk: Any, state: Any, errored: bool) -> None:
+        with self._lock:
+            started = self._started.pop(threading.get_ident(), None)
+            if started is not None:
+                self._seconds += time.perf_counter() - started
+                self._computes += 1
+
+    def count(self) -> LocalCount:
+        """What was counted so far."""
+        with self._lock:
+            return LocalCount(tasks=self._tasks, seconds=self._seconds,
+                              computes=self._computes)
+
+    def unregister(self) -> None:
+        """Stop counting (a no-op when it is not registered)."""
+        Callback.active.discard(self._callback)
 
 
 def _span(name: str) -> contextlib.AbstractContextManager:

@@ -159,3 +159,59 @@ def test_finish_stores_a_diagnosis_per_stage_and_explains_a_regression(record, t
     assert doc["explanations"]["wait"]["bottleneck"]["now"] == "io"
     old = CliRunner().invoke(app, ["show", first.run_id, "--store", str(tmp_path)])
     assert "bottleneck skew: straggler" in old.stdout
+
+
+# -- transfers belong to the stage whose tasks received them ----------------------------------
+
+
+def big_block(seed: int):
+    import numpy as np
+
+    return np.full(1_000_000, float(seed))  # 8 MB: a bandwidth-bound payload
+
+
+def combine(a, b) -> float:
+    return float(a.sum() + b.sum())
+
+
+def idle_wait(i: int) -> int:
+    time.sleep(0.2)
+    return i
+
+
+@pytest.fixture(scope="module")
+def moving_record():
+    """Stage ``shuffle`` moves 8 MB payloads between two workers; stage ``quiet`` moves nothing
+    and leaves one of the two workers idle (busy fraction about 0.5)."""
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      host="127.0.0.1", dashboard_address=":0") as cluster, \
+            Client(cluster, set_as_default=False) as client:
+        first, second = sorted(client.scheduler_info()["workers"])
+        name = install(client, sample_interval=0.25)
+        try:
+            with client.as_current(), stage("shuffle"):
+                pairs = [(client.submit(big_block, i, workers=[first], pure=False),
+                          client.submit(big_block, -i, workers=[second], pure=False))
+                         for i in range(3)]
+                wait([client.submit(combine, a, b, workers=[first], pure=False)
+                      for a, b in pairs])
+            with client.as_current(), stage("quiet"):
+                wait(client.map(idle_wait, range(6), workers=[first], pure=False))
+            del pairs
+            yield collect(client, name)
+        finally:
+            uninstall(client, name)
+
+
+def test_a_stage_that_moved_nothing_gets_no_run_wide_transfer_figures(moving_record):
+    from prefect_dask_profiling.diagnosis.stages import stage_signals
+
+    assert moving_record.transfers["bytes"].sum() >= 3 * 8e6  # the run did move payloads
+    moved = stage_signals(moving_record, "shuffle")
+    assert moved["transfer.mb_per_transfer"] >= 0.5
+    assert moved["transfer.mb_moved"] >= 8.0
+    quiet = stage_signals(moving_record, "quiet")
+    assert quiet["transfer.mb_moved"] == 0.0 and quiet["transfer.mb_per_transfer"] == 0.0
+    d = diagnose_stage(moving_record, "quiet")
+    assert d.primary != "transfer", d.note
+    assert "transfer" not in (d.secondary or "")

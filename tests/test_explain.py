@@ -75,3 +75,59 @@ def test_explain_verdicts_names_only_regressed_stages():
     assert list(out) == ["read"]
     assert out["read"]["text"].startswith("read 2.5× slower: was compute")
     assert explain_verdicts(verdicts.iloc[0:0], {}, []) == {}
+
+
+# -- version mismatches: compared by roles, not by worker addresses -------------------------
+
+
+def _versions(client, numpy_on_first_worker: str, port_offset: int) -> dict:
+    """A real cluster's ``get_versions`` with one worker on another numpy, re-addressed."""
+    import copy
+
+    real = copy.deepcopy(client.get_versions(check=False))
+    [info] = real["workers"].values()
+    workers = {}
+    for i in range(2):
+        w = copy.deepcopy(info)
+        if i == 0:
+            w["packages"]["numpy"] = numpy_on_first_worker
+        workers[f"tcp://10.0.0.{i + 1}:{40000 + port_offset + i}"] = w
+    return {**real, "workers": workers}
+
+
+def _run_env(versions: dict) -> dict:
+    from prefect_dask_profiling.environment import version_mismatches
+
+    return {"python": "3.11.7", "dask": "2026.8.0", "mismatches": version_mismatches(versions)}
+
+
+def test_a_long_standing_mismatch_is_not_new_when_worker_addresses_change(inproc_client):
+    base = [manifest("compute", 0.8) for _ in range(3)]
+    for night, b in enumerate(base):  # the same mismatch, workers at new addresses each night
+        b["environment"] = _run_env(_versions(inproc_client, "1.26.4", port_offset=night * 7))
+    now = manifest("compute", 0.8)
+    now["environment"] = _run_env(_versions(inproc_client, "1.26.4", port_offset=99))
+    assert now["environment"]["mismatches"], "the test needs a mismatch"
+    assert not any("tcp://" in m for m in now["environment"]["mismatches"])
+    assert context_changes("read", now, base) == []
+    # a real change (another version on that worker) is new, and says what it was
+    now["environment"] = _run_env(_versions(inproc_client, "1.25.0", port_offset=99))
+    [change] = context_changes("read", now, base)
+    assert change["what"] == "version mismatch client/scheduler/workers"
+    assert change["now"].startswith("numpy: ") and "1.25.0 on workers" in change["now"]
+    assert "1.26.4 on workers" in change["was"]
+
+
+def test_mismatches_stored_with_addresses_compare_with_the_stable_form(inproc_client):
+    from prefect_dask_profiling.environment import mismatch_detail, mismatch_key
+
+    versions = _versions(inproc_client, "1.26.4", port_offset=0)
+    [detail] = mismatch_detail(versions)  # the pre-fix text, with addresses
+    assert "worker tcp://10.0.0.1:40000" in detail
+    base = [manifest("compute", 0.8, mismatches=[detail])]  # a run stored before the fix
+    now = manifest("compute", 0.8)
+    now["environment"] = _run_env(_versions(inproc_client, "1.26.4", port_offset=5))
+    assert context_changes("read", now, base) == []
+    [line] = now["environment"]["mismatches"]
+    assert mismatch_key(line) == line == mismatch_key(detail)
+    assert mismatch_key("versions not collected: OSError") == "versions not collected: OSError"

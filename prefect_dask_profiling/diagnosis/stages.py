@@ -14,8 +14,19 @@ task records       per-(stage, prefix) aggregates: compute seconds against the
 process CPU        worker system-monitor samples (CPU percent) inside the stage's
                    window, against the stage's compute seconds
 memory samples     managed / spilled bytes against the memory limit in the window
-transfer log       bytes per transfer (run-wide: transfers are not kept per stage)
+transfer log       MB moved and MB per transfer, attributed to a stage by the
+                   *receiving* task's stage (see below)
 =================  ==============================================================
+
+Transfers per stage: the record's transfers table has no stage column (bytes come from
+the workers' incoming logs, per worker pair, for the whole run), but every task record
+carries the seconds its task spent receiving its inputs (``transfer_s``, from Dask's
+``transfer`` start-stops, which name the receiving task). So a stage whose tasks received
+nothing moved nothing: it gets ``transfer.mb_moved = 0`` and ``transfer.mb_per_transfer =
+0`` — no payloads, so transfer's required rule (large payloads) rules it out, whatever
+other stages moved. A stage that did receive gets the run's bytes in proportion to its
+share of the receiving seconds, and the run's mean MB per transfer (the count is not
+kept per stage, so that mean is the run's, not the stage's).
 
 Fine metrics, the scheduler's load, host network counters, calibration and per-worker task
 times are not in a run record: those rules are skipped, so a nightly verdict rests on at
@@ -129,7 +140,7 @@ def stage_signals(record, stage: str) -> dict[str, Any]:
     signals.update(monitor_signals(cpu_s, nthreads, compute_s, wall))
     signals["monitor.cpu_wait_measured"] = 0.0  # samples carry CPU used, not run-queue wait
     signals.update(memory_signals(record, window))
-    signals.update(_transfer(record))
+    signals.update(_transfer(record, transfer_s))
     top = tasks.groupby("prefix")["compute_s"].sum().sort_values(ascending=False)
     if not top.empty:
         signals["context.top_prefix"] = str(top.index[0])
@@ -218,12 +229,24 @@ def _nthreads(record) -> dict[str, int]:
     return {str(a): int(n) for a, n in zip(w["worker"], w["nthreads"].fillna(1), strict=True)}
 
 
-def _transfer(record) -> dict[str, Any]:
+def _transfer(record, stage_transfer_s: float) -> dict[str, Any]:
+    """Transfer figures of a stage whose tasks spent ``stage_transfer_s`` receiving inputs.
+
+    Attributed by the receiving task's stage (see the module docstring): none received,
+    nothing moved (``0``, which rules transfer out); otherwise the run's bytes by the stage's
+    share of the receiving seconds, and the run's mean MB per transfer. ``{}`` when the run
+    has no transfer log to scale.
+    """
+    if stage_transfer_s <= 0:
+        return {"transfer.mb_moved": 0.0, "transfer.mb_per_transfer": 0.0}
     t = record.transfers
     if t is None or t.empty:
         return {}
     count = float(t["count"].fillna(0).sum())
     nbytes = float(t["bytes"].fillna(0).sum())
-    if count <= 0 or nbytes <= 0:
+    run_transfer_s = float(record.tasks["transfer_s"].fillna(0).sum())
+    if count <= 0 or nbytes <= 0 or run_transfer_s <= 0:
         return {}
-    return {"transfer.mb_moved": nbytes / 1e6, "transfer.mb_per_transfer": nbytes / 1e6 / count}
+    share = min(stage_transfer_s / run_transfer_s, 1.0)
+    return {"transfer.mb_moved": nbytes / 1e6 * share,
+            "transfer.mb_per_transfer": nbytes / 1e6 / count}

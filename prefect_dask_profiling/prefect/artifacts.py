@@ -67,6 +67,10 @@ def run_markdown(result: FinishResult, links: dict[str, str], trend: str | None)
         verdict, evidence = _bottleneck(s.get("diagnosis"))
         lines.append(f"| {s['name']} | {s['tasks']} | {_fmt(s['task_s'])} | {verdict} | "
                      f"{evidence} | {report} |")
+    local = [s for s in m["stages"] if s.get("local_work")]
+    if local:
+        lines += ["", "## Work the profile did not see", ""]
+        lines += [f"- {s.get('note') or s['name']}" for s in local]
     for stage, why in (m.get("explanations") or {}).items():
         lines += ["", f"**Why {stage} regressed:** {why.get('text', '')}"]
     flagged = flagged_markdown(result.verdicts, result.judgement.drift
@@ -82,9 +86,10 @@ def run_markdown(result: FinishResult, links: dict[str, str], trend: str | None)
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in m["warnings"]]
     env = m.get("environment") or {}
     lines += ["", "## Environment", "", ", ".join(
-        f"{k} {v}" for k, v in env.items() if k != "mismatches" and v)]
-    if env.get("mismatches"):
-        lines += ["", "Version mismatches:"] + [f"- {x}" for x in env["mismatches"]]
+        f"{k} {v}" for k, v in env.items() if k not in ("mismatches", "mismatch_detail") and v)]
+    mismatches = env.get("mismatch_detail") or env.get("mismatches")  # with worker addresses
+    if mismatches:
+        lines += ["", "Version mismatches:"] + [f"- {x}" for x in mismatches]
     return "\n".join(lines) + "\n"
 
 

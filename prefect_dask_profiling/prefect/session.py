@@ -22,8 +22,13 @@ from prefect_dask_profiling.environment import environment
 from prefect_dask_profiling.finishing import FinishResult, FinishSettings, finish_run
 from prefect_dask_profiling.prefect import reports
 from prefect_dask_profiling.regression.verdict import RegressionDetected
-from prefect_dask_profiling.stage import open_stage_name, reset_listener, set_listener
-from prefect_dask_profiling.store.manifest import RunContext, StageInfo
+from prefect_dask_profiling.stage import (
+    LocalWorkWatch,
+    open_stage_name,
+    reset_listener,
+    set_listener,
+)
+from prefect_dask_profiling.store.manifest import LocalWork, RunContext, StageInfo
 from prefect_dask_profiling.summary.record import RunRecord
 from prefect_dask_profiling.timing import plugin
 
@@ -39,6 +44,13 @@ FORGOT_FINISH = ("finish() was never called in the flow body: summaries were sto
                  "the end of the flow")
 
 
+LOCAL_WORK_FIX = (
+    "prefect-dask's clients are not the default client, so a bare .compute() in the flow "
+    "body (also inside `with get_dask_client():`) runs on Dask's local scheduler; send the "
+    "work to the cluster with `with get_dask_client() as client: client.compute(x).result()` "
+    "(or client.persist(x)), or do it inside a Prefect task")
+
+
 @dataclass
 class OpenStage:
     """A stage block that is open in the flow body."""
@@ -46,6 +58,7 @@ class OpenStage:
     name: str
     window: reports.ReportWindow | None
     futures: list = field(default_factory=list)
+    local: LocalWorkWatch | None = None
 
 
 class Session:
@@ -62,6 +75,14 @@ class Session:
         self.ctx = RunContext(run_id=new_run_id(), pipeline="", version="")
         self.open_stages: dict[str, OpenStage] = {}
         self.stages: list[StageInfo] = []
+        # a name opened again is the same stage: its entry, its report's first window, the
+        # other stages opened since its first opening, the parts of its note
+        self._stage_by_name: dict[str, StageInfo] = {}
+        self._first_window: dict[str, reports.ReportWindow] = {}
+        self._opened_since: dict[str, set[str]] = {}
+        self._report_notes: dict[str, str | None] = {}
+        self._span_notes: dict[str, str | None] = {}
+        self._pending_by_name: dict[str, Future] = {}
         self.warnings: list[str] = []
         self.last_snapshot: dict[str, Any] | None = None
         self.finished = False
@@ -195,36 +216,87 @@ class Session:
             self.open_stages[name].futures.append(future)
 
     def stage_opened(self, name: str) -> OpenStage:
+        """Open a stage's window; a name opened before continues its stage (and report)."""
         try:
             self.preflight()
         except RuntimeError:
             raise
         except Exception:  # identity is best effort; the stage must still open
             logger.debug("capture failed", exc_info=True)
-        window = None
-        if self.options.stage_reports:
+        for other, since in self._opened_since.items():
+            if other != name:
+                since.add(name)
+        self._opened_since.setdefault(name, set())
+        window = self._first_window.get(name)
+        if window is None and self.options.stage_reports:
             try:
                 window = reports.open_window(self.client)
                 self._installed_stream |= window.installed_stream
+                self._first_window[name] = window
             except Exception as exc:
                 self.warnings.append(f"stage {name!r}: report not started: {exc!r}")
-        opened = OpenStage(name=name, window=window)
+        local = LocalWorkWatch()
+        local.register()
+        opened = OpenStage(name=name, window=window, local=local)
         self.open_stages[name] = opened
         return opened
 
     def stage_closed(self, name: str, token: OpenStage, error: BaseException | None) -> None:
+        """Close a stage's window: wait for its futures, snapshot, submit its report.
+
+        A name closed before is the same stage: one manifest entry whose ``windows`` counts
+        the openings, one report from its first opening to its last closing.
+        """
+        if token.local is not None:
+            token.local.unregister()
         self.open_stages.pop(name, None)
         if token.futures:
             with self.client.as_current():
                 distributed.wait(token.futures)
-        info = StageInfo(name=name)
+        info = self._stage_by_name.get(name)
+        if info is None:
+            info = self._stage_by_name[name] = StageInfo(name=name)
+            self.stages.append(info)
+        else:
+            info.windows += 1
+        if token.local is not None:
+            self._count_local_work(info, token.local)
         try:
             self.last_snapshot = plugin.snapshot(self.client, self.plugin_name)
         except Exception as exc:
             self.warnings.append(f"stage {name!r}: snapshot failed: {exc!r}")
         if token.window is not None:
             self._submit_report(info, token.window, failed=error is not None)
-        self.stages.append(info)
+
+    def _count_local_work(self, info: StageInfo, watch: LocalWorkWatch) -> None:
+        """Add the Dask work that ran on local threads in this window to the stage's entry,
+        and say so in the flow run's logs (it is not in the profile)."""
+        count = watch.count()
+        if count.tasks == 0:
+            return
+        before = info.local_work or LocalWork(tasks=0, seconds=0.0, computes=0)
+        info.local_work = LocalWork(tasks=before["tasks"] + count.tasks,
+                                    seconds=round(before["seconds"] + count.seconds, 4),
+                                    computes=before["computes"] + count.computes)
+        self._set_note(info, self._report_notes.get(info.name))
+        _run_log(logging.WARNING, f"dask-profiling: {_local_work_text(info)}")
+
+    def _set_note(self, info: StageInfo, report_note: str | None) -> None:
+        """The stage's note: its local work, its report's note, how its report spans it."""
+        self._report_notes[info.name] = report_note
+        parts = [_local_work_text(info), report_note, self._span_notes.get(info.name)]
+        info.note = "; ".join(p for p in parts if p) or None
+
+    def _span_note(self, info: StageInfo) -> str | None:
+        if info.windows < 2:
+            return None
+        others = sorted(self._opened_since.get(info.name, set()))
+        text = (f"the report spans the stage's {info.windows} windows, from its first "
+                "opening to its last closing")
+        if others:
+            text += (f" (stages {', '.join(others)} ran in between: their tasks appear in it "
+                     "too)")
+        return text
 
     def _submit_report(self, info: StageInfo, window: reports.ReportWindow,
                        failed: bool = False) -> None:
@@ -241,13 +313,16 @@ class Session:
         try:
             end = reports.close_window(self.client)
         except Exception as exc:
-            info.note = f"report not rendered: {exc!r}"
+            self._set_note(info, f"report not rendered: {exc!r}")
             return
+        self._span_notes[info.name] = self._span_note(info)
+        self._deferred = [d for d in self._deferred if d[0] is not info]  # superseded
         seconds = end.stop - window.start
         if not reports.render_now(self.options.stage_reports, seconds,
                                   self.options.report_min_seconds, raised=failed):
-            info.note = (f"no report: the stage ran {seconds:.1f} s, under report_min_seconds="
-                         f"{self.options.report_min_seconds:g} (rendered only if it regresses)")
+            self._set_note(info, (
+                f"no report: the stage ran {seconds:.1f} s, under report_min_seconds="
+                f"{self.options.report_min_seconds:g} (rendered only if it regresses)"))
             self._deferred.append((info, window, end))
             return
         try:
@@ -257,8 +332,13 @@ class Session:
         if self._report_pool is None:
             self._report_pool = ThreadPoolExecutor(max_workers=1,
                                                    thread_name_prefix="dask-profiling-report")
-        self._pending_reports.append(self._report_pool.submit(
-            contextvars.copy_context().run, self._store_report, info, window, end))
+        earlier = self._pending_by_name.get(info.name)
+        if earlier is not None:
+            earlier.cancel()  # an earlier window's render not started yet: this one covers it
+        future = self._report_pool.submit(
+            contextvars.copy_context().run, self._store_report, info, window, end)
+        self._pending_by_name[info.name] = future
+        self._pending_reports.append(future)
 
     def wait_reports(self) -> None:
         """Wait for the stage reports still being rendered or uploaded (never raises).
@@ -268,6 +348,8 @@ class Session:
         """
         pending, self._pending_reports = self._pending_reports, []
         for future in pending:
+            if future.cancelled():  # superseded by a later window of the same stage
+                continue
             try:
                 future.result()
             except Exception as exc:  # _store_report notes its own failures; belt and braces
@@ -284,7 +366,7 @@ class Session:
         keep = []
         for info, window, end in self._deferred:
             if info.name in stages:
-                info.note = None
+                self._set_note(info, None)
                 self._store_report(info, window, end)
             else:
                 keep.append((info, window, end))
@@ -296,13 +378,13 @@ class Session:
         try:
             rendered = reports.render(self.client, window, end)
         except Exception as exc:
-            info.note = f"report not rendered: {exc!r}"
+            self._set_note(info, f"report not rendered: {exc!r}")
             return
         if rendered.tasks == 0:
-            info.note = "no tasks ran in this stage: no report"
+            self._set_note(info, "no tasks ran in this stage: no report")
             return
         if not self.ctx.pipeline:
-            info.note = "report not stored: stage opened outside a flow run"
+            self._set_note(info, "report not stored: stage opened outside a flow run")
             return
         result = self.store.write_report(self.ctx.pipeline, self.ctx.run_id, info.name,
                                          rendered.html)
@@ -310,9 +392,9 @@ class Session:
         info.report = {"location": result.location, "size": len(rendered.html.encode()),
                        "tasks": rendered.tasks, "truncated": rendered.truncated,
                        "spooled": result.spooled}
-        if rendered.truncated:
-            info.note = (f"report truncated: {rendered.tasks} tasks ran but Dask's task stream "
-                         f"keeps the last {window.stream_limit}")
+        self._set_note(info, None if not rendered.truncated else (
+            f"report truncated: {rendered.tasks} tasks ran but Dask's task stream keeps the "
+            f"last {window.stream_limit}"))
 
     # -- finish ----------------------------------------------------------------------------
 
@@ -447,6 +529,16 @@ class Session:
                 logger.debug("presign failed: %r", exc)
             links[info.name] = link or location
         return links
+
+
+def _local_work_text(info: StageInfo) -> str | None:
+    """What a stage ran on local threads and the fix, or None (the warning and the note)."""
+    local = info.local_work
+    if not local:
+        return None
+    return (f"stage {info.name!r}: {local['tasks']} Dask tasks ran on local threads of the "
+            f"flow process ({local['seconds']:.2f} s in {local['computes']} compute call(s)), "
+            f"not on the cluster, so the profile did not record them. {LOCAL_WORK_FIX}")
 
 
 def _source_hash(flow) -> str | None:

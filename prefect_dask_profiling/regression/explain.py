@@ -15,6 +15,10 @@ import math
 from collections import Counter
 from typing import Any
 
+from prefect_dask_profiling.environment import mismatch_key
+
+MISMATCH_KEYS = {"mismatches", "mismatch_detail"}
+"""Environment keys compared as version mismatches, not as client versions."""
 KEY_SIGNALS = ("monitor.cpu_per_busy_thread", "fine.cpu_fraction", "tasks.busy_fraction",
                "tasks.task_skew", "memory.spilled_peak_mb", "tasks.transfer_share")
 """Signals quoted when a bottleneck changes, in this order of preference."""
@@ -97,19 +101,30 @@ def context_changes(stage: str, manifest: dict[str, Any],
             out.append({"what": what, "was": was, "now": now,
                         "weight": 4.5 if now < was else 2.0})
     env_now = manifest.get("environment") or {}
-    for key in sorted(set(env_now) - {"mismatches"}):
+    for key in sorted(set(env_now) - MISMATCH_KEYS):
         was = usual([(b.get("environment") or {}).get(key) for b in baselines])
         now = env_now.get(key)
         if was is not None and now is not None and was != now:
             out.append({"what": f"{key} (client)", "was": was, "now": now,
                         "weight": SOFTWARE_WEIGHT.get(key, 1.5)})
-    mis_now = set(map(str, env_now.get("mismatches") or []))
-    mis_was = {str(m) for b in baselines for m in (b.get("environment") or {}).get(
-        "mismatches") or []}
-    for m in sorted(mis_now - mis_was):
-        out.append({"what": "version mismatch client/scheduler/workers", "was": "none",
-                    "now": m, "weight": 3.5})
+    out.extend(_new_mismatches(env_now, baselines))
     return sorted(out, key=lambda c: -c["weight"])
+
+
+def _new_mismatches(env_now: dict[str, Any],
+                    baselines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Version mismatches tonight that no baseline run had, compared by
+    :func:`~prefect_dask_profiling.environment.mismatch_key` (roles, not worker addresses,
+    which change every run); ``was`` is the baseline's mismatch of the same package, if any."""
+    def keys(env: dict[str, Any]) -> set[str]:
+        return {mismatch_key(str(m)) for m in env.get("mismatches") or []}
+
+    was_all = set().union(*(keys(b.get("environment") or {}) for b in baselines))
+    was_by_package = {m.partition(": ")[0]: m for m in sorted(was_all)}
+    return [{"what": "version mismatch client/scheduler/workers",
+             "was": was_by_package.get(m.partition(": ")[0], "none"), "now": m,
+             "weight": 3.5}
+            for m in sorted(keys(env_now) - was_all)]
 
 
 def _bottleneck_change(stage: str, manifest: dict[str, Any], baselines: list[dict[str, Any]],

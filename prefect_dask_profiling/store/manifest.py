@@ -69,9 +69,22 @@ class Manifest(TypedDict, total=False):
     spool_delivery: dict[str, Any]
 
 
+class LocalWork(TypedDict):
+    """Dask work of a stage that ran on local threads of the flow process, not on the
+    cluster, so the profile did not record it (see docs/stages.md)."""
+
+    tasks: int
+    seconds: float
+    computes: int
+
+
 @dataclass
 class StageInfo:
-    """One stage as the manifest lists it."""
+    """One stage as the manifest lists it.
+
+    A name opened several times (a ``with stage("process"):`` inside a loop) is one entry:
+    ``windows`` counts its openings, its totals and its report cover all of them.
+    """
 
     name: str
     wall_s: float = 0.0
@@ -81,6 +94,8 @@ class StageInfo:
     note: str | None = None
     # the stage's bottleneck verdict (diagnosis.stages.Diagnosis.to_dict); absent in old runs
     diagnosis: dict[str, Any] | None = None
+    windows: int = 1
+    local_work: LocalWork | None = None
 
 
 @dataclass
