@@ -19,7 +19,7 @@ install: $(STAMP)
 test: $(STAMP)
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 	$(PY) -m ruff check prefect_dask_profiling flows tasks tests benchmarks
-	$(PY) -m mkdocs build --strict --quiet --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
 	$(PY) -m pytest -q -ra --durations=20 $(PYTEST_ARGS) tests
 
 lint: $(STAMP)
@@ -27,7 +27,7 @@ lint: $(STAMP)
 
 # the docs site (mkdocs.yml, pages in docs/), strict: a broken link or a stale API name fails
 docs: $(STAMP)
-	$(PY) -m mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 demo: $(STAMP)
 	$(PY) -m flows.demo

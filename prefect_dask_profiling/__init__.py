@@ -18,10 +18,22 @@ plugin itself (``TaskTimings``) is an internal of :mod:`prefect_dask_profiling.t
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect_dask_profiling.stage import stage
 from prefect_dask_profiling.timing import install, uninstall
+
+if TYPE_CHECKING:  # the same names as _LAZY, for type checkers and the API docs (griffe)
+    from prefect_dask_profiling.finishing import finish_run
+    from prefect_dask_profiling.prefect.runner import (
+        ProfiledDaskTaskRunner,
+        ProfilingOptions,
+        finish,
+        profiled,
+    )
+    from prefect_dask_profiling.regression.drift import detect_drift
+    from prefect_dask_profiling.regression.verdict import RegressionDetected, detect_regressions
+    from prefect_dask_profiling.summary import RunRecord, collect, summarise, utilisation
 
 _LAZY = {
     # summary (pandas) is loaded on first use: Dask workers import this package to unpickle
@@ -40,7 +52,25 @@ _LAZY = {
     "RegressionDetected": "prefect_dask_profiling.regression.verdict",
 }
 
-__all__ = ["install", "stage", "uninstall", *_LAZY]
+# spelled out for linters and type checkers; tests/test_docs_examples.py checks it is exactly
+# the eager names plus _LAZY, and that docs/api.md documents every one
+__all__ = [
+    "ProfiledDaskTaskRunner",
+    "ProfilingOptions",
+    "RegressionDetected",
+    "RunRecord",
+    "collect",
+    "detect_drift",
+    "detect_regressions",
+    "finish",
+    "finish_run",
+    "install",
+    "profiled",
+    "stage",
+    "summarise",
+    "uninstall",
+    "utilisation",
+]
 __version__ = "0.1.0"
 
 
