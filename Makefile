@@ -19,7 +19,7 @@ install: $(STAMP)
 test: $(STAMP)
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 	$(PY) -m ruff check prefect_dask_profiling flows tasks tests benchmarks
-	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 	$(PY) -m pytest -q -ra --durations=20 $(PYTEST_ARGS) tests
 
 lint: $(STAMP)

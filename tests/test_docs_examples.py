@@ -161,3 +161,28 @@ def test_importing_the_package_loads_neither_prefect_nor_pandas() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_readme_links_resolve_to_files_of_the_checkout() -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    links = re.findall(r"\]\((?!https?://|#)([^)#\s]+)(?:#[^)]*)?\)", text)
+    assert links, "README.md links into docs/"
+    missing = [link for link in links if not (ROOT / link).exists()]
+    assert not missing, f"README.md links to missing files: {missing}"
+
+
+def test_the_cli_page_lists_every_command_and_no_other() -> None:
+    from typer.main import get_command
+
+    from prefect_dask_profiling.cli import app
+
+    group = get_command(app)
+    commands = set()
+    for name, command in group.commands.items():
+        subcommands = getattr(command, "commands", None)
+        commands |= {f"{name} {sub}" for sub in subcommands} if subcommands else {name}
+    page = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `([a-z-]+(?: [a-z][a-z-]*)?)", page, re.M)
+    listed = {row for row in rows if row != "command"}
+    assert listed == commands, (f"docs/cli.md lists {sorted(listed - commands)} that do not "
+                                f"exist; misses {sorted(commands - listed)}")
