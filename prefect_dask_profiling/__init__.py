@@ -23,14 +23,11 @@ from typing import TYPE_CHECKING, Any
 from prefect_dask_profiling.stage import stage
 from prefect_dask_profiling.timing import install, uninstall
 
-if TYPE_CHECKING:  # the same names as _LAZY, for type checkers and the API docs (griffe)
+# The Prefect-free names of _LAZY, for type checkers and the API docs (griffe). The Prefect
+# ones are not imported here even so: tests/test_architecture.py counts every import, and
+# docs/api.md documents them at their home, prefect_dask_profiling.prefect.runner.
+if TYPE_CHECKING:
     from prefect_dask_profiling.finishing import finish_run
-    from prefect_dask_profiling.prefect.runner import (
-        ProfiledDaskTaskRunner,
-        ProfilingOptions,
-        finish,
-        profiled,
-    )
     from prefect_dask_profiling.regression.drift import detect_drift
     from prefect_dask_profiling.regression.verdict import RegressionDetected, detect_regressions
     from prefect_dask_profiling.summary import RunRecord, collect, summarise, utilisation
