@@ -190,3 +190,16 @@ def test_the_cli_page_lists_every_command_and_no_other() -> None:
     listed = {row for row in rows if row != "command"}
     assert listed == commands, (f"docs/cli.md lists {sorted(listed - commands)} that do not "
                                 f"exist; misses {sorted(commands - listed)}")
+
+
+def test_the_configuration_page_lists_every_runner_option_and_check_option() -> None:
+    from dataclasses import fields
+
+    from prefect_dask_profiling.prefect.runner import ProfilingOptions
+    from prefect_dask_profiling.regression.rule import CHECK_OPTION_KEYS
+
+    page = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    listed = set(re.findall(r"^\| `([a-z_]+)` \|", page, re.M))
+    expected = {f.name for f in fields(ProfilingOptions)} | set(CHECK_OPTION_KEYS)
+    assert listed == expected, (f"docs/configuration.md lists {sorted(listed - expected)} "
+                                f"that do not exist; misses {sorted(expected - listed)}")
