@@ -6,12 +6,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install test lint demo stop bench clean
+.PHONY: install test lint docs demo stop bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[test,dev]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,dev,docs]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -19,10 +19,15 @@ install: $(STAMP)
 test: $(STAMP)
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 	$(PY) -m ruff check prefect_dask_profiling flows tasks tests benchmarks
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 	$(PY) -m pytest -q -ra --durations=20 $(PYTEST_ARGS) tests
 
 lint: $(STAMP)
 	$(PY) -m ruff check prefect_dask_profiling flows tasks tests benchmarks
+
+# the docs site (mkdocs.yml, pages in docs/), strict: a broken link or a stale API name fails
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 demo: $(STAMP)
 	$(PY) -m flows.demo
@@ -34,4 +39,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/plugin_overhead.py
 
 clean:
-	rm -rf $(VENV) .dask-profiling .demo
+	rm -rf $(VENV) .dask-profiling .demo site

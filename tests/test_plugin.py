@@ -31,7 +31,6 @@ from distributed.worker import thread_state
 import prefect_dask_profiling.timing.plugin as timing_plugin
 import prefect_dask_profiling.timing.sketch as timing_sketch
 from prefect_dask_profiling import (
-    TaskTimings,
     collect,
     install,
     stage,
@@ -40,6 +39,7 @@ from prefect_dask_profiling import (
     utilisation,
 )
 from prefect_dask_profiling.stage import running_task_annotations
+from prefect_dask_profiling.timing import TaskTimings
 from prefect_dask_profiling.timing.plugin import (
     DEFAULT_STAGE,
     PARENT_ANNOTATION,
