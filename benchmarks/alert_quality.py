@@ -166,15 +166,40 @@ def simulate(regime: Regime, trials: int = 160, seed: int = 0,
              modes: tuple[str, ...] = ("never", "auto", "always"),
              step_jitter: bool = False) -> list[Counts]:
     """Counts per ``confirm`` mode for ``trials`` generated trials of ``regime``."""
+    generated = generate(regime, trials, seed, step_jitter)
+    return [tally(generated, RegressionRule(confirm=mode), regime, seed) for mode in modes]
+
+
+def generate(regime: Regime, trials: int, seed: int, step_jitter: bool = False
+             ) -> list[Trial]:
+    """``trials`` judged trials of ``regime`` from ``seed``."""
     rng = np.random.default_rng(seed)
-    generated = [make_trial(rng, regime, step_jitter) for _ in range(trials)]
-    out = []
-    for mode in modes:
-        counts = Counts(regime.name, mode, seed)
-        rule = RegressionRule(confirm=mode)
-        for trial in generated:
-            score(trial, rule, counts)
-        out.append(counts)
+    return [make_trial(rng, regime, step_jitter) for _ in range(trials)]
+
+
+def tally(trials: list[Trial], rule: RegressionRule, regime: Regime, seed: int) -> Counts:
+    """The counts of ``rule`` over ``trials``."""
+    counts = Counts(regime.name, rule.confirm, seed)
+    for trial in trials:
+        score(trial, rule, counts)
+    return counts
+
+
+def margin_sweep(trials: list[Trial], regime: Regime, seed: int,
+                 margins: list[float]) -> list[Counts]:
+    """``confirm="auto"`` with other values of ``confirm.CONCLUSIVE_SIGMAS`` (a sweep: the
+    constant is set for the count and restored)."""
+    from prefect_dask_profiling.regression import confirm
+
+    out, kept = [], confirm.CONCLUSIVE_SIGMAS
+    try:
+        for margin in margins:
+            confirm.CONCLUSIVE_SIGMAS = margin
+            counts = tally(trials, RegressionRule(confirm="auto"), regime, seed)
+            counts.confirm = f"auto, margin {margin:g}"
+            out.append(counts)
+    finally:
+        confirm.CONCLUSIVE_SIGMAS = kept
     return out
 
 
@@ -194,12 +219,17 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--step-jitter", action="store_true",
                         help="apply the night's jitter to the stepped prefix too")
+    parser.add_argument("--margins", type=float, nargs="*", default=[],
+                        help="also count confirm='auto' with these CONCLUSIVE_SIGMAS")
     args = parser.parse_args()
     started = time.perf_counter()
     rows = []
     for seed in args.seeds:
         for regime in (CALM, ROUGH):
-            rows.extend(simulate(regime, args.trials, seed, step_jitter=args.step_jitter))
+            trials = generate(regime, args.trials, seed, args.step_jitter)
+            rows.extend(tally(trials, RegressionRule(confirm=mode), regime, seed)
+                        for mode in ("never", "auto", "always"))
+            rows.extend(margin_sweep(trials, regime, seed, args.margins))
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(_table_of(rows).to_string(index=False))
     print(f"\n{len(args.seeds) * 2 * args.trials} trials in "
