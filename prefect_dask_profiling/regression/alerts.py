@@ -29,6 +29,7 @@ rows failed on the first night, and are replayed so (``confirm="never"``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import uuid
@@ -178,8 +179,9 @@ class Night:
     version: str
     rows: pd.DataFrame
 
-    def alerts(self) -> dict[tuple[str, str], tuple[str, float, str]]:
-        """``{(stage, prefix): (alert, ratio, verdict)}``."""
+    @functools.cached_property
+    def _alerts(self) -> dict[tuple[str, str], tuple[str, float, str]]:
+        """``{(stage, prefix): (alert, ratio, verdict)}``, computed once."""
         rows = self.rows
         if "alert" in rows:
             alert = rows["alert"].fillna("").astype(str)
@@ -187,7 +189,12 @@ class Night:
             alert = rows["verdict"].where(rows["verdict"] == "regression", "").astype(str)
         ratio = pd.to_numeric(rows["ratio"], errors="coerce")
         return {(str(s), str(p)): (a, float(r), str(v)) for s, p, a, r, v in zip(
-            rows["stage"], rows["prefix"], alert, ratio, rows["verdict"], strict=True)}
+            rows["stage"].to_numpy(), rows["prefix"].to_numpy(), alert.to_numpy(),
+            ratio.to_numpy(), rows["verdict"].to_numpy(), strict=True)}
+
+    def alerts(self) -> dict[tuple[str, str], tuple[str, float, str]]:
+        """``{(stage, prefix): (alert, ratio, verdict)}`` (a copy)."""
+        return dict(self._alerts)
 
 
 @dataclass(frozen=True)

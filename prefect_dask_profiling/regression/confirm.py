@@ -176,17 +176,25 @@ def noise_reach(history: pd.DataFrame) -> float:
     missing = [c for c in ("run_id", "stage", "prefix", "total_s") if c not in history]
     if missing:
         raise InvalidInput(f"history is missing column(s): {', '.join(missing)}")
-    seconds = pd.to_numeric(history["total_s"], errors="coerce")
-    frame = history.assign(total_s=seconds)[np.isfinite(seconds) & (seconds >= 0)]
-    if frame.empty:
+    seconds = pd.to_numeric(history["total_s"], errors="coerce").to_numpy(float,
+                                                                           na_value=np.nan)
+    kept = np.isfinite(seconds) & (seconds >= 0)
+    if not kept.any():
         return 1.0
-    keys = [frame["stage"].astype(str), frame["prefix"].astype(str)]
-    totals = frame.groupby([*keys, frame["run_id"].astype(str)])["total_s"].sum()
-    medians = totals.groupby(level=[0, 1]).transform("median")
+    keys = pd.MultiIndex.from_arrays([history["stage"].astype(str),
+                                      history["prefix"].astype(str)])
+    key, _ = pd.factorize(keys[kept])
+    run, _ = pd.factorize(history["run_id"].astype(str).to_numpy()[kept])
+    total = np.zeros((key.max() + 1, run.max() + 1))
+    count = np.zeros_like(total)
+    np.add.at(total, (key, run), seconds[kept])
+    np.add.at(count, (key, run), 1)
+    total[count == 0] = np.nan
     with warnings.catch_warnings(), np.errstate(divide="ignore", invalid="ignore"):
         warnings.simplefilter("ignore", RuntimeWarning)
-        ratios = (totals / medians)[medians > 0]
-    return max(1.0, float(ratios.max())) if len(ratios) else 1.0
+        ratios = total / np.nanmedian(total, axis=1)[:, None]
+    ratios = ratios[np.isfinite(ratios)]
+    return max(1.0, float(ratios.max())) if ratios.size else 1.0
 
 
 def decide(tonight: Evidence, prior: Prior, rule: RegressionRule, reach: float) -> Decision:
@@ -283,8 +291,11 @@ def confirm_verdicts(verdicts: pd.DataFrame, priors: dict[tuple[str, str], Prior
                if c not in verdicts]
     if missing:
         raise InvalidInput(f"verdicts is missing column(s): {', '.join(missing)}")
-    decisions = [decide(Evidence.from_row(r), priors.get((str(r.stage), str(r.prefix)), Prior()),
-                        rule, reach) for r in verdicts.itertuples(index=False)]
+    columns = (verdicts[c].to_numpy() for c in
+               ("stage", "prefix", "verdict", "ratio", "robust_z", "delta_s"))
+    decisions = [decide(Evidence(str(v), _float(r), _float(z), _float(d)),
+                        priors.get((str(s), str(p)), Prior()), rule, reach)
+                 for s, p, v, r, z, d in zip(*columns, strict=True)]
     return verdicts.assign(alert=[d.alert for d in decisions],
                            alert_reason=[d.reason for d in decisions])
 
