@@ -30,9 +30,9 @@ fails) or **clears** it. :attr:`~.rule.RegressionRule.confirm` chooses the mode:
       (1.8x on 5% of nights, as on spot instances) show up in the reach: 160 prefix-nights
       hold about 8 of them, so such a pipeline waits for a second night, while a calm one
       (reach ~1.3) fails at once as before. The margin was calibrated on
-      ``benchmarks/alert_quality.py`` (docs/alerts.md): 1 sigma lets 9–13 spike pairs per
-      3,200 prefix-nights through in the rough regime, 2 sigmas 5–8, and 3.5 sigmas starts
-      to cost calm first-night catches.
+      ``benchmarks/alert_quality.py`` (docs/alerts.md, three seeds of 3,200 prefix-nights):
+      1 sigma lets 9 false failures through in the rough regime, 2 sigmas 3–6, and 3.5
+      sigmas makes calm steps wait (154–159 of 160 fail on the first night instead of 160).
 
 What the second night must show: tonight is **nearer the flagged level than the baseline**,
 in log space — ``ratio_tonight >= sqrt(ratio_flagged)`` — the decision boundary between
