@@ -88,6 +88,15 @@ def test_textfile_holds_the_latest_run_of_each_pipeline(store, tmp_path):
                 and ("verdict", "ok") in k[1]]
     assert got[("dask_profiling_run_healthy", (("pipeline", "ndvi"), ("status", "regressed")))] \
         == 0.0
+    # the regressed night opened an alert episode (stored before confirmation: it failed
+    # on its first night), still open
+    (alert,) = [dict(k[1]) for k in got if k[0] == "dask_profiling_alert"]
+    assert alert["episode"].startswith("ep-") and got[("dask_profiling_alert",
+                                                       tuple(sorted(alert.items())))] == 1.0
+    assert {k: alert[k] for k in ("pipeline", "version", "stage", "prefix", "metric",
+                                  "state")} == {
+        "pipeline": "ndvi", "version": "v7", "stage": "read", "prefix": "open_dataset",
+        "metric": "total_s", "state": "confirmed"}
     assert not list(out.parent.glob("*.tmp*"))  # written aside and renamed
 
     only = runner.invoke(app, ["export", "prometheus", "--store", store.url,

@@ -351,10 +351,11 @@ def test_the_rule_holds_every_setting_with_its_default():
 
     rule = RegressionRule()
     assert (rule.threshold, rule.z_threshold, rule.min_seconds, rule.min_share,
-            rule.min_history, rule.mad_floor, rule.abs_floor_s, rule.history) == (
-        2.0, 3.5, 1.0, 0.05, 3, 0.05, 0.1, 8)
+            rule.min_history, rule.mad_floor, rule.abs_floor_s, rule.history, rule.confirm,
+            rule.resolve_after) == (2.0, 3.5, 1.0, 0.05, 3, 0.05, 0.1, 8, "auto", 3)
     assert set(CHECK_OPTION_KEYS) == set(rule.check_options()) == {
-        "z_threshold", "min_seconds", "min_share", "min_history", "mad_floor", "abs_floor_s"}
+        "z_threshold", "min_seconds", "min_share", "min_history", "mad_floor", "abs_floor_s",
+        "confirm", "resolve_after"}
     history, latest = _history({"a": [10.0, 11, 9, 10], "b": [5.0] * 4}), _latest({"a": 25.0})
     strict = RegressionRule(threshold=3.0, min_history=4)
     by_rule = detect_regressions(history, latest, rule=strict)
@@ -374,6 +375,8 @@ def test_the_rule_holds_every_setting_with_its_default():
     ({"threshold": "2"}, "threshold must be a finite number > 1"),
     ({"history": 0}, "history must be a whole number >= 1"),
     ({"abs_floor_s": float("inf")}, "abs_floor_s"),
+    ({"confirm": "sometimes"}, "confirm must be one of 'auto', 'never', 'always', got 'sometimes'"),
+    ({"resolve_after": 0}, "resolve_after must be a whole number >= 1, got 0"),
 ])
 def test_the_rule_refuses_bad_values_naming_the_key_and_range(settings, message):
     from prefect_dask_profiling._util import InvalidInput

@@ -11,7 +11,10 @@ Metrics (all gauges, the run's values; labels in braces):
   ``regression`` or ``drift`` (``improved`` is 0; ok prefixes are not listed);
 * ``dask_profiling_regression_ratio{pipeline,stage,prefix,verdict}`` — their ratio;
 * ``dask_profiling_run_timestamp_seconds{pipeline}`` — when the run started (Unix time);
-* ``dask_profiling_run_healthy{pipeline,status}`` — 1 when the status is healthy.
+* ``dask_profiling_run_healthy{pipeline,status}`` — 1 when the status is healthy;
+* ``dask_profiling_alert{pipeline,version,stage,prefix,metric,episode,state}`` — 1 for each
+  open alert episode (suspected, confirmed or acknowledged) of the latest run's version,
+  recomputed from the stored verdicts (:mod:`~prefect_dask_profiling.regression.alerts`).
 
 The textfile is written by ``prometheus_client.write_to_textfile`` (a temporary file renamed
 into place: node-exporter never reads half a file). A push sends each pipeline under its own
@@ -22,12 +25,13 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from prefect_dask_profiling.regression.alerts import Episode
 from prefect_dask_profiling.store.runs import RunStore, StoreError
 
 if TYPE_CHECKING:
@@ -39,6 +43,8 @@ DEFAULT_JOB = "dask_profiling"
 FLAGGED = ("regression", "drift", "improved")
 # Runs that say something about the pipeline's speed; incomplete ones are skipped.
 EXPORTED_STATUSES = ("healthy", "regressed", "failed", "unjudged")
+# Judged runs replayed for the open alert episodes of each pipeline (a few weeks of nights).
+ALERT_LOOKBACK_RUNS = 30
 
 
 @dataclass
@@ -49,6 +55,7 @@ class LatestRun:
     manifest: dict[str, Any]
     tasks: pd.DataFrame
     verdicts: pd.DataFrame
+    episodes: list[Episode] = field(default_factory=list)
 
 
 def latest_runs(store: RunStore, pipeline: str | None = None) -> list[LatestRun]:
@@ -65,12 +72,28 @@ def latest_runs(store: RunStore, pipeline: str | None = None) -> list[LatestRun]
             raise StoreError(f"no exportable run of pipeline {name!r} in {store.url}")
         for entry in runs:
             try:
-                out.append(_read_run(store, name, entry["run_id"]))
-                break
+                run = _read_run(store, name, entry["run_id"])
             except StoreError as exc:
                 logger.warning("prometheus export: skipping run %s of %s: %s",
                                entry["run_id"], name, exc)
+                continue
+            run.episodes = _open_episodes(store, name, entry["version"])
+            out.append(run)
+            break
     return out
+
+
+def _open_episodes(store: RunStore, pipeline: str, version: str) -> list[Episode]:
+    """The open alert episodes of ``pipeline``/``version``; none (with a warning) when the
+    store cannot be read."""
+    from prefect_dask_profiling.regression.alert_history import episodes_of
+
+    try:
+        book, _ = episodes_of(store, pipeline, version, runs=ALERT_LOOKBACK_RUNS)
+    except StoreError as exc:
+        logger.warning("prometheus export: no alert episodes of %s: %s", pipeline, exc)
+        return []
+    return book.open()
 
 
 def build_registry(runs: list[LatestRun]) -> CollectorRegistry:
@@ -104,6 +127,9 @@ def build_registry(runs: list[LatestRun]) -> CollectorRegistry:
                     "in the latest run (0 for improved)", verdict_labels)
     ratio = gauge("dask_profiling_regression_ratio", "Ratio to the baseline of a flagged "
                   "prefix in the latest run", verdict_labels)
+    alert = gauge("dask_profiling_alert", "1 for each open alert episode (suspected, "
+                  "confirmed or acknowledged)", ["pipeline", "version", "stage", "prefix",
+                                                 "metric", "episode", "state"])
     for run in runs:
         m, p = run.manifest, run.pipeline
         version = str(m.get("version", ""))
@@ -125,6 +151,8 @@ def build_registry(runs: list[LatestRun]) -> CollectorRegistry:
             labels = (p, str(row.stage), str(row.prefix), str(row.verdict))
             _set(flagged, labels, 0.0 if row.verdict == "improved" else 1.0)
             _set(ratio, labels, getattr(row, "ratio", None))
+        for ep in run.episodes:
+            _set(alert, (p, ep.version, ep.stage, ep.prefix, ep.metric, ep.id, ep.state), 1.0)
     return registry
 
 

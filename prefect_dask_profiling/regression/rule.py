@@ -15,7 +15,10 @@ from typing import Any
 
 from prefect_dask_profiling._util import InvalidInput
 
-__all__ = ["CHECK_OPTION_KEYS", "DriftRule", "RegressionRule", "Rules"]
+__all__ = ["CHECK_OPTION_KEYS", "CONFIRM_MODES", "DriftRule", "RegressionRule", "Rules"]
+
+# How a prefix flagged on one night fails the run: see RegressionRule.confirm.
+CONFIRM_MODES: tuple[str, ...] = ("auto", "never", "always")
 
 
 def _number(name: str, value: object, *, low: float, low_open: bool,
@@ -28,6 +31,13 @@ def _number(name: str, value: object, *, low: float, low_open: bool,
           and (high is None or value <= high))
     if not ok:
         raise InvalidInput(f"{name} must be a finite number {allowed}, got {value!r}")
+
+
+def _choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    """Refuse ``value`` unless it is one of the ``allowed`` strings."""
+    if not isinstance(value, str) or value not in allowed:
+        raise InvalidInput(f"{name} must be one of {', '.join(map(repr, allowed))}, "
+                           f"got {value!r}")
 
 
 def _whole(name: str, value: object, *, low: int) -> None:
@@ -63,6 +73,16 @@ class RegressionRule:
         timer and scheduling jitter.
     history
         How many earlier healthy runs form the baseline at most (>= 1).
+    confirm
+        When a prefix that passes the rule on one night fails the run
+        (:mod:`~prefect_dask_profiling.regression.confirm`): ``"auto"`` — at once when the
+        night is conclusive (an extreme jump, or a jump well beyond the pipeline's recent
+        one-night excursions), else it is ``suspected`` and the next run confirms or clears
+        it; ``"never"`` — at once, always (the rule before confirmation existed);
+        ``"always"`` — only once a second night confirms it.
+    resolve_after
+        How many consecutive runs back within the baseline close an episode as
+        ``resolved`` (>= 1).
 
     Raises
     ------
@@ -78,6 +98,8 @@ class RegressionRule:
     mad_floor: float = 0.05
     abs_floor_s: float = 0.1
     history: int = 8
+    confirm: str = "auto"
+    resolve_after: int = 3
 
     def __post_init__(self) -> None:
         _number("threshold", self.threshold, low=1, low_open=True)
@@ -88,6 +110,8 @@ class RegressionRule:
         _number("mad_floor", self.mad_floor, low=0, low_open=False)
         _number("abs_floor_s", self.abs_floor_s, low=0, low_open=True)
         _whole("history", self.history, low=1)
+        _choice("confirm", self.confirm, CONFIRM_MODES)
+        _whole("resolve_after", self.resolve_after, low=1)
 
     @classmethod
     def from_options(cls, threshold: float = 2.0, history: int = 8,

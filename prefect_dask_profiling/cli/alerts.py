@@ -1,0 +1,139 @@
+"""Alert commands: ``alerts`` (open episodes, ``--stats``) and ``ack``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pandas as pd
+import typer
+
+from prefect_dask_profiling._util import validate_name
+from prefect_dask_profiling.cli._output import emit_json, guarded, print_table, say
+from prefect_dask_profiling.cli._params import (
+    JsonOption,
+    PipelineOption,
+    StoreOption,
+    existing_store,
+)
+from prefect_dask_profiling.regression import alert_history, history
+from prefect_dask_profiling.regression.alerts import Book, Episode
+from prefect_dask_profiling.store.runs import StoreError
+
+if TYPE_CHECKING:
+    from prefect_dask_profiling.store.runs import RunStore
+
+# The columns of the human table; --json has every field.
+ALERT_COLUMNS = ["id", "state", "stage", "prefix", "start_run", "last_run", "nights",
+                 "peak_ratio", "last_ratio"]
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to ``app``."""
+    app.command("alerts")(guarded(alerts_command))
+    app.command("ack")(guarded(ack_command))
+
+
+def _versions(store: RunStore, pipeline: str, version: str | None) -> list[str]:
+    """``[version]``, or the pipeline's newest version (its open episodes are the live ones)."""
+    if version is not None:
+        return [validate_name(version, "version")]
+    runs = store.list_runs(pipeline)
+    return [runs[0]["version"]] if runs else []
+
+
+def _books(store: RunStore, pipeline: str | None, version: str | None,
+           runs: int) -> list[tuple[str, str, Book]]:
+    pipelines = [history.resolve_pipeline(store, pipeline)] if pipeline else \
+        store.list_pipelines()
+    out = []
+    for name in pipelines:
+        for ver in _versions(store, name, version):
+            book, _ = alert_history.episodes_of(store, name, ver, runs=runs)
+            out.append((name, ver, book))
+    return out
+
+
+def alerts_command(
+    pipeline: PipelineOption = None,
+    version: str | None = typer.Option(None, "--version",
+                                       help="This version (default: each pipeline's newest)."),
+    show_all: bool = typer.Option(False, "--all", help="Closed episodes too."),
+    show_stats: bool = typer.Option(False, "--stats",
+                                    help="Per pipeline: confirmed, cleared, acknowledged."),
+    runs: int = typer.Option(alert_history.LOOKBACK_RUNS, "--runs", min=1,
+                             help="Judged runs replayed per pipeline."),
+    store: StoreOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Alert episodes (open ones by default), recomputed from the stored verdicts."""
+    run_store = existing_store(store)
+    books = _books(run_store, pipeline, version, runs)
+    if show_stats:
+        _print_stats(books, runs, as_json)
+        return
+    episodes = [e for _, _, book in books for e in book.episodes if show_all or e.open]
+    if as_json:
+        emit_json({"store": run_store.url, "episodes": [e.to_json() for e in episodes]})
+        return
+    if not episodes:
+        say("no open alert episodes" if not show_all else "no alert episodes")
+        return
+    print_table(_frame(episodes), title=("alert episodes" if show_all else "open alerts")
+                + f" in {run_store.url}")
+
+
+def _frame(episodes: list[Episode]) -> pd.DataFrame:
+    frame = alert_history.episodes_frame(Book(tuple(episodes)))
+    several = frame["pipeline"].nunique() > 1
+    return frame[["pipeline", *ALERT_COLUMNS] if several else ALERT_COLUMNS]
+
+
+def _print_stats(books: list[tuple[str, str, Book]], runs: int, as_json: bool) -> None:
+    rows = [alert_history.stats(book, name, ver, runs) for name, ver, book in books]
+    frame = pd.DataFrame([{**r.__dict__, "precision": r.suspected_precision} for r in rows],
+                         columns=["pipeline", "version", "runs", "confirmed", "cleared",
+                                  "acknowledged", "resolved", "open", "precision"])
+    if as_json:
+        emit_json({"stats": frame.to_dict(orient="records")})
+    else:
+        print_table(frame, title="alert episodes per pipeline (precision = confirmed / "
+                                 "(confirmed + cleared))")
+
+
+def ack_command(
+    target: str = typer.Argument(..., metavar="ALERT_OR_RUN",
+                                 help="An episode id (ep-…) or a run id."),
+    pipeline: PipelineOption = None,
+    note: str = typer.Option("", "--note", help="Why (kept in the marker)."),
+    store: StoreOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Acknowledge an episode (or every episode open at a run): it fails no more runs."""
+    run_store = existing_store(store)
+    validate_name(target, "ALERT_OR_RUN")
+    if target.startswith("ep-"):
+        name, ver = _find_episode(run_store, target, pipeline)
+    else:
+        name = history.find_run(run_store, target, pipeline)
+        ver = run_store.read_manifest(name, target)["version"]
+    ack = alert_history.acknowledge(run_store, name, ver, target, note)
+    if as_json:
+        emit_json({"pipeline": name, "version": ver, "acknowledged": target, "at": ack.at})
+    else:
+        what = "episode" if target.startswith("ep-") else "the episodes open at run"
+        say(f"acknowledged {what} {target} of {name} {ver}: it fails no more runs "
+            "(the baseline is unchanged; `accept` restarts it)")
+
+
+def _find_episode(store: RunStore, episode: str, pipeline: str | None) -> tuple[str, str]:
+    """The pipeline and version whose recent runs hold ``episode``."""
+    pipelines = [history.resolve_pipeline(store, pipeline)] if pipeline else \
+        store.list_pipelines()
+    for name in pipelines:
+        versions = dict.fromkeys(e["version"] for e in store.list_runs(name))
+        for ver in versions:
+            book, _ = alert_history.episodes_of(store, name, ver)
+            if any(e.id == episode for e in book.episodes):
+                return name, ver
+    raise StoreError(f"no alert episode {episode} in store {store.url} "
+                     "(see `dask-profiling alerts --all`)")
