@@ -35,6 +35,7 @@ from prefect_dask_profiling.store.manifest import (
     environment,
 )
 from prefect_dask_profiling.summary import RunRecord, summarise, utilisation
+from prefect_dask_profiling.summary.io import stage_io_summary
 
 if TYPE_CHECKING:
     from prefect_dask_profiling.store.runs import RunStore
@@ -430,6 +431,8 @@ def _record_tables(end: RunEnd) -> dict[str, pd.DataFrame]:
         columns=["first_start", "last_stop"], errors="ignore")
     tables["workers"] = record.workers
     tables["transfers"] = record.transfers
+    if not record.io.empty:
+        tables["io"] = record.io
     if end.util is not None:
         tables["utilisation"] = end.util.reset_index()
     return tables
@@ -449,6 +452,7 @@ def _stage_totals(stages: list[StageInfo], record: RunRecord, util: pd.DataFrame
         info.wall_s = float(util.loc[info.name, "wall_s"]) if info.name in util.index else 0.0
         if info.tasks == 0 and info.note is None:
             info.note = "no tasks ran in this stage"
+        info.io = stage_io_summary(record.io, info.name)
 
 
 def _or_empty(frame: pd.DataFrame | None, columns: list[str] | None = None) -> pd.DataFrame:

@@ -24,8 +24,9 @@ from prefect_dask_profiling.prefect import reports
 from prefect_dask_profiling.regression.verdict import RegressionDetected
 from prefect_dask_profiling.stage import open_stage_name, reset_listener, set_listener
 from prefect_dask_profiling.store.manifest import RunContext, StageInfo
+from prefect_dask_profiling.summary.io import io_frame
 from prefect_dask_profiling.summary.record import RunRecord
-from prefect_dask_profiling.timing import plugin
+from prefect_dask_profiling.timing import plugin, storage_io
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -46,6 +47,7 @@ class OpenStage:
     name: str
     window: reports.ReportWindow | None
     futures: list = field(default_factory=list)
+    io_before: dict[str, Any] | None = None  # storage counters per worker at the start
 
 
 class Session:
@@ -64,6 +66,8 @@ class Session:
         self.stages: list[StageInfo] = []
         self.warnings: list[str] = []
         self.last_snapshot: dict[str, Any] | None = None
+        self.io_rows: list[dict[str, Any]] = []  # storage requests per (stage, worker)
+        self.storage_counted = False
         self.finished = False
         self.result: FinishResult | None = None
         self._captured = False
@@ -86,6 +90,7 @@ class Session:
         name = plugin.install(client, scope=scope,
                               sample_interval=runner.profiling.sample_interval)
         session = cls(runner, client, name, scope)
+        session.storage_counted = storage_io.install(client)
         exit_stack.callback(session.close)  # LIFO: runs before the client closes
         token = set_listener(session)
         exit_stack.callback(_reset_quietly, token)
@@ -99,6 +104,8 @@ class Session:
         if self._report_pool is not None:
             self._report_pool.shutdown(wait=True)
             self._report_pool = None
+        if self.storage_counted:
+            storage_io.uninstall(self.client)
         try:
             plugin.uninstall(self.client, self.plugin_name)
             if self._installed_stream:
@@ -208,15 +215,45 @@ class Session:
                 self._installed_stream |= window.installed_stream
             except Exception as exc:
                 self.warnings.append(f"stage {name!r}: report not started: {exc!r}")
-        opened = OpenStage(name=name, window=window)
+        opened = OpenStage(name=name, window=window, io_before=self._io_counters(name))
         self.open_stages[name] = opened
         return opened
+
+    def _io_counters(self, name: str) -> dict[str, Any] | None:
+        """The workers' storage counters now (None when not counted or unreadable)."""
+        if not self.storage_counted:
+            return None
+        try:
+            return storage_io.io_counters(self.client)
+        except Exception as exc:
+            self.warnings.append(f"stage {name!r}: storage requests not read: {exc!r}")
+            return None
+
+    def _record_io(self, name: str, token: OpenStage) -> None:
+        """The stage's storage requests: the counters' change per worker since it opened.
+
+        Counts are per process, so a stage open while another runs (nested, or from
+        another thread) shares its requests with it: said in the stage's warning.
+        """
+        if token.io_before is None:
+            return
+        after = self._io_counters(name)
+        if after is None:
+            return
+        rows = storage_io.stage_deltas(name, token.io_before, after)
+        if self.open_stages:
+            self.warnings.append(
+                f"stage {name!r} overlapped stage(s) {', '.join(sorted(self.open_stages))}: "
+                "storage requests are counted per worker process, so overlapping stages "
+                "share them")
+        self.io_rows.extend(rows)
 
     def stage_closed(self, name: str, token: OpenStage, error: BaseException | None) -> None:
         self.open_stages.pop(name, None)
         if token.futures:
             with self.client.as_current():
                 distributed.wait(token.futures)
+        self._record_io(name, token)
         info = StageInfo(name=name)
         try:
             self.last_snapshot = plugin.snapshot(self.client, self.plugin_name)
@@ -379,6 +416,7 @@ class Session:
         record = RunRecord.from_snapshot(snap, workers=len(nthreads),
                                          threads=sum(nthreads.values()))
         record.incomplete = bool(snap.get("incomplete"))
+        record.io = io_frame(self.io_rows)
         return record
 
     def _finish(self, error: BaseException | None, state: str | None, publish: bool,

@@ -81,6 +81,9 @@ class StageInfo:
     note: str | None = None
     # the stage's bottleneck verdict (diagnosis.stages.Diagnosis.to_dict); absent in old runs
     diagnosis: dict[str, Any] | None = None
+    # storage requests of the stage summed over workers (summary.io.stage_io_summary);
+    # None when no storage source was counted
+    io: dict[str, Any] | None = None
 
 
 @dataclass
