@@ -237,8 +237,8 @@ def search(catalog_url: str, window: int, storage_options: dict | None = None) -
         rel = href.removeprefix("./")
         item = json.loads(fs.cat_file(f"{root}/{rel}"))
         folder = rel.rsplit("/", 1)[0]
-        hrefs = {band: gdal_path(f"{base}/{folder}/{item['assets'][band]['href'].removeprefix('./')}")
-                 for band in BANDS}
+        assets = {band: item["assets"][band]["href"].removeprefix("./") for band in BANDS}
+        hrefs = {band: gdal_path(f"{base}/{folder}/{name}") for band, name in assets.items()}
         when = pd.Timestamp(item["properties"]["datetime"]).tz_convert(None)
         scenes.append(Scene(id=item["id"], time=when, hrefs=hrefs))
     scenes.sort(key=lambda s: s.time)

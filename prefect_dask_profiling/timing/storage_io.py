@@ -15,10 +15,15 @@ boundary and :func:`stage_deltas` turns two readings into the stage's requests p
 * **s3fs** (Zarr, pystac through fsspec, ...): calls of ``S3FileSystem._call_s3`` by kind.
 
 The counts are process-wide: with several threads per worker, or two stages running at the
-same time, a stage's delta includes the other's requests (said in the stage's note by the
-caller). ``chunks`` and ``decoded_bytes`` count the tasks during which the process made GDAL
-requests and the bytes those tasks returned: exact with one thread per worker, an upper bound
-with more. Nothing here raises into the worker: failures are counted and reported.
+same time, a stage's delta includes the other's requests (said in the run's warnings by the
+caller). ``chunks`` and ``decoded_bytes`` count the array chunks (results of type
+``ndarray``) that tasks of *reading* key prefixes returned, and their bytes; a prefix becomes
+a reading one in a process the first time one of its tasks ran while the process made GDAL
+requests (with several threads per worker a prefix that ran alongside a read can be taken for
+one). Tasks that secede (a Prefect task waiting on the graph it submitted) are not chunks.
+GDAL's statistics count one GET per *batch* of parallel range requests (its default
+``GDAL_HTTP_MULTIRANGE=PARALLEL``; bytes are exact) and one per HTTP request otherwise.
+Nothing here raises into the worker: failures are counted and reported.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from dask.utils import key_split
 from distributed.diagnostics.plugin import WorkerPlugin
 
 if TYPE_CHECKING:
@@ -47,6 +53,7 @@ S3FS_KINDS = {"get_object": "GET", "head_object": "HEAD", "head_bucket": "HEAD",
               "list_objects_v2": "LIST", "list_objects": "LIST", "put_object": "PUT",
               "upload_part": "PUT", "delete_object": "DELETE", "delete_objects": "DELETE"}
 MAX_EXECUTING = 10_000
+MAX_READERS = 1_000
 
 
 class SourceCounts(TypedDict, total=False):
@@ -216,13 +223,15 @@ class StorageRequests(WorkerPlugin):
         self.chunks = 0
         self.decoded_bytes = 0
         self.errors = 0
+        self.readers: set[str] = set()
         self._executing: dict[Any, str] = {}
 
     def setup(self, worker: Any) -> None:
         self.worker = worker
         try:
             os.environ.setdefault(STATS_OPTION, "YES")
-            self.attach()
+            # GDAL already in use: it read the option before we set it, so reset once
+            self.attach(reset=True)
         except Exception:
             self.errors += 1
 
@@ -232,13 +241,19 @@ class StorageRequests(WorkerPlugin):
         except Exception:
             self.errors += 1
 
-    def attach(self) -> None:
-        """Start counting GDAL and s3fs once the process has loaded them (idempotent)."""
+    def attach(self, reset: bool = False) -> None:
+        """Start counting GDAL and s3fs once the process has loaded them (idempotent).
+
+        GDAL loaded after :meth:`setup` read the option from the environment at its first
+        request, so its statistics are kept (``reset=False``): they are this process's
+        requests since then.
+        """
         if self.gdal is None and "rasterio" in sys.modules:
             path = loaded_gdal_path()
             if path is not None:
                 gdal = Gdal(path)
-                gdal.enable_stats()
+                if reset:
+                    gdal.enable_stats()
                 self.gdal = gdal
         if self.s3fs is None and "s3fs" in sys.modules:
             self._patch_s3fs()
@@ -282,10 +297,16 @@ class StorageRequests(WorkerPlugin):
                 if before is None or finish == "long-running":
                     return  # a seceded task waits on others: not a chunk of its own
                 self.attach()
-                if self.gdal is not None and self.gdal.stats_text() != before:
-                    self.chunks += 1
+                if self.gdal is None:
+                    return
+                prefix = key_split(key)
+                if self.gdal.stats_text() != before and len(self.readers) < MAX_READERS:
+                    self.readers.add(prefix)
+                if prefix in self.readers:
                     ts = self.worker.state.tasks.get(key)
-                    self.decoded_bytes += int(getattr(ts, "nbytes", 0) or 0)
+                    if "ndarray" in str(getattr(ts, "type", "") or ""):  # an array chunk
+                        self.chunks += 1
+                        self.decoded_bytes += int(getattr(ts, "nbytes", 0) or 0)
         except Exception:
             self.errors += 1
 
