@@ -184,7 +184,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     options = {"endpoint_url": args.data_endpoint} if args.data_endpoint else None
     state = nightly_ndvi(size=args.size, store=args.store, data_url=args.data_url,
-                         data_storage_options=options, slowdown=args.slowdown, slowdown_stage=args.slowdown_stage,
+                         data_storage_options=options, slowdown=args.slowdown,
+                         slowdown_stage=args.slowdown_stage,
                          slowdown_factor=args.slowdown_factor, notify_url=args.notify_url,
                          return_state=True)
     print(f"flow run {state.name}: {state.message or ''}")
