@@ -203,7 +203,18 @@ def _diagnose(end: RunEnd) -> None:
     for info in end.stages:
         if info.name in diagnoses:
             info.diagnosis = diagnoses[info.name].to_dict()
+            _note_misaligned_chunks(info)
     end.extras["diagnoses"] = diagnoses
+
+
+def _note_misaligned_chunks(info: StageInfo) -> None:
+    """Chunks that cut the files' blocks: a note and the fix in the stage's diagnosis."""
+    found = info.chunks_vs_blocks
+    if not found or found.get("aligned") or info.diagnosis is None:
+        return
+    note = info.diagnosis.get("note") or ""
+    info.diagnosis["note"] = f"{note}; {found['text']}" if note else found["text"]
+    info.diagnosis["actions"] = [found["fix"], *(info.diagnosis.get("actions") or [])]
 
 
 def _explain(end: RunEnd) -> None:

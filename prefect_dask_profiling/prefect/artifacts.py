@@ -20,7 +20,8 @@ from prefect_dask_profiling._util import artifact_key, json_clean
 from prefect_dask_profiling.regression.drift import flagged_markdown
 
 if TYPE_CHECKING:
-    from prefect_dask_profiling.finishing import FinishResult
+    from prefect_dask_profiling.summary.io import io_text, raster_text
+from prefect_dask_profiling.finishing import FinishResult
 
 SUMMARY_ARTIFACT_COLUMNS = ["stage", "prefix", "tasks", "errors", "total_s", "p50_s", "p95_s",
                             "gb_out", "share"]
@@ -67,6 +68,13 @@ def run_markdown(result: FinishResult, links: dict[str, str], trend: str | None)
         verdict, evidence = _bottleneck(s.get("diagnosis"))
         lines.append(f"| {s['name']} | {s['tasks']} | {_fmt(s['task_s'])} | {verdict} | "
                      f"{evidence} | {report} |")
+    storage = [(s["name"], io_text(s.get("io")), (s.get("chunks_vs_blocks") or {}))
+               for s in m["stages"] if io_text(s.get("io"))]
+    if storage:
+        lines += ["", "## Storage requests per stage", "",
+                  "| stage | requests | chunks against blocks |", "|---|---|---|"]
+        lines += [f"| {name} | {text} | {align.get('text', '')} |"
+                  for name, text, align in storage]
     for stage, why in (m.get("explanations") or {}).items():
         lines += ["", f"**Why {stage} regressed:** {why.get('text', '')}"]
     flagged = flagged_markdown(result.verdicts, result.extras.get("drift"))
@@ -81,7 +89,9 @@ def run_markdown(result: FinishResult, links: dict[str, str], trend: str | None)
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in m["warnings"]]
     env = m.get("environment") or {}
     lines += ["", "## Environment", "", ", ".join(
-        f"{k} {v}" for k, v in env.items() if k != "mismatches" and v)]
+        f"{k} {v}" for k, v in env.items() if k not in ("mismatches", "raster") and v)]
+    if raster_text(env.get("raster")):
+        lines += ["", f"Workers' raster stack: {raster_text(env.get('raster'))}"]
     if env.get("mismatches"):
         lines += ["", "Version mismatches:"] + [f"- {x}" for x in env["mismatches"]]
     return "\n".join(lines) + "\n"

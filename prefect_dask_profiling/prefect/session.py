@@ -48,6 +48,7 @@ class OpenStage:
     window: reports.ReportWindow | None
     futures: list = field(default_factory=list)
     io_before: dict[str, Any] | None = None  # storage counters per worker at the start
+    alignment: dict[str, Any] | None = None  # chunks against the files' blocks
 
 
 class Session:
@@ -247,6 +248,10 @@ class Session:
                 "storage requests are counted per worker process, so overlapping stages "
                 "share them")
         self.io_rows.extend(rows)
+        try:
+            token.alignment = storage_io.check_alignment(self.client, token.io_before, after)
+        except Exception as exc:
+            self.warnings.append(f"stage {name!r}: chunks not compared with blocks: {exc!r}")
 
     def stage_closed(self, name: str, token: OpenStage, error: BaseException | None) -> None:
         self.open_stages.pop(name, None)
@@ -254,7 +259,7 @@ class Session:
             with self.client.as_current():
                 distributed.wait(token.futures)
         self._record_io(name, token)
-        info = StageInfo(name=name)
+        info = StageInfo(name=name, chunks_vs_blocks=token.alignment)
         try:
             self.last_snapshot = plugin.snapshot(self.client, self.plugin_name)
         except Exception as exc:
@@ -436,6 +441,10 @@ class Session:
             spool_budget_s=options.store_timeout,
             fail_on_regression=options.on_regression == "fail")
         env = environment(self.client) if _alive(self.client) else environment()
+        if self.storage_counted and _alive(self.client):
+            raster = storage_io.raster_fingerprint(self.client)
+            if raster is not None:
+                env["raster"] = raster
         result = finish_run(self.store, record, self.ctx, self.stages, settings, state=state,
                             error=error, env=env, warnings=warnings,
                             flagged_reports=self.render_flagged if self._deferred else None)

@@ -88,3 +88,35 @@ def stage_io_summary(io: pd.DataFrame, stage: str) -> dict[str, Any] | None:
         out[name] = round(float(value), 3) if isinstance(value, float) and not float(
             value).is_integer() else int(value)
     return out or None
+
+
+def io_text(io: dict[str, Any] | None) -> str:
+    """One stage's storage summary (:func:`stage_io_summary`) as a short line; "" without.
+
+    E.g. ``"56 requests (GET 56), 1.1 per chunk, 1.1 MB, read amplification 0.33x"``.
+    """
+    if not isinstance(io, dict) or "requests" not in io:
+        extra = io.get("s3fs_requests") if isinstance(io, dict) else None
+        return f"s3fs {int(extra)} requests" if extra else ""
+    methods = ", ".join(f"{m.upper()} {int(io[m])}" for m in REQUEST_METHODS if io.get(m))
+    parts = [f"{int(io['requests'])} requests" + (f" ({methods})" if methods else "")]
+    if io.get("requests_per_chunk") is not None:
+        parts.append(f"{io['requests_per_chunk']:.2g} per chunk")
+    parts.append(f"{io.get('bytes', 0) / 1e6:.3g} MB")
+    if io.get("read_amplification") is not None:
+        parts.append(f"read amplification {io['read_amplification']:.2g}x")
+    if io.get("s3fs_requests"):
+        parts.append(f"s3fs {int(io['s3fs_requests'])} requests")
+    return ", ".join(parts)
+
+
+def raster_text(raster: dict[str, Any] | None) -> str:
+    """The workers' raster stack (``environment.raster``) as one line; "" without."""
+    if not isinstance(raster, dict):
+        return ""
+    versions = ", ".join(f"{k} {raster[k]}" for k in ("gdal", "rasterio", "libcurl")
+                         if raster.get(k))
+    options = raster.get("options") or {}
+    shown = ", ".join(f"{k}={v}" for k, v in options.items()
+                      if k.startswith(("GDAL_", "CPL_", "VSI_")))
+    return versions + (f"; options: {shown}" if shown else "")

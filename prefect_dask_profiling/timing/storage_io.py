@@ -52,8 +52,18 @@ SECRET_WORDS = ("SECRET", "KEY", "TOKEN", "PASSWORD", "CREDENTIAL", "SESSION", "
 S3FS_KINDS = {"get_object": "GET", "head_object": "HEAD", "head_bucket": "HEAD",
               "list_objects_v2": "LIST", "list_objects": "LIST", "put_object": "PUT",
               "upload_part": "PUT", "delete_object": "DELETE", "delete_objects": "DELETE"}
+# GDAL's defaults of the options that shape storage requests (GDAL 3.10 docs): recorded as
+# in effect when unset, so a night that sets one shows as a change from its default
+REQUEST_OPTION_DEFAULTS = {
+    "GDAL_HTTP_MERGE_CONSECUTIVE_RANGES": "YES", "GDAL_HTTP_MULTIRANGE": "PARALLEL",
+    "GDAL_HTTP_MULTIPLEX": "YES", "GDAL_DISABLE_READDIR_ON_OPEN": "NO",
+    "GDAL_INGESTED_BYTES_AT_OPEN": "16384", "CPL_VSIL_CURL_CHUNK_SIZE": "16384",
+    "CPL_VSIL_CURL_CACHE_SIZE": "16384000", "CPL_VSIL_CURL_USE_HEAD": "YES",
+    "VSI_CACHE": "NO", "GDAL_CACHEMAX": "5%"}
 MAX_EXECUTING = 10_000
 MAX_READERS = 1_000
+MAX_SHAPES = 64
+MAX_FILES = 256
 
 
 class SourceCounts(TypedDict, total=False):
@@ -78,6 +88,8 @@ class WorkerCounters(TypedDict):
     chunks: int
     decoded_bytes: int
     errors: int
+    shapes: dict[str, int]
+    files: dict[str, int]
 
 
 # -- GDAL through ctypes ----------------------------------------------------------------------
@@ -175,6 +187,21 @@ def gdal_counts(text: str) -> SourceCounts:
     return counts  # type: ignore[return-value]
 
 
+def gdal_files(text: str, limit: int = MAX_FILES) -> dict[str, int]:
+    """``{GDAL path: requests}`` of the files in GDAL's serialized statistics (pure)."""
+    if not text:
+        return {}
+    out: dict[str, int] = {}
+    for prefix, handler in (json.loads(text).get("handlers") or {}).items():
+        for name, entry in (handler.get("files") or {}).items():
+            if len(out) >= limit:
+                return out
+            path = name if name.startswith("/") else f"/{prefix}/{name}"
+            out[path] = sum(int(m.get("count", 0))
+                            for m in (entry.get("methods") or {}).values())
+    return out
+
+
 def curl_version() -> str | None:
     """libcurl's version string as loaded in this process (GDAL's), else None."""
     with contextlib.suppress(OSError):
@@ -193,12 +220,16 @@ def is_secret(name: str) -> bool:
     return any(word in upper for word in SECRET_WORDS)
 
 
-def effective_options(environ: dict[str, str], config: dict[str, str]) -> dict[str, str]:
+def effective_options(environ: dict[str, str], config: dict[str, str],
+                      defaults: dict[str, str] | None = None) -> dict[str, str]:
     """``GDAL_*``/``CPL_*``/``VSI_*``/``AWS_*`` options in effect, secrets as ``"<set>"`` (pure).
 
-    A config option set in GDAL overrides the same name in the environment, as in GDAL.
+    A config option set in GDAL overrides the same name in the environment, as in GDAL;
+    ``defaults`` fill the names neither sets (:data:`REQUEST_OPTION_DEFAULTS` when GDAL is
+    loaded).
     """
-    merged = {k: v for k, v in environ.items() if k.startswith(OPTION_PREFIXES)}
+    merged = dict(defaults or {})
+    merged.update({k: v for k, v in environ.items() if k.startswith(OPTION_PREFIXES)})
     merged.update({k: v for k, v in config.items() if k.startswith(OPTION_PREFIXES)})
     return {k: ("<set>" if is_secret(k) else v) for k, v in sorted(merged.items())}
 
@@ -224,6 +255,7 @@ class StorageRequests(WorkerPlugin):
         self.decoded_bytes = 0
         self.errors = 0
         self.readers: set[str] = set()
+        self.shapes: dict[str, int] = {}  # "rows x cols" of chunks read -> count
         self._executing: dict[Any, str] = {}
 
     def setup(self, worker: Any) -> None:
@@ -307,21 +339,35 @@ class StorageRequests(WorkerPlugin):
                     if "ndarray" in str(getattr(ts, "type", "") or ""):  # an array chunk
                         self.chunks += 1
                         self.decoded_bytes += int(getattr(ts, "nbytes", 0) or 0)
+                        self._count_shape(key)
         except Exception:
             self.errors += 1
 
+    def _count_shape(self, key: Any) -> None:
+        """Remember the (rows, cols) of an array chunk just read (never unspills)."""
+        data = getattr(self.worker.data, "fast", self.worker.data)
+        shape = getattr(data.get(key) if hasattr(data, "get") else None, "shape", None)
+        if not shape or len(shape) < 2:
+            return
+        name = f"{shape[-2]}x{shape[-1]}"
+        if name in self.shapes or len(self.shapes) < MAX_SHAPES:
+            self.shapes[name] = self.shapes.get(name, 0) + 1
+
     def counters(self) -> WorkerCounters:
         """A reading of this process's cumulative counters."""
+        files: dict[str, int] = {}
         try:
             self.attach()
-            gdal = gdal_counts(self.gdal.stats_text()) if self.gdal is not None else None
+            text = self.gdal.stats_text() if self.gdal is not None else ""
+            gdal = gdal_counts(text) if self.gdal is not None else None
+            files = gdal_files(text)
         except Exception:
             self.errors += 1
             gdal = None
         return {"pid": os.getpid(), "time": time.time(), "gdal": gdal,
                 "s3fs": dict(self.s3fs) if self.s3fs is not None else None,  # type: ignore
                 "chunks": self.chunks, "decoded_bytes": self.decoded_bytes,
-                "errors": self.errors}
+                "errors": self.errors, "shapes": dict(self.shapes), "files": files}
 
 
 def _read_counters(dask_worker: Any) -> WorkerCounters | None:
@@ -341,7 +387,8 @@ def _raster_environment(dask_worker: Any = None) -> dict[str, Any]:
         config = gdal.config_options()
     return {"gdal": gdal_version, "rasterio": getattr(rasterio, "__version__", None),
             "libcurl": curl_version() if path is not None else None,
-            "options": effective_options(dict(os.environ), config)}
+            "options": effective_options(dict(os.environ), config,
+                                         REQUEST_OPTION_DEFAULTS if path else None)}
 
 
 # -- the client side --------------------------------------------------------------------------
@@ -383,6 +430,119 @@ def raster_environment(client: Client | None = None) -> dict[str, Any]:
         return {w: v for w, v in out.items() if isinstance(v, dict)}
     except Exception:
         return {}
+
+
+def raster_fingerprint(client: Client | None = None) -> dict[str, Any] | None:
+    """The workers' raster stack for the run's environment, or None when no GDAL is loaded.
+
+    ``{gdal, rasterio, libcurl, options: {name: value}, workers}``: a value the workers
+    disagree on is their distinct values joined by `` | ``; secrets are ``"<set>"``.
+    Read at the end of the run, so options a stage set on the workers are in it.
+    """
+    per_worker = [v for v in raster_environment(client).values() if v.get("gdal")]
+    if not per_worker:
+        return None
+
+    def agreed(values: list[Any]) -> Any:
+        distinct = sorted({str(v) for v in values if v is not None})
+        return distinct[0] if len(distinct) == 1 else (" | ".join(distinct) or None)
+
+    names = sorted({n for v in per_worker for n in v["options"]})
+    return {"gdal": agreed([v["gdal"] for v in per_worker]),
+            "rasterio": agreed([v["rasterio"] for v in per_worker]),
+            "libcurl": agreed([v["libcurl"] for v in per_worker]),
+            "options": {n: agreed([v["options"].get(n) for v in per_worker]) for n in names},
+            "workers": len(per_worker)}
+
+
+def _block_shapes(paths: list[str]) -> dict[str, list[int]]:
+    """``{path: [rows, cols]}`` of the first band's block of each file (run on a worker)."""
+    import rasterio
+
+    out = {}
+    for path in paths:
+        try:
+            with rasterio.open(path) as ds:
+                out[path] = list(ds.block_shapes[0])
+        except Exception:
+            continue
+    return out
+
+
+def stage_reads(before: dict[str, WorkerCounters], after: dict[str, WorkerCounters]
+                ) -> tuple[dict[str, int], list[str]]:
+    """Chunk shapes read during a stage and the files it made requests to (pure)."""
+    shapes: dict[str, int] = {}
+    files: dict[str, int] = {}
+    for worker, end in after.items():
+        start = before.get(worker) or {}
+        if start.get("pid") != end.get("pid"):
+            start = {}
+        for name, n in (end.get("shapes") or {}).items():
+            d = n - (start.get("shapes") or {}).get(name, 0)
+            if d > 0:
+                shapes[name] = shapes.get(name, 0) + d
+        for name, n in (end.get("files") or {}).items():
+            d = n - (start.get("files") or {}).get(name, 0)
+            if d > 0:
+                files[name] = files.get(name, 0) + d
+    return shapes, sorted(files, key=lambda f: -files[f])
+
+
+def chunks_against_blocks(shapes: dict[str, int], blocks: dict[str, list[int]]
+                          ) -> dict[str, Any] | None:
+    """Whether the chunks read are whole multiples of the files' blocks (pure).
+
+    Parameters
+    ----------
+    shapes
+        ``{"rows x cols": chunks}`` read in the stage (:func:`stage_reads`).
+    blocks
+        ``{file: [block rows, block cols]}`` of files the stage read.
+
+    Returns
+    -------
+    ``{chunk, block, aligned, text, fix}`` for the most common chunk shape against the most
+    common block shape (edge chunks are smaller and not judged), or None without both.
+    """
+    if not shapes or not blocks:
+        return None
+    chunk_name = max(shapes, key=lambda k: shapes[k])
+    rows, cols = (int(v) for v in chunk_name.split("x"))
+    block = max({tuple(b) for b in blocks.values()},
+                key=lambda b: sum(tuple(v) == b for v in blocks.values()))
+    aligned = rows % block[0] == 0 and cols % block[1] == 0
+    fit = [max(block[0], round(rows / block[0]) * block[0]),
+           max(block[1], round(cols / block[1]) * block[1])]
+    if aligned:
+        text = f"chunks {rows}x{cols} px are whole multiples of the files' {block[0]}x" \
+               f"{block[1]} px blocks"
+    else:
+        text = (f"chunks {rows}x{cols} px are not multiples of the files' {block[0]}x"
+                f"{block[1]} px blocks: every chunk reads blocks its neighbours read again "
+                f"(more requests and bytes per chunk); chunk by the blocks, e.g. "
+                f"chunks={{'y': {fit[0]}, 'x': {fit[1]}}} (from the files' block_shapes; "
+                "rioxarray: chunks=True)")
+    fix = (f"chunk the read by the files' {block[0]}x{block[1]} px blocks, e.g. "
+           f"chunks={{'y': {fit[0]}, 'x': {fit[1]}}}")
+    return {"chunk": [rows, cols], "block": list(block), "aligned": aligned, "text": text,
+            "fix": None if aligned else fix}
+
+
+def check_alignment(client: Client, before: dict[str, WorkerCounters],
+                    after: dict[str, WorkerCounters], files_to_open: int = 3
+                    ) -> dict[str, Any] | None:
+    """:func:`chunks_against_blocks` for a stage that read files through GDAL (may raise).
+
+    Opens up to ``files_to_open`` of the files the stage read on the worker that read the
+    most (GDAL has their headers cached there), after the stage's counters were read.
+    """
+    shapes, files = stage_reads(before, after)
+    if not shapes or not files:
+        return None
+    busiest = max(after, key=lambda w: sum((after[w].get("files") or {}).values()))
+    blocks = client.run(_block_shapes, files[:files_to_open], workers=[busiest])
+    return chunks_against_blocks(shapes, blocks.get(busiest) or {})
 
 
 def _source_delta(before: SourceCounts | None, after: SourceCounts | None) -> SourceCounts | None:
