@@ -16,7 +16,12 @@ import pytest
 from distributed import Client, LocalCluster, wait
 from s3_servers import LoggingProxy, boto_client, moto_server, s3_options, tag_process
 
-from prefect_dask_profiling.summary.io import io_frame, stage_io_metrics, stage_io_summary
+from prefect_dask_profiling.summary.io import (
+    io_frame,
+    io_text,
+    stage_io_metrics,
+    stage_io_summary,
+)
 from prefect_dask_profiling.timing import storage_io
 from tasks import scenes
 from tasks.synthetic import CubeSpec
@@ -186,3 +191,58 @@ def test_io_frame_of_nothing_is_empty_with_base_columns():
     assert stage_io_metrics(frame).empty
     assert isinstance(stage_io_metrics(frame), pd.DataFrame)
 
+
+
+@pytest.mark.parametrize("chunk, aligned", [(128, True), (96, False)])
+def test_chunks_are_compared_with_the_cogs_blocks(archive, chunk, aligned):
+    client = archive["client"]
+    scenes.configure_workers(client, scenes.gdal_options(
+        {"endpoint_url": archive["proxy"].endpoint}))
+    before = storage_io.io_counters(client)
+    ds = client.submit(scenes.open_scenes, archive["found"], chunk, pure=False).result()
+    wait(ds.persist())
+    found = storage_io.check_alignment(client, before, storage_io.io_counters(client))
+    assert found["block"] == [SPEC.tile, SPEC.tile]
+    assert found["chunk"] == [chunk, chunk]
+    assert found["aligned"] is aligned
+    if not aligned:
+        assert "chunks={'y': 128, 'x': 128}" in found["fix"]
+
+
+def test_chunks_against_blocks_judges_the_usual_chunk_not_the_edges():
+    found = storage_io.chunks_against_blocks({"512x512": 12, "100x512": 3},
+                                             {"/vsis3/b/a.tif": [256, 256]})
+    assert found["aligned"] and found["fix"] is None
+    found = storage_io.chunks_against_blocks({"600x600": 4}, {"a": [256, 256], "b": [256, 256]})
+    assert not found["aligned"] and "'y': 512" in found["fix"]
+    assert storage_io.chunks_against_blocks({}, {"a": [1, 1]}) is None
+
+
+def test_a_gdal_option_change_ranks_first_in_the_explanation():
+    from prefect_dask_profiling.regression.explain import explain_stage
+
+    def manifest(merge: str, gdal: str = "3.10.3") -> dict:
+        return {"version": "1", "workers": 2, "threads": 2,
+                "stages": [{"name": "read", "tasks": 50}],
+                "environment": {"python": "3.11.7", "dask": "2026.8.0", "raster": {
+                    "gdal": gdal, "rasterio": "1.4.4", "libcurl": "libcurl/8.14.1",
+                    "options": {"GDAL_HTTP_MERGE_CONSECUTIVE_RANGES": merge,
+                                "AWS_SECRET_ACCESS_KEY": "<set>"}}}}
+
+    tonight = manifest("NO")
+    tonight["environment"]["dask"] = "2026.9.0"
+    why = explain_stage("read", tonight, [manifest("YES") for _ in range(3)])
+    first = why["context"][0]
+    assert (first["what"], first["was"], first["now"]) == (
+        "GDAL_HTTP_MERGE_CONSECUTIVE_RANGES", "YES", "NO")
+    assert "GDAL_HTTP_MERGE_CONSECUTIVE_RANGES YES → NO" in why["text"]
+    upgrade = explain_stage("read", manifest("YES", gdal="3.11.0"),
+                            [manifest("YES") for _ in range(3)])
+    assert upgrade["context"][0]["what"] == "gdal (workers)"
+
+
+def test_io_text_reads_like_the_tables():
+    io = {"requests": 56, "get": 56, "bytes": 1_054_468, "chunks": 48,
+          "requests_per_chunk": 1.17, "read_amplification": 0.33}
+    assert storage_io and "56 requests (GET 56), 1.2 per chunk, 1.05 MB" in io_text(io)
+    assert io_text(None) == "" and io_text({"chunks": 0}) == ""
