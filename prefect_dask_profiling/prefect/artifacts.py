@@ -18,10 +18,10 @@ import pandas as pd
 
 from prefect_dask_profiling._util import artifact_key, json_clean
 from prefect_dask_profiling.regression.drift import flagged_markdown
+from prefect_dask_profiling.summary.io import io_text, raster_text
 
 if TYPE_CHECKING:
-    from prefect_dask_profiling.summary.io import io_text, raster_text
-from prefect_dask_profiling.finishing import FinishResult
+    from prefect_dask_profiling.finishing import FinishResult
 
 SUMMARY_ARTIFACT_COLUMNS = ["stage", "prefix", "tasks", "errors", "total_s", "p50_s", "p95_s",
                             "gb_out", "share"]
