@@ -5,10 +5,10 @@ flow's work on real COGs (search the static STAC catalog, read through GDAL ``/v
 NDVI, temporal median, computed) run alternately on two identical clusters, one **with**
 the storage-requests worker plugin (installed before GDAL loads, as the runner does: GDAL's
 own statistics on) and one **without** it (GDAL's statistics off); GDAL's caches are
-cleared before every run, so every run fetches. Each run is one stage; with the plugin its two counter readings (stage open
-and close, ``client.run`` on every worker) and the chunks-against-blocks check are inside
-the timed window, as in the runner. Prints per-run walls, the ratio of medians and the
-per-stage boundary cost.
+cleared before every run, so every run fetches. Each run is one stage; with the plugin its
+two counter readings (stage open and close, ``client.run`` on every worker) and the
+chunks-against-blocks check are inside the timed window, as in the runner. Prints per-run
+walls, the ratio of medians and the per-stage boundary cost.
 
     .venv/bin/python benchmarks/storage_requests_overhead.py [--repeats 5] [--size tiny]
 
