@@ -169,7 +169,12 @@ def write_cog(path: str, band: np.ndarray, spec: CubeSpec) -> None:
 
 
 def _scene_bands(spec: CubeSpec, day: int) -> dict[str, np.ndarray]:
-    reflectance = scene_tile(spec, day, 0, 0, spec.size, spec.size)
+    """The scene of ``day`` as uint16 bands, tile by tile as :func:`synthetic_cube` makes it."""
+    reflectance = np.empty((len(BANDS), spec.size, spec.size), dtype="float32")
+    for y0 in range(0, spec.size, spec.tile):
+        for x0 in range(0, spec.size, spec.tile):
+            ny, nx = min(spec.tile, spec.size - y0), min(spec.tile, spec.size - x0)
+            reflectance[:, y0:y0 + ny, x0:x0 + nx] = scene_tile(spec, day, y0, x0, ny, nx)
     scaled = np.clip(np.nan_to_num(reflectance * SCALE, nan=0.0), 0, 65535)
     scaled = np.where(np.isnan(reflectance), 0, np.maximum(scaled, 1)).astype("uint16")
     return dict(zip(BANDS, scaled, strict=True))
