@@ -105,7 +105,8 @@ class Session:
         if self._report_pool is not None:
             self._report_pool.shutdown(wait=True)
             self._report_pool = None
-        if self.storage_counted:
+        if self.storage_counted and self.scope == "cluster":
+            # on a shared cluster (scope "run") it stays: another run may be counting with it
             storage_io.uninstall(self.client)
         try:
             plugin.uninstall(self.client, self.plugin_name)

@@ -82,6 +82,7 @@ class WorkerCounters(TypedDict):
     """One reading of one worker process's counters (:func:`io_counters`)."""
 
     pid: int
+    instance: str
     time: float
     gdal: SourceCounts | None
     s3fs: SourceCounts | None
@@ -248,6 +249,7 @@ class StorageRequests(WorkerPlugin):
 
     def __init__(self) -> None:
         self.worker: Any = None
+        self.instance = f"{os.getpid()}-{id(self):x}-{time.time():.6f}"
         self.gdal: Gdal | None = None
         self.s3fs: dict[str, int] | None = None
         self._s3fs_original: Any = None
@@ -364,7 +366,8 @@ class StorageRequests(WorkerPlugin):
         except Exception:
             self.errors += 1
             gdal = None
-        return {"pid": os.getpid(), "time": time.time(), "gdal": gdal,
+        return {"pid": os.getpid(), "instance": self.instance, "time": time.time(),
+                "gdal": gdal,
                 "s3fs": dict(self.s3fs) if self.s3fs is not None else None,  # type: ignore
                 "chunks": self.chunks, "decoded_bytes": self.decoded_bytes,
                 "errors": self.errors, "shapes": dict(self.shapes), "files": files}
@@ -476,7 +479,7 @@ def stage_reads(before: dict[str, WorkerCounters], after: dict[str, WorkerCounte
     files: dict[str, int] = {}
     for worker, end in after.items():
         start = before.get(worker) or {}
-        if start.get("pid") != end.get("pid"):
+        if not _same_counters(start, end):
             start = {}
         for name, n in (end.get("shapes") or {}).items():
             d = n - (start.get("shapes") or {}).get(name, 0)
@@ -545,6 +548,11 @@ def check_alignment(client: Client, before: dict[str, WorkerCounters],
     return chunks_against_blocks(shapes, blocks.get(busiest) or {})
 
 
+def _same_counters(start: dict[str, Any], end: dict[str, Any]) -> bool:
+    """Whether two readings come from the same process and plugin instance."""
+    return start.get("pid") == end.get("pid") and start.get("instance") == end.get("instance")
+
+
 def _source_delta(before: SourceCounts | None, after: SourceCounts | None) -> SourceCounts | None:
     if after is None:
         return None
@@ -558,13 +566,14 @@ def stage_deltas(stage: str, before: dict[str, WorkerCounters],
     """The ``io`` rows of one stage: one per worker process seen at its end (pure).
 
     A worker absent at the start counts from zero (it joined during the stage); a worker whose
-    process changed (restarted) is counted from zero too. GDAL columns are present only when
+    process changed (restarted), or whose plugin was registered again (another run on a
+    shared cluster), is counted from zero too. GDAL columns are present only when
     GDAL was loaded in that process, s3fs columns only when s3fs was.
     """
     rows = []
     for worker, end in sorted(after.items()):
         start = before.get(worker)
-        if start is not None and start.get("pid") != end.get("pid"):
+        if start is not None and not _same_counters(start, end):
             start = None
         start = start or {}
         row: dict[str, Any] = {"stage": stage, "worker": worker,
