@@ -73,7 +73,7 @@ class JobSize:
 
 
 SIZES = {
-    "tiny": JobSize(dates=6, size=256, tile=64, chunk=128),      # tests: seconds of work
+    "tiny": JobSize(dates=6, size=512, tile=128, chunk=256),     # tests: seconds of work
     "small": JobSize(dates=12, size=1024, tile=256, chunk=512),  # default: a dozen scenes
     "large": JobSize(dates=24, size=2048, tile=256, chunk=512),  # ~8x small
 }

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 HISTORY_RUNS = 3
-# the catalogue search returns three times the scenes: the read stage runs 3x the chunks
-SLOWED = {"slowdown": "more-tasks", "slowdown_stage": "read", "slowdown_factor": 3}
+# the catalogue search returns five times the scenes: the read stage runs 5x the chunks
+SLOWED = {"slowdown": "more-tasks", "slowdown_stage": "read", "slowdown_factor": 5}
 # GDAL range merging off: more requests per chunk, whole objects (run after the history)
 MERGE_OFF = {"slowdown": "slower-tasks", "slowdown_stage": "read", "slowdown_factor": 3}
 BUCKET = "ndvi"

@@ -141,7 +141,7 @@ def test_scenes_are_tiled_cogs_with_overviews_in_a_stac_catalog(stored):
     found = scenes.search(catalogs["none"], plan.window)
     assert len(found) == plan.window and [s.time for s in found] == sorted(s.time for s in found)
     with rasterio.open(found[0].hrefs["red"]) as ds:
-        assert ds.block_shapes == [(64, 64)] and ds.overviews(1) and ds.nodata == 0
+        assert ds.block_shapes == [(128, 128)] and ds.overviews(1) and ds.nodata == 0
         assert ds.profile["tiled"] and ds.dtypes == ("uint16",)
     item = json.loads(open(found[0].hrefs["nir"].replace("nir.tif", f"{found[0].id}.json")
                            ).read())

@@ -1,6 +1,6 @@
 """The nightly NDVI flow on real COGs over a moto S3 server: storage requests per night.
 
-Shares the run history of test_nightly_flow.py (three healthy nights and one with three
+Shares the run history of test_nightly_flow.py (three healthy nights and one with five
 times the catalogue items), then runs one night whose workers have GDAL's range merging
 off (warn mode, so it completes whatever the time rule says).
 """
@@ -8,7 +8,7 @@ off (warn mode, so it completes whatever the time rule says).
 from __future__ import annotations
 
 import pytest
-from ndvi_fixtures import HISTORY_RUNS, MERGE_OFF
+from ndvi_fixtures import HISTORY_RUNS, MERGE_OFF, SLOWED
 
 from flows.nightly_ndvi import CLUSTER_KWARGS, nightly_ndvi
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner
@@ -69,7 +69,7 @@ def test_more_catalogue_items_read_more_chunks(ndvi_history):
     store = RunStore(ndvi_history.store)
     slowed = store.list_runs(PIPELINE)
     run = [r for r in slowed if r["run_id"] not in healthy_runs(store)][-1]["run_id"]
-    assert int(read_metrics(store, run)["chunks"]) == 3 * READ_CHUNKS
+    assert int(read_metrics(store, run)["chunks"]) == SLOWED["slowdown_factor"] * READ_CHUNKS
 
 
 def test_the_merge_off_night_makes_more_requests_per_chunk(ndvi_history, merge_off_night):
