@@ -2,7 +2,8 @@
 
 Shares the run history of test_nightly_flow.py (three healthy nights and one with five
 times the catalogue items), then runs one night whose workers have GDAL's range merging
-off (warn mode, so it completes whatever the time rule says).
+off (warn mode, so it completes whatever the time rule says; stored apart, so the shared
+history is not changed).
 """
 
 from __future__ import annotations
@@ -31,14 +32,16 @@ def read_metrics(store: RunStore, run_id: str):
 
 
 @pytest.fixture(scope="module")
-def merge_off_night(ndvi_history):
+def merge_off_night(ndvi_history, tmp_path_factory) -> tuple[RunStore, str]:
+    """The night with range merging off, stored apart: the shared history stays as it is."""
+    store = str(tmp_path_factory.mktemp("merge-off-store"))
     warn = nightly_ndvi.with_options(task_runner=ProfiledDaskTaskRunner(
         cluster_kwargs=CLUSTER_KWARGS, on_regression="warn"))
-    state = warn(size="tiny", store=ndvi_history.store, data_url=ndvi_history.data,
+    state = warn(size="tiny", store=store, data_url=ndvi_history.data,
                  data_storage_options=ndvi_history.data_options, **MERGE_OFF,
                  return_state=True)
     assert state.is_completed(), state.message
-    return RunStore(ndvi_history.store).list_runs(PIPELINE)[0]["run_id"]
+    return RunStore(store), RunStore(store).list_runs(PIPELINE)[0]["run_id"]
 
 
 def healthy_runs(store: RunStore) -> list[str]:
@@ -75,11 +78,12 @@ def test_more_catalogue_items_read_more_chunks(ndvi_history):
 def test_the_merge_off_night_makes_more_requests_per_chunk(ndvi_history, merge_off_night):
     store = RunStore(ndvi_history.store)
     healthy = [read_metrics(store, run) for run in healthy_runs(store)]
-    tonight = read_metrics(store, merge_off_night)
+    night_store, night = merge_off_night
+    tonight = read_metrics(night_store, night)
     assert tonight["chunks"] == READ_CHUNKS
     assert tonight["requests_per_chunk"] > max(m["requests_per_chunk"] for m in healthy)
     assert tonight["bytes_per_chunk"] > 3 * max(m["bytes_per_chunk"] for m in healthy)
-    manifest = store.read_manifest(PIPELINE, merge_off_night)
+    manifest = night_store.read_manifest(PIPELINE, night)
     baselines = [store.read_manifest(PIPELINE, run) for run in healthy_runs(store)]
     why = explain_stage("read", manifest, baselines)
     assert why["context"][0]["what"] in ("GDAL_HTTP_MERGE_CONSECUTIVE_RANGES",
