@@ -20,7 +20,9 @@ caller). ``chunks`` and ``decoded_bytes`` count the array chunks (results of typ
 ``ndarray``) that tasks of *reading* key prefixes returned, and their bytes; a prefix becomes
 a reading one in a process the first time one of its tasks ran while the process made GDAL
 requests (with several threads per worker a prefix that ran alongside a read can be taken for
-one). Tasks that secede (a Prefect task waiting on the graph it submitted) are not chunks.
+one); after :data:`CHECKS_PER_PREFIX` tasks without a request it is no longer checked, which
+keeps the per-task cost to a dictionary lookup. Tasks that secede (a Prefect task waiting on
+the graph it submitted) are not chunks.
 GDAL's statistics count one GET per *batch* of parallel range requests (its default
 ``GDAL_HTTP_MULTIRANGE=PARALLEL``; bytes are exact) and one per HTTP request otherwise.
 Nothing here raises into the worker: failures are counted and reported.
@@ -62,6 +64,9 @@ REQUEST_OPTION_DEFAULTS = {
     "VSI_CACHE": "NO", "GDAL_CACHEMAX": "5%"}
 MAX_EXECUTING = 10_000
 MAX_READERS = 1_000
+# tasks of a prefix checked for GDAL requests before it is taken for a non-reading one
+# (each check reads GDAL's statistics twice, ~0.2 ms with a dozen files)
+CHECKS_PER_PREFIX = 3
 MAX_SHAPES = 64
 MAX_FILES = 256
 
@@ -257,8 +262,9 @@ class StorageRequests(WorkerPlugin):
         self.decoded_bytes = 0
         self.errors = 0
         self.readers: set[str] = set()
+        self._checked: dict[str, int] = {}  # prefix -> tasks checked without a request
         self.shapes: dict[str, int] = {}  # "rows x cols" of chunks read -> count
-        self._executing: dict[Any, str] = {}
+        self._executing: dict[Any, tuple[str, str | None]] = {}
 
     def setup(self, worker: Any) -> None:
         self.worker = worker
@@ -325,17 +331,22 @@ class StorageRequests(WorkerPlugin):
         try:
             if finish == "executing":
                 if len(self._executing) < MAX_EXECUTING:
-                    self._executing[key] = self.gdal.stats_text() if self.gdal else ""
+                    prefix = key_split(key)
+                    check = prefix not in self.readers and self._checked.get(
+                        prefix, 0) < CHECKS_PER_PREFIX
+                    self._executing[key] = (
+                        prefix, (self.gdal.stats_text() if self.gdal else "") if check
+                        else None)
             elif start == "executing":
-                before = self._executing.pop(key, None)
-                if before is None or finish == "long-running":
+                entry = self._executing.pop(key, None)
+                if entry is None or finish == "long-running":
                     return  # a seceded task waits on others: not a chunk of its own
+                prefix, before = entry
                 self.attach()
                 if self.gdal is None:
                     return
-                prefix = key_split(key)
-                if self.gdal.stats_text() != before and len(self.readers) < MAX_READERS:
-                    self.readers.add(prefix)
+                if before is not None:
+                    self._classify(prefix, self.gdal.stats_text() != before)
                 if prefix in self.readers:
                     ts = self.worker.state.tasks.get(key)
                     if "ndarray" in str(getattr(ts, "type", "") or ""):  # an array chunk
@@ -344,6 +355,15 @@ class StorageRequests(WorkerPlugin):
                         self._count_shape(key)
         except Exception:
             self.errors += 1
+
+    def _classify(self, prefix: str, fetched: bool) -> None:
+        """A prefix is a reading one once a task of it fetched; checked at most a few times."""
+        if fetched:
+            if len(self.readers) < MAX_READERS:
+                self.readers.add(prefix)
+            self._checked.pop(prefix, None)
+        elif prefix in self._checked or len(self._checked) < MAX_READERS:
+            self._checked[prefix] = self._checked.get(prefix, 0) + 1
 
     def _count_shape(self, key: Any) -> None:
         """Remember the (rows, cols) of an array chunk just read (never unspills)."""
@@ -533,7 +553,7 @@ def chunks_against_blocks(shapes: dict[str, int], blocks: dict[str, list[int]]
 
 
 def check_alignment(client: Client, before: dict[str, WorkerCounters],
-                    after: dict[str, WorkerCounters], files_to_open: int = 3
+                    after: dict[str, WorkerCounters], files_to_open: int = 1
                     ) -> dict[str, Any] | None:
     """:func:`chunks_against_blocks` for a stage that read files through GDAL (may raise).
 
