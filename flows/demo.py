@@ -263,7 +263,7 @@ def show_results(entries: list[dict], notify: Path, port: int) -> dict:
     say(f"run store: {store.url}")
     run_dir = store.location(layout.run_dir(PIPELINE, last["run_id"])) + "/"
     say(f"  summaries: {run_dir} "
-        "(tasks.csv, utilisation.csv, regression.csv, trend.html, manifest.json)")
+        "(tasks.csv, utilisation.csv, regression.csv, io.csv, trend.html, manifest.json)")
     for s in manifest["stages"]:
         if s.get("report"):
             say(f"  report of stage {s['name']}: {s['report']['location']}")

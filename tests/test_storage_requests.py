@@ -246,3 +246,5 @@ def test_io_text_reads_like_the_tables():
           "requests_per_chunk": 1.17, "read_amplification": 0.33}
     assert storage_io and "56 requests (GET 56), 1.2 per chunk, 1.05 MB" in io_text(io)
     assert io_text(None) == "" and io_text({"chunks": 0}) == ""
+    assert io_text({"requests": 0, "chunks": 4, "bytes": 0}) == "", "no request, no line"
+    assert io_text({"requests": 0, "s3fs_requests": 29}) == "s3fs 29 requests"

@@ -95,7 +95,7 @@ def io_text(io: dict[str, Any] | None) -> str:
 
     E.g. ``"56 requests (GET 56), 1.1 per chunk, 1.1 MB, read amplification 0.33x"``.
     """
-    if not isinstance(io, dict) or "requests" not in io:
+    if not isinstance(io, dict) or not io.get("requests"):  # no GDAL, or no GDAL request
         extra = io.get("s3fs_requests") if isinstance(io, dict) else None
         return f"s3fs {int(extra)} requests" if extra else ""
     methods = ", ".join(f"{m.upper()} {int(io[m])}" for m in REQUEST_METHODS if io.get(m))
