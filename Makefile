@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[test,dev,docs]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,dev,docs,raster]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -4,12 +4,16 @@ What it does, printing progress as it goes:
 
 1. starts ``prefect server start`` on 127.0.0.1:4200 with its UI (SQLite under
    ``.demo/prefect-home``; pid in ``.demo/server.pid``) unless one already answers there;
-2. runs the nightly NDVI flow several times, each run in its own process against that
+2. starts a local S3-compatible server (moto, on 127.0.0.1) for the scene archive, unless
+   ``--data-url`` points elsewhere: the first run writes Sentinel-2-like COGs and a static
+   STAC catalog there, and every run reads them through GDAL over HTTP (``/vsis3/``);
+3. runs the nightly NDVI flow several times, each run in its own process against that
    server, on a local Dask cluster, storing to the default run store (or
    ``DASK_PROFILING_STORE``, e.g. ``s3://bucket/prefix``);
-3. runs it once more with a slowdown injected into one stage: the regression check fails
-   that run and its ``on_failure`` hook writes a notification;
-4. prints the summary table, utilisation per stage, the regression verdicts, where the
+4. runs it once more with a real slowdown injected into one stage (default: the read
+   stage with GDAL's range merging off): the regression check judges that run, and its
+   ``on_failure`` hook writes a notification if it fails;
+5. prints the summary table, utilisation per stage, the regression verdicts, where the
    summaries and reports are, and the UI pages to open; saves a screenshot of the summary
    artifact page to ``docs/summary-artifact.png`` (headless Chromium).
 
@@ -62,6 +66,40 @@ def healthy(port: int = PORT) -> bool:
 
 def prefect_home() -> Path:
     return DEMO / "prefect-home"
+
+
+# -- the scene archive's S3 server ---------------------------------------------------------------
+
+SCENE_BUCKET = "scenes"
+SCENE_PORT = 4571  # a fixed port when free: the workers' AWS_S3_ENDPOINT stays the same
+
+
+@contextlib.contextmanager
+def scene_server():
+    """A moto S3 server on 127.0.0.1 with the scene bucket; yields its endpoint URL.
+
+    Credentials are dummies put in the environment, which the flow runs (subprocesses) and
+    their Dask workers inherit: GDAL and s3fs read them there.
+    """
+    import socket
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "demo")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "demo")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    with socket.socket() as probe:
+        port = SCENE_PORT if probe.connect_ex((HOST, SCENE_PORT)) != 0 else 0
+    server = ThreadedMotoServer(HOST, port, verbose=False)
+    server.start()
+    try:
+        endpoint = f"http://{HOST}:{server._server.server_address[1]}"
+        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=SCENE_BUCKET)
+        say(f"scene archive: moto S3 server at {endpoint} (bucket {SCENE_BUCKET})")
+        yield endpoint
+    finally:
+        server.stop()
 
 
 # -- server ------------------------------------------------------------------------------------
@@ -156,6 +194,8 @@ def run_flow(index: int, total: int, args: argparse.Namespace, slowdown: bool,
 
     command = [sys.executable, "-m", "flows.nightly_ndvi", "--size", args.size,
                "--data-url", args.data_url, "--notify-url", f"file://{notify}"]
+    if args.data_endpoint:
+        command += ["--data-endpoint", args.data_endpoint]
     what = "normal"
     if slowdown:
         command += ["--slowdown", args.slowdown, "--slowdown-stage", args.slowdown_stage,
@@ -223,7 +263,7 @@ def show_results(entries: list[dict], notify: Path, port: int) -> dict:
     say(f"run store: {store.url}")
     run_dir = store.location(layout.run_dir(PIPELINE, last["run_id"])) + "/"
     say(f"  summaries: {run_dir} "
-        "(tasks.csv, utilisation.csv, regression.csv, trend.html, manifest.json)")
+        "(tasks.csv, utilisation.csv, regression.csv, io.csv, trend.html, manifest.json)")
     for s in manifest["stages"]:
         if s.get("report"):
             say(f"  report of stage {s['name']}: {s['report']['location']}")
@@ -323,8 +363,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--slowdown", default="slower-tasks")
     parser.add_argument("--slowdown-stage", default="read")
     parser.add_argument("--slowdown-factor", type=int, default=3)
-    parser.add_argument("--data-url", default=os.environ.get("NDVI_DATA_URL")
-                        or str(DEMO / "data"))
+    parser.add_argument("--data-url", default=os.environ.get("NDVI_DATA_URL"),
+                        help="where the scenes live (default: a bucket on a local moto "
+                             "S3 server the demo starts)")
+    parser.add_argument("--data-endpoint", default=os.environ.get("NDVI_DATA_ENDPOINT"))
     parser.add_argument("--port", type=int, default=PORT)
     parser.add_argument("--no-screenshot", action="store_true")
     args = parser.parse_args(argv)
@@ -346,12 +388,17 @@ def main(argv: list[str] | None = None) -> None:
     start_server(args.port)
     from prefect_dask_profiling.store.runs import RunStore
 
-    say(f"run store: {RunStore().url} (set DASK_PROFILING_STORE=s3://bucket/prefix for S3); "
-        f"data: {args.data_url}")
-    total = args.runs + 1
-    entries = [run_flow(i + 1, total, args, slowdown=False, notify=notify)
-               for i in range(args.runs)]
-    entries.append(run_flow(total, total, args, slowdown=True, notify=notify))
+    with contextlib.ExitStack() as stack:
+        if args.data_url is None:
+            args.data_endpoint = stack.enter_context(scene_server())
+            args.data_url = f"s3://{SCENE_BUCKET}/data"
+        say(f"run store: {RunStore().url} (set DASK_PROFILING_STORE=s3://bucket/prefix for "
+            f"S3); data: {args.data_url}" + (f" on {args.data_endpoint}"
+                                             if args.data_endpoint else ""))
+        total = args.runs + 1
+        entries = [run_flow(i + 1, total, args, slowdown=False, notify=notify)
+                   for i in range(args.runs)]
+        entries.append(run_flow(total, total, args, slowdown=True, notify=notify))
     manifest = show_results(entries, notify, args.port)
     show_ui(manifest, args.port, take_screenshot=not args.no_screenshot)
     last = entries[-1]

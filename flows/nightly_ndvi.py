@@ -1,9 +1,10 @@
 """The nightly NDVI job as a profiled Prefect flow.
 
 Four stages, each a window in which its work really runs on the flow's Dask cluster:
-``read`` (scenes into cluster memory), ``ndvi`` (NDVI with cloud edges masked), ``reduce``
-(NaN-aware temporal median) and ``write`` (NDVI series and composite to Zarr). A first
-run on a fresh data URL also has a ``prepare`` stage that generates the synthetic scenes.
+``read`` (a STAC search, then the scenes' COGs read through GDAL into cluster memory),
+``ndvi`` (NDVI with cloud edges masked), ``reduce`` (NaN-aware temporal median) and
+``write`` (NDVI series and composite to Zarr). A first run on a fresh data URL also has a
+``prepare`` stage that writes the scene archive (COGs and a static STAC catalog).
 
 Run it::
 
@@ -32,9 +33,8 @@ from prefect_dask_profiling.prefect.runner import (
     profiled,
 )
 from tasks.raster import (
+    catalog_url,
     compute_ndvi,
-    cube_exists,
-    cube_url,
     data_url_default,
     plan_run,
     prepare_scenes,
@@ -43,8 +43,10 @@ from tasks.raster import (
     release_datasets,
     write_outputs,
 )
+from tasks.scenes import scenes_exist
 
 NOTIFY_URL_ENV = "NDVI_NOTIFY_URL"
+DATA_ENDPOINT_ENV = "NDVI_DATA_ENDPOINT"
 CLUSTER_KWARGS = {"n_workers": 2, "threads_per_worker": 1, "processes": True,
                   "dashboard_address": ":0"}
 
@@ -122,30 +124,33 @@ def nightly_ndvi(size: str = "small", store: str | None = None, data_url: str | 
         fsspec options for a remote ``data_url`` (e.g. ``{"endpoint_url": ...}``); keep
         credentials in the environment, not in flow parameters.
     slowdown
-        ``"none"``, ``"more-tasks"`` or ``"slower-tasks"``: inject a regression.
+        ``"none"``, ``"more-tasks"`` (``factor`` x the catalogue items), ``"slower-tasks"``
+        (read: GDAL range merging off; write: small output chunks) or
+        ``"misaligned-chunks"`` (read chunks not multiples of the COG tiles): inject a
+        regression (:mod:`tasks.raster`).
     slowdown_stage
-        The stage it hits (``slower-tasks``: read or write).
+        The stage it hits (``slower-tasks``: read or write; ``misaligned-chunks``: read).
     slowdown_factor
-        How many times more scenes / how much smaller the reads or writes (2-10).
+        How many times more scenes / how much smaller the writes (2-10).
     notify_url
         Failure notification target: ``https://...`` webhook or ``file://`` JSON-lines file
         (default env ``NDVI_NOTIFY_URL``).
     """
     plan = plan_run(size, slowdown, slowdown_stage, slowdown_factor)
     data = data_url_default(data_url)
-    scenes_url = cube_url(data, plan.catalogue)
+    catalog = catalog_url(data, plan.catalogue)
     products_url = f"{data.rstrip('/')}/products/{size}"
     if plan.slowdown != "none":
         print(f"injected slowdown: {plan.slowdown} in stage {plan.slowdown_stage} "
               f"(factor {plan.factor})")
-    if not cube_exists(scenes_url, plan.catalogue, data_storage_options):
+    if not scenes_exist(data, plan.catalogue, data_storage_options):
         with stage("prepare"):
-            prepare_scenes.submit(scenes_url, plan.catalogue, data_storage_options).result()
+            prepare_scenes.submit(data, plan.catalogue, data_storage_options).result()
     run_key = f"nightly-ndvi-{runtime.flow_run.id}"
     names = {k: f"{run_key}-{k}" for k in ("scenes", "ndvi", "median")}
     try:
         with stage("read"):
-            scenes = read_scenes.submit(scenes_url, plan, names["scenes"],
+            scenes = read_scenes.submit(catalog, plan, names["scenes"],
                                         data_storage_options).result()
         with stage("ndvi"):
             index = compute_ndvi.submit(names["scenes"], plan, names["ndvi"]).result()
@@ -168,13 +173,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size", default="small")
     parser.add_argument("--store")
     parser.add_argument("--data-url")
+    parser.add_argument("--data-endpoint", default=os.environ.get(DATA_ENDPOINT_ENV),
+                        help="endpoint of an S3-compatible server holding an s3:// data URL "
+                             f"(default env {DATA_ENDPOINT_ENV}); credentials from the "
+                             "environment")
     parser.add_argument("--slowdown", default="none")
     parser.add_argument("--slowdown-stage", default="read")
     parser.add_argument("--slowdown-factor", type=int, default=3)
     parser.add_argument("--notify-url")
     args = parser.parse_args(argv)
+    options = {"endpoint_url": args.data_endpoint} if args.data_endpoint else None
     state = nightly_ndvi(size=args.size, store=args.store, data_url=args.data_url,
-                         slowdown=args.slowdown, slowdown_stage=args.slowdown_stage,
+                         data_storage_options=options, slowdown=args.slowdown,
+                         slowdown_stage=args.slowdown_stage,
                          slowdown_factor=args.slowdown_factor, notify_url=args.notify_url,
                          return_state=True)
     print(f"flow run {state.name}: {state.message or ''}")

@@ -41,6 +41,7 @@ from prefect_dask_profiling.store.manifest import (
     environment,
 )
 from prefect_dask_profiling.summary import RunRecord, summarise, utilisation
+from prefect_dask_profiling.summary.io import stage_io_summary
 
 if TYPE_CHECKING:
     from prefect_dask_profiling.diagnosis.stages import Diagnosis
@@ -259,7 +260,18 @@ def _diagnose(end: RunEnd) -> None:
     for info in end.stages:
         if info.name in diagnoses:
             info.diagnosis = diagnoses[info.name].to_dict()
+            _note_misaligned_chunks(info)
     end.diagnoses = diagnoses
+
+
+def _note_misaligned_chunks(info: StageInfo) -> None:
+    """Chunks that cut the files' blocks: a note and the fix in the stage's diagnosis."""
+    found = info.chunks_vs_blocks
+    if not found or found.get("aligned") or info.diagnosis is None:
+        return
+    note = info.diagnosis.get("note") or ""
+    info.diagnosis["note"] = f"{note}; {found['text']}" if note else found["text"]
+    info.diagnosis["actions"] = [found["fix"], *(info.diagnosis.get("actions") or [])]
 
 
 def _flagged_reports(end: RunEnd) -> None:
@@ -459,6 +471,8 @@ def _record_tables(end: RunEnd) -> dict[str, pd.DataFrame]:
         columns=["first_start", "last_stop"], errors="ignore")
     tables["workers"] = record.workers
     tables["transfers"] = record.transfers
+    if not record.io.empty:
+        tables["io"] = record.io
     if end.util is not None:
         tables["utilisation"] = end.util.reset_index()
     return tables
@@ -478,6 +492,7 @@ def _stage_totals(stages: list[StageInfo], record: RunRecord, util: pd.DataFrame
         info.wall_s = float(util.loc[info.name, "wall_s"]) if info.name in util.index else 0.0
         if info.tasks == 0 and info.note is None:
             info.note = "no tasks ran in this stage"
+        info.io = stage_io_summary(record.io, info.name)
 
 
 def _or_empty(frame: pd.DataFrame | None, columns: list[str] | None = None) -> pd.DataFrame:

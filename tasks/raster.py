@@ -1,4 +1,4 @@
-"""The nightly NDVI raster job: read scenes, compute NDVI, take the temporal median, write.
+"""The nightly NDVI raster job: search the catalog, read COGs through GDAL, NDVI, median, write.
 
 Each step has a plain function on lazy xarray/Dask objects (testable on any Dask client)
 and a Prefect task that runs it on the flow's Dask cluster. A Prefect task running on a Dask
@@ -8,16 +8,21 @@ secedes while it waits, so the worker thread is free for the work it waits on; a
 *writes* its output, so its stage is the window in which that work really runs, and hands
 the persisted data to the next stage as a run-scoped published dataset.
 
-Injected slowdowns change a real Dask operation, never a wrapper:
+The scenes are Cloud-Optimized GeoTIFFs with a static STAC catalog (:mod:`tasks.scenes`),
+read through GDAL (rioxarray) from a local folder or an S3-compatible server (``/vsis3/``).
+Injected slowdowns are the regressions these pipelines really meet, never a wrapper:
 
 * ``more-tasks``: the catalogue search returns ``factor`` times as many scenes (its date
-  window is only applied after the chosen stage), so that stage runs the same operation on
-  ``factor`` times as many chunks;
-* ``slower-tasks``: each task of the stage is slower — ``read`` fetches every chunk in
-  8 KiB range requests one after another (range-request merging disabled), ``write`` stores
-  every output chunk as 64 x 64-pixel objects (a mis-set output chunking); sizes given for
-  the default factor 3, they shrink as the factor grows. Every request pays the store's
-  round trip, emulated (5 ms) on a local folder where it would otherwise be free.
+  window is only applied after the chosen stage), so that stage reads ``factor`` times as
+  many chunks;
+* ``slower-tasks``: ``read`` runs with GDAL's range merging off and multi-range reads sent as
+  one request, which a store without multi-range support answers with whole objects
+  (:data:`tasks.scenes.MERGE_OFF`: more requests per chunk, many more bytes); ``write``
+  stores every output chunk as small objects (64 x 64 px at the default factor 3);
+* ``misaligned-chunks``: the read stage's Dask chunks are not multiples of the COGs'
+  internal tiles, so every chunk reads tiles its neighbours read again (corteva/rioxarray#567).
+
+Outputs (the NDVI series and the median composite) are written as Zarr.
 """
 
 from __future__ import annotations
@@ -34,20 +39,17 @@ import distributed
 import fsspec
 import numpy as np
 import xarray as xr
-import zarr
 from prefect import task
 from prefect.cache_policies import NO_CACHE
-from zarr.abc.store import RangeByteRequest
 from zarr.storage import FsspecStore, LocalStore, WrapperStore
 
-from tasks.synthetic import CubeSpec, synthetic_cube
+from tasks import scenes
+from tasks.synthetic import CubeSpec
 
 STAGES = ("read", "ndvi", "reduce", "write")
-SLOWDOWNS = ("none", "more-tasks", "slower-tasks")
+SLOWDOWNS = ("none", "more-tasks", "slower-tasks", "misaligned-chunks")
 SLOWER_TASKS_STAGES = ("read", "write")
-# slower-tasks: range requests of SMALL_READ_BASE / factor bytes, output chunks of
-# SMALL_WRITE_BASE / factor pixels (8 KiB and 64 px at the default factor 3)
-SMALL_READ_BASE = 24 * 1024
+# slower-tasks in write: output chunks of SMALL_WRITE_BASE / factor pixels (64 px at factor 3)
 SMALL_WRITE_BASE = 192
 LOCAL_ROUND_TRIP_S = 0.005  # emulated per-request latency on local folders (S3: ~10-30 ms)
 CLOUD_BUFFER_PX = 2
@@ -59,19 +61,21 @@ DEFAULT_DATA_URL = "./.ndvi-data"
 class JobSize:
     """How much one nightly run processes: ``dates`` scenes of ``size`` x ``size`` pixels.
 
-    Dask chunks are ``scenes_per_chunk`` scenes by ``tile`` x ``tile`` pixels.
+    The COGs are tiled ``tile`` x ``tile``; the read's Dask chunks are ``chunk`` x ``chunk``
+    pixels of one scene (a multiple of the tile: aligned).
     """
 
     dates: int
     size: int
     tile: int
+    chunk: int
     scenes_per_chunk: int = 4
 
 
 SIZES = {
-    "tiny": JobSize(dates=8, size=512, tile=256),      # tests: a few seconds of work
-    "small": JobSize(dates=24, size=1024, tile=512),   # default: well under a minute
-    "large": JobSize(dates=48, size=2048, tile=512),   # ~16x small
+    "tiny": JobSize(dates=6, size=512, tile=128, chunk=256),     # tests: seconds of work
+    "small": JobSize(dates=12, size=1024, tile=256, chunk=512),  # default: a dozen scenes
+    "large": JobSize(dates=24, size=2048, tile=256, chunk=512),  # ~8x small
 }
 
 
@@ -86,19 +90,22 @@ class Plan:
         ``more-tasks``).
     window
         How many of the latest scenes the composite uses.
+    chunk
+        Edge in pixels of the read stage's Dask chunks.
     trim_after
         Stage after which the date window is applied; ``None`` when nothing is extra.
-    read_bytes, write_pixels
-        The ``slower-tasks`` variants: range-request size of the read stage, output chunk
-        edge of the write stage (``None``: normal).
+    merge_off, write_pixels
+        The ``slower-tasks`` variants: GDAL range merging off in the read stage, output
+        chunk edge of the write stage (``None``: normal).
     """
 
     size: str
     catalogue: CubeSpec
     window: int
+    chunk: int
     scenes_per_chunk: int = 4
     trim_after: str | None = None
-    read_bytes: int | None = None
+    merge_off: bool = False
     write_pixels: int | None = None
     slowdown: str = "none"
     slowdown_stage: str = "read"
@@ -126,8 +133,8 @@ def plan_run(size: str = "small", slowdown: str = "none", slowdown_stage: str = 
                          f"got {slowdown_factor!r}")
     job = SIZES[size]
     plan = Plan(size=size, catalogue=CubeSpec(dates=job.dates, size=job.size, tile=job.tile),
-                window=job.dates, scenes_per_chunk=job.scenes_per_chunk, slowdown=slowdown,
-                slowdown_stage=slowdown_stage)
+                window=job.dates, chunk=job.chunk, scenes_per_chunk=job.scenes_per_chunk,
+                slowdown=slowdown, slowdown_stage=slowdown_stage)
     if slowdown == "more-tasks":
         catalogue = replace(plan.catalogue, dates=job.dates * slowdown_factor)
         return replace(plan, catalogue=catalogue, trim_after=slowdown_stage,
@@ -137,10 +144,14 @@ def plan_run(size: str = "small", slowdown: str = "none", slowdown_stage: str = 
             raise ValueError(f"slowdown 'slower-tasks' applies to slowdown_stage "
                              f"{' or '.join(SLOWER_TASKS_STAGES)}, got {slowdown_stage!r}")
         if slowdown_stage == "read":
-            return replace(plan, read_bytes=SMALL_READ_BASE // slowdown_factor,
-                           factor=slowdown_factor)
+            return replace(plan, merge_off=True, factor=slowdown_factor)
         return replace(plan, write_pixels=SMALL_WRITE_BASE // slowdown_factor,
                        factor=slowdown_factor)
+    if slowdown == "misaligned-chunks":
+        if slowdown_stage != "read":
+            raise ValueError(f"slowdown 'misaligned-chunks' applies to slowdown_stage read, "
+                             f"got {slowdown_stage!r}")
+        return replace(plan, chunk=job.chunk + job.tile // 2, factor=slowdown_factor)
     return plan
 
 
@@ -161,54 +172,32 @@ def _local_path(url: str) -> str:
 
 
 class SmallRequests(WrapperStore):
-    """A store that talks to storage in many small requests, each paying a round trip.
+    """A store that writes in many small objects, each paying a round trip.
 
-    ``read_bytes`` fetches every chunk in range requests of that size, one after another:
-    what reading looks like when range-request merging is disabled. Every request (each
-    range, and each object written) waits ``latency_s`` first: the round trip an object
-    store charges. On a remote store the round trip is real and ``latency_s`` is 0; on a
-    local folder, whose requests cost almost nothing, it is emulated.
+    Every object written waits ``latency_s`` first: the round trip an object store charges.
+    On a remote store the round trip is real and ``latency_s`` is 0; on a local folder,
+    whose requests cost almost nothing, it is emulated.
     """
 
-    def __init__(self, store: Any, read_bytes: int | None = None,
-                 latency_s: float = 0.0) -> None:
+    def __init__(self, store: Any, latency_s: float = 0.0) -> None:
         super().__init__(store)
-        self.read_bytes = read_bytes
         self.latency_s = latency_s
 
     def _with_store(self, store: Any) -> SmallRequests:
-        return type(self)(store, self.read_bytes, self.latency_s)
-
-    async def _round_trip(self) -> None:
-        if self.latency_s:
-            await asyncio.sleep(self.latency_s)
-
-    async def get(self, key, prototype, byte_range=None):
-        if byte_range is not None or not self.read_bytes or key.endswith("zarr.json"):
-            await self._round_trip()
-            return await self._store.get(key, prototype, byte_range)
-        if not await self._store.exists(key):
-            return None
-        size = await self._store.getsize(key)
-        parts = []
-        for start in range(0, size, self.read_bytes):
-            await self._round_trip()
-            request = RangeByteRequest(start, min(size, start + self.read_bytes))
-            part = await self._store.get(key, prototype, request)
-            parts.append(part.to_bytes())
-        return prototype.buffer.from_bytes(b"".join(parts))
+        return type(self)(store, self.latency_s)
 
     async def set(self, key, value) -> None:
-        await self._round_trip()
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
         await self._store.set(key, value)
 
 
 def zarr_store(url: str, storage_options: dict | None = None, *, read_only: bool = True,
-               read_bytes: int | None = None, small_requests: bool = False):
+               small_requests: bool = False):
     """A Zarr store for a local path or any fsspec URL (``s3://...``).
 
-    ``read_bytes`` or ``small_requests`` wrap it in :class:`SmallRequests` (with an emulated
-    round trip of ``LOCAL_ROUND_TRIP_S`` per request on a local folder).
+    ``small_requests`` wraps it in :class:`SmallRequests` (with an emulated round trip of
+    ``LOCAL_ROUND_TRIP_S`` per object written to a local folder).
     """
     if _is_local(url):
         if storage_options:
@@ -220,43 +209,28 @@ def zarr_store(url: str, storage_options: dict | None = None, *, read_only: bool
     else:
         store = FsspecStore.from_url(url, storage_options=storage_options or {},
                                      read_only=read_only)
-    if not (read_bytes or small_requests):
+    if not small_requests:
         return store
-    return SmallRequests(store, read_bytes, LOCAL_ROUND_TRIP_S if _is_local(url) else 0.0)
+    return SmallRequests(store, LOCAL_ROUND_TRIP_S if _is_local(url) else 0.0)
 
 
-def cube_url(data_url: str, spec: CubeSpec) -> str:
-    """Where the catalogue ``spec`` is stored under ``data_url``."""
-    return f"{data_url.rstrip('/')}/scenes/{spec.token}.zarr"
-
-
-def cube_exists(url: str, spec: CubeSpec, storage_options: dict | None = None) -> bool:
-    """True if a complete cube of ``spec`` is stored at ``url``."""
-    try:
-        group = zarr.open_group(zarr_store(url, storage_options), mode="r")
-    except (FileNotFoundError, zarr.errors.GroupNotFoundError, KeyError, ValueError):
-        return False
-    return group.attrs.get("spec") == spec.token and group.attrs.get("complete") is True
-
-
-def write_cube(spec: CubeSpec, url: str, storage_options: dict | None = None) -> None:
-    """Generate the synthetic catalogue ``spec`` and write it as Zarr (computes)."""
-    ds = synthetic_cube(spec)
-    store = zarr_store(url, storage_options, read_only=False)
-    ds.to_zarr(store, mode="w", consolidated=False)
-    group = zarr.open_group(store, mode="r+")
-    group.attrs["complete"] = True  # written last: a half-written cube is regenerated
+def catalog_url(data_url: str, spec: CubeSpec) -> str:
+    """Where the static STAC catalog of ``spec`` is stored under ``data_url``."""
+    return f"{scenes.archive_url(data_url, spec)}/catalog.json"
 
 
 # -- the job's operations (lazy) -------------------------------------------------------------
 
 
-def open_scenes(url: str, spec: CubeSpec, storage_options: dict | None = None,
-                read_bytes: int | None = None, scenes_per_chunk: int = 1) -> xr.Dataset:
-    """Open the stored catalogue lazily: Dask chunks of ``scenes_per_chunk`` scene tiles."""
-    store = zarr_store(url, storage_options, read_bytes=read_bytes)
-    chunks = {"time": scenes_per_chunk, "y": spec.tile, "x": spec.tile}
-    return xr.open_zarr(store, chunks=chunks, consolidated=False)
+def open_catalogue(catalog: str, plan: Plan, storage_options: dict | None = None
+                   ) -> xr.Dataset:
+    """Search the catalog and open what it returns through GDAL (lazy; reads headers).
+
+    The search returns the whole catalogue (``factor`` times the window on ``more-tasks``);
+    the date window is applied after ``plan.trim_after``.
+    """
+    found = scenes.search(catalog, plan.catalogue.dates, storage_options)
+    return scenes.open_scenes(found, plan.chunk)
 
 
 def latest(obj: xr.Dataset | xr.DataArray, window: int):
@@ -361,21 +335,25 @@ def _describe(obj: xr.Dataset | xr.DataArray, name: str | None = None) -> dict[s
 
 
 @task(cache_policy=NO_CACHE)
-def prepare_scenes(url: str, catalogue: CubeSpec, storage_options: dict | None = None) -> str:
-    """Generate and store the synthetic catalogue (the stand-in for the scene archive)."""
-    with cluster_client(secede=False):
-        write_cube(catalogue, url, storage_options)
-    return url
+def prepare_scenes(data_url: str, catalogue: CubeSpec,
+                   storage_options: dict | None = None) -> str:
+    """Write the scene archive: COGs and a static STAC catalog (the data step)."""
+    return scenes.write_scenes(catalogue, data_url, storage_options)
 
 
 @task(cache_policy=NO_CACHE)
-def read_scenes(url: str, plan: Plan, name: str, storage_options: dict | None = None) -> dict:
-    """Read the scenes the catalogue returned into cluster memory (stage ``read``)."""
+def read_scenes(catalog: str, plan: Plan, name: str,
+                storage_options: dict | None = None) -> dict:
+    """Search the catalog and read its scenes through GDAL into cluster memory (``read``).
+
+    The workers' GDAL environment is set first (:func:`tasks.scenes.configure_workers`):
+    the object store's endpoint, and range merging off on the ``slower-tasks`` read night.
+    """
     with cluster_client() as client:
-        scenes = open_scenes(url, plan.catalogue, storage_options, plan.read_bytes,
-                             plan.scenes_per_chunk)
-        persist_and_publish(client, scenes, name)
-    return _describe(scenes, name)
+        scenes.configure_workers(client, scenes.gdal_options(storage_options, plan.merge_off))
+        found = open_catalogue(catalog, plan, storage_options)
+        persist_and_publish(client, found, name)
+    return _describe(found, name)
 
 
 @task(cache_policy=NO_CACHE)

@@ -7,14 +7,18 @@ test_ui.py share one history (flow runs are the expensive part of these tests).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 HISTORY_RUNS = 3
-# 4 KiB range requests, each a round trip: every read task is several times slower
-SLOWED = {"slowdown": "slower-tasks", "slowdown_stage": "read", "slowdown_factor": 6}
+# the catalogue search returns five times the scenes: the read stage runs 5x the chunks
+SLOWED = {"slowdown": "more-tasks", "slowdown_stage": "read", "slowdown_factor": 5}
+# GDAL range merging off: more requests per chunk, whole objects (run after the history)
+MERGE_OFF = {"slowdown": "slower-tasks", "slowdown_stage": "read", "slowdown_factor": 3}
+BUCKET = "ndvi"
 
 
 @dataclass
@@ -23,6 +27,7 @@ class NdviHistory:
 
     store: str
     data: str
+    data_options: dict
     notify: Path
     normal: list
     slowed: object
@@ -49,13 +54,37 @@ def artifacts_by_key(state) -> dict:
 
 
 @pytest.fixture(scope="session")
-def ndvi_history(prefect_server, tmp_path_factory) -> NdviHistory:
+def scene_server():
+    """A moto S3 server holding the scene archive (GDAL reads it through /vsis3/).
+
+    Credentials go to the environment (GDAL and the Dask workers read them there).
+    """
+    from s3_servers import KEY, SECRET, boto_client, moto_server
+
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    os.environ.update(AWS_ACCESS_KEY_ID=KEY, AWS_SECRET_ACCESS_KEY=SECRET)
+    try:
+        with moto_server() as endpoint:
+            boto_client(endpoint).create_bucket(Bucket=BUCKET)
+            yield endpoint
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def ndvi_history(prefect_server, scene_server, tmp_path_factory) -> NdviHistory:
     from flows.nightly_ndvi import nightly_ndvi  # imported here: plugins load for every test
 
     base = tmp_path_factory.mktemp("ndvi")
-    store, data, notify = str(base / "store"), str(base / "data"), base / "notify.jsonl"
+    store, notify = str(base / "store"), base / "notify.jsonl"
+    data, options = f"s3://{BUCKET}/data", {"endpoint_url": scene_server}
     common = {"size": "tiny", "store": store, "data_url": data,
-              "notify_url": f"file://{notify}"}
+              "data_storage_options": options, "notify_url": f"file://{notify}"}
     normal = [nightly_ndvi(**common, return_state=True) for _ in range(HISTORY_RUNS)]
     slowed = nightly_ndvi(**common, **SLOWED, return_state=True)
-    return NdviHistory(store=store, data=data, notify=notify, normal=normal, slowed=slowed)
+    return NdviHistory(store=store, data=data, data_options=options, notify=notify,
+                       normal=normal, slowed=slowed)

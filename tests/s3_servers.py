@@ -276,3 +276,100 @@ def _wait_for_s3(weed: Weed, proc: subprocess.Popen, timeout: float, tmp: Path) 
             time.sleep(0.2)
 
 
+
+
+@dataclass
+class Request:
+    """One request a :class:`LoggingProxy` forwarded."""
+
+    method: str
+    path: str
+    query: str
+    status: int
+    body_bytes: int
+    pid: str | None
+
+    @property
+    def kind(self) -> str:
+        """GET, HEAD or LIST (a GET of a bucket with a listing query), else the method."""
+        if self.method == "GET" and ("list-type" in self.query or "prefix=" in self.query
+                                     or self.path.rstrip("/").count("/") <= 1):
+            return "LIST"
+        return self.method
+
+
+class LoggingProxy:
+    """A request-logging HTTP proxy in front of an S3 server, on 127.0.0.1.
+
+    Forwards every request unchanged (the signature stays valid: same host header) and logs
+    method, path, status, response body bytes and the ``X-Worker-Pid`` header, which
+    :func:`tag_process` makes GDAL send. Use as a context manager; ``endpoint`` is its URL.
+    """
+
+    def __init__(self, upstream: str) -> None:
+        import http.client
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.upstream = upstream
+        self.requests: list[Request] = []
+        self._lock = threading.Lock()
+        proxy = self
+        host, port = upstream.removeprefix("http://").split(":")
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def _forward(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                conn = http.client.HTTPConnection(host, int(port), timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+                conn.request(self.command, self.path, body=body, headers=headers)
+                response = conn.getresponse()
+                data = response.read()
+                conn.close()
+                path, _, query = self.path.partition("?")
+                with proxy._lock:
+                    proxy.requests.append(Request(
+                        self.command, path, query, response.status,
+                        0 if self.command == "HEAD" else len(data),
+                        self.headers.get("X-Worker-Pid")))
+                self.send_response(response.status)
+                for key, value in response.getheaders():
+                    if key.lower() not in ("transfer-encoding", "connection"):
+                        self.send_header(key, value)
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+
+            do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> LoggingProxy:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def since(self, mark: int) -> list[Request]:
+        with self._lock:
+            return list(self.requests[mark:])
+
+    def mark(self) -> int:
+        with self._lock:
+            return len(self.requests)
+
+
+def tag_process() -> str:
+    """Make this process's GDAL requests carry ``X-Worker-Pid`` (run on each worker)."""
+    os.environ["GDAL_HTTP_HEADERS"] = f"X-Worker-Pid: {os.getpid()}"
+    return str(os.getpid())

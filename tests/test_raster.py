@@ -6,12 +6,10 @@ import numpy as np
 import pytest
 import xarray as xr
 import zarr
-from dask.utils import key_split
 from distributed import Client, LocalCluster
 from s3_servers import boto_client, moto_server, s3_options
-from zarr.storage import WrapperStore
 
-from tasks import raster
+from tasks import raster, scenes
 from tasks.synthetic import CubeSpec, acquisition_dates, synthetic_cube
 
 SPEC = CubeSpec(dates=6, size=64, tile=32)
@@ -114,19 +112,18 @@ def client():
 
 @pytest.fixture(scope="module")
 def stored(tmp_path_factory):
-    """The tiny plan's catalogue, plus a 2x longer one, written to a local data folder."""
+    """The tiny plan's catalogue, plus a 2x longer one, as COGs + STAC in a local folder."""
     data = str(tmp_path_factory.mktemp("data"))
-    urls = {}
+    catalogs = {}
     for slowdown in ("none", "more-tasks"):
         plan = raster.plan_run("tiny", slowdown, "read", 2)
-        urls[slowdown] = raster.cube_url(data, plan.catalogue)
-        raster.write_cube(plan.catalogue, urls[slowdown])
-    return data, urls
+        catalogs[slowdown] = scenes.write_scenes(plan.catalogue, data)
+    return data, catalogs
 
 
-def run_job(data: str, url: str, plan: raster.Plan, tag: str) -> xr.Dataset:
+def run_job(data: str, catalog: str, plan: raster.Plan, tag: str) -> xr.Dataset:
     names = [f"{tag}-scenes", f"{tag}-ndvi", f"{tag}-median"]
-    raster.read_scenes.fn(url, plan, names[0])
+    raster.read_scenes.fn(catalog, plan, names[0])
     raster.compute_ndvi.fn(names[0], plan, names[1])
     raster.reduce_median.fn(names[1], plan, names[2])
     raster.write_outputs.fn(names[1], names[2], plan, f"{data}/products/{tag}")
@@ -134,14 +131,43 @@ def run_job(data: str, url: str, plan: raster.Plan, tag: str) -> xr.Dataset:
     return xr.open_zarr(f"{data}/products/{tag}/ndvi-median.zarr", consolidated=False)
 
 
-def test_job_writes_the_median_of_the_stored_scenes(client, stored):
-    data, urls = stored
+def test_scenes_are_tiled_cogs_with_overviews_in_a_stac_catalog(stored):
+    import json
+
+    import rasterio
+
+    data, catalogs = stored
     plan = raster.plan_run("tiny")
-    assert raster.cube_exists(urls["none"], plan.catalogue)
-    assert not raster.cube_exists(urls["none"], CubeSpec(dates=3, size=8, tile=8))
-    composite = run_job(data, urls["none"], plan, "normal").compute()
-    scenes = xr.open_zarr(urls["none"], consolidated=False).compute()
-    expected = raster.temporal_median(raster.ndvi(scenes.chunk())).compute(scheduler="sync")
+    found = scenes.search(catalogs["none"], plan.window)
+    assert len(found) == plan.window and [s.time for s in found] == sorted(s.time for s in found)
+    with rasterio.open(found[0].hrefs["red"]) as ds:
+        assert ds.block_shapes == [(128, 128)] and ds.overviews(1) and ds.nodata == 0
+        assert ds.profile["tiled"] and ds.dtypes == ("uint16",)
+    item = json.loads(open(found[0].hrefs["nir"].replace("nir.tif", f"{found[0].id}.json")
+                           ).read())
+    props = item["properties"]
+    assert props.get("proj:code") == "EPSG:32633" or props.get("proj:epsg") == 32633
+    assert {"red", "nir"} <= set(item["assets"])
+
+
+def test_scenes_read_back_as_the_synthetic_reflectance(stored):
+    data, catalogs = stored
+    plan = raster.plan_run("tiny")
+    found = scenes.search(catalogs["none"], plan.window)
+    back = scenes.open_scenes(found, plan.chunk).compute(scheduler="sync")
+    truth = cube_values(plan.catalogue)
+    np.testing.assert_array_equal(np.isnan(back.red.values), np.isnan(truth.red.values))
+    np.testing.assert_allclose(back.nir.values, truth.nir.values, atol=1e-4, equal_nan=True)
+
+
+def test_job_writes_the_median_of_the_stored_scenes(client, stored):
+    data, catalogs = stored
+    plan = raster.plan_run("tiny")
+    assert scenes.scenes_exist(data, plan.catalogue)
+    assert not scenes.scenes_exist(data, CubeSpec(dates=3, size=8, tile=8))
+    composite = run_job(data, catalogs["none"], plan, "normal").compute()
+    read = scenes.open_scenes(scenes.search(catalogs["none"], plan.window), plan.chunk)
+    expected = raster.temporal_median(raster.ndvi(read)).compute(scheduler="sync")
     np.testing.assert_allclose(composite.ndvi_median.values, expected.ndvi_median.values,
                                rtol=1e-6)
     series = xr.open_zarr(f"{data}/products/normal/ndvi-series.zarr", consolidated=False)
@@ -149,50 +175,31 @@ def test_job_writes_the_median_of_the_stored_scenes(client, stored):
     assert not client.list_datasets()
 
 
-def graph_prefixes(obj) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for key in dict(obj.__dask_graph__()):
-        counts[key_split(key)] = counts.get(key_split(key), 0) + 1
-    return counts
-
-
 def test_more_tasks_reads_factor_times_the_chunks_for_the_same_result(client, stored):
-    data, urls = stored
+    data, catalogs = stored
     normal, more = raster.plan_run("tiny"), raster.plan_run("tiny", "more-tasks", "read", 2)
-    n = graph_prefixes(raster.open_scenes(urls["none"], normal.catalogue,
-                                          scenes_per_chunk=normal.scenes_per_chunk))
-    m = graph_prefixes(raster.open_scenes(urls["more-tasks"], more.catalogue,
-                                          scenes_per_chunk=more.scenes_per_chunk))
-    assert m["open_dataset-red"] == 2 * n["open_dataset-red"] > 0
-    reference = run_job(data, urls["none"], normal, "ref").compute()
-    slowed = run_job(data, urls["more-tasks"], more, "more").compute()
+    n = raster.open_catalogue(catalogs["none"], normal)
+    m = raster.open_catalogue(catalogs["more-tasks"], more)
+    assert m.red.data.npartitions == 2 * n.red.data.npartitions > 0
+    reference = run_job(data, catalogs["none"], normal, "ref").compute()
+    slowed = run_job(data, catalogs["more-tasks"], more, "more").compute()
     np.testing.assert_array_equal(slowed.ndvi_median.values, reference.ndvi_median.values)
 
 
-class CountingStore(WrapperStore):
-    """Counts the range requests that reach the underlying store."""
-
-    requests = 0
-
-    async def get(self, key, prototype, byte_range=None):
-        if byte_range is not None:
-            type(self).requests += 1
-        return await self._store.get(key, prototype, byte_range)
-
-
-def test_slower_tasks_read_in_small_ranges_and_write_small_chunks(client, stored):
-    data, urls = stored
+def test_slowdowns_are_real_gdal_settings_chunks_and_output_chunks(client, stored):
+    data, catalogs = stored
     plan = raster.plan_run("tiny", "slower-tasks", "read", 3)
-    assert plan.read_bytes == 8 * 1024 and plan.catalogue == raster.plan_run("tiny").catalogue
-    store = raster.SmallRequests(CountingStore(raster.zarr_store(urls["none"])), plan.read_bytes)
-    small = xr.open_zarr(store, consolidated=False).red.compute(scheduler="sync")
-    whole = xr.open_zarr(urls["none"], consolidated=False).red.compute(scheduler="sync")
-    np.testing.assert_array_equal(small.values, whole.values)
-    chunk_objects = plan.catalogue.dates * (plan.catalogue.size // plan.catalogue.tile) ** 2
-    assert CountingStore.requests > 4 * chunk_objects
+    assert plan.merge_off and plan.catalogue == raster.plan_run("tiny").catalogue
+    options = scenes.gdal_options({"endpoint_url": "http://127.0.0.1:9"}, plan.merge_off)
+    assert options["GDAL_HTTP_MERGE_CONSECUTIVE_RANGES"] == "NO"
+    assert options["AWS_S3_ENDPOINT"] == "127.0.0.1:9" and options["AWS_HTTPS"] == "NO"
+    misaligned = raster.plan_run("tiny", "misaligned-chunks", "read", 2)
+    assert misaligned.chunk % misaligned.catalogue.tile != 0
+    opened = raster.open_catalogue(catalogs["none"], misaligned)
+    assert opened.red.chunks[1][0] == misaligned.chunk
     writes = raster.plan_run("tiny", "slower-tasks", "write", 3)
     assert writes.write_pixels == 64
-    run_job(data, urls["none"], writes, "smallwrites")
+    run_job(data, catalogs["none"], writes, "smallwrites")
     stored_median = zarr.open_group(f"{data}/products/smallwrites/ndvi-median.zarr", mode="r")
     assert stored_median["ndvi_median"].chunks == (64, 64)
 
@@ -215,15 +222,20 @@ def test_local_data_url_rejects_storage_options(tmp_path):
         raster.zarr_store(str(tmp_path), {"key": "x"})
 
 
-def test_cube_round_trips_through_s3():
-    spec = CubeSpec(dates=2, size=32, tile=16)
+def test_scenes_round_trip_through_s3_and_gdal(monkeypatch):
+    spec = CubeSpec(dates=2, size=64, tile=32)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     with moto_server() as endpoint:
         boto_client(endpoint).create_bucket(Bucket="scenes")
         options = s3_options(endpoint)
-        url = raster.cube_url("s3://scenes/ndvi", spec)
-        assert not raster.cube_exists(url, spec, options)
-        raster.write_cube(spec, url, options)
-        assert raster.cube_exists(url, spec, options)
-        back = raster.open_scenes(url, spec, options, read_bytes=4096).compute(
-            scheduler="sync")
-    np.testing.assert_array_equal(back.nir.values, cube_values(spec).nir.values)
+        assert not scenes.scenes_exist("s3://scenes/ndvi", spec, options)
+        catalog = scenes.write_scenes(spec, "s3://scenes/ndvi", options)
+        assert scenes.scenes_exist("s3://scenes/ndvi", spec, options)
+        found = scenes.search(catalog, 2, options)
+        assert found[0].hrefs["red"].startswith("/vsis3/scenes/ndvi/")
+        for name, value in scenes.gdal_options(options).items():
+            monkeypatch.setenv(name, value)
+        back = scenes.open_scenes(found, 32).compute(scheduler="sync")
+    truth = cube_values(spec)
+    np.testing.assert_allclose(back.nir.values, truth.nir.values, atol=1e-4, equal_nan=True)

@@ -40,12 +40,12 @@ def test_summary_and_regression_pages_show_stages_prefixes_and_verdicts(
 
     summary = rendered(chromium, f"{page}/{arts['nightly-ndvi-summary'].id}", tmp_path / "a")
     assert "Can't connect to Server API" not in summary
-    for text in ("read", "ndvi", "reduce", "write", "open_dataset-red", "nanmedian",
+    for text in ("read", "ndvi", "reduce", "write", "getitem", "nanmedian",
                  "store-map", "total_s"):
         assert text in summary, f"{text!r} not rendered on the summary artifact page"
 
     verdicts = rendered(chromium, f"{page}/{arts['nightly-ndvi-regression'].id}", tmp_path / "b")
-    for text in ("regression", "slower tasks", "open_dataset-red", "baseline_s", "ok"):
+    for text in ("regression", "cause", "getitem", "baseline_s", "ok"):
         assert text in verdicts, f"{text!r} not rendered on the regression artifact page"
 
     run = rendered(chromium, f"{page}/{arts['nightly-ndvi-run'].id}", tmp_path / "c")

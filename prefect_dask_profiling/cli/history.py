@@ -87,11 +87,12 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     """
     lines = []
     for key, value in summary.items():
-        if key in ("baseline", "warnings", "bottlenecks", "explanations") or value in (
+        if key in ("baseline", "warnings", "bottlenecks", "explanations", "storage") or value in (
                 None, [], {}, ""):
             continue
         lines.append(f"{key}: {format_value(value)}")
     lines.extend(bottleneck_lines(summary.get("bottlenecks"), summary.get("explanations")))
+    lines.extend(storage_lines(summary.get("storage")))
     baseline = summary.get("baseline")
     if isinstance(baseline, dict):
         runs = baseline.get("runs") or []
@@ -102,6 +103,21 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         if baseline.get("note"):
             lines.append(f"baseline note: {baseline['note']}")
     lines.extend(f"warning: {w}" for w in summary.get("warnings") or [])
+    return lines
+
+
+def storage_lines(storage: Any) -> list[str]:
+    """One line per stage that made storage requests, one per chunks-against-blocks check."""
+    from prefect_dask_profiling.summary.io import io_text
+
+    lines = []
+    for stage, entry in storage.items() if isinstance(storage, dict) else ():
+        text = io_text((entry or {}).get("io"))
+        if text:
+            lines.append(f"storage {stage}: {text}")
+        align = (entry or {}).get("chunks_vs_blocks")
+        if isinstance(align, dict) and align.get("text"):
+            lines.append(f"chunks {stage}: {align['text']}")
     return lines
 
 

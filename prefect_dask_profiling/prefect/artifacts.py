@@ -18,6 +18,7 @@ import pandas as pd
 
 from prefect_dask_profiling._util import artifact_key, json_clean
 from prefect_dask_profiling.regression.drift import flagged_markdown
+from prefect_dask_profiling.summary.io import io_text, raster_text
 
 if TYPE_CHECKING:
     from prefect_dask_profiling.finishing import FinishResult
@@ -71,6 +72,13 @@ def run_markdown(result: FinishResult, links: dict[str, str], trend: str | None)
     if local:
         lines += ["", "## Work the profile did not see", ""]
         lines += [f"- {s.get('note') or s['name']}" for s in local]
+    storage = [(s["name"], io_text(s.get("io")), (s.get("chunks_vs_blocks") or {}))
+               for s in m["stages"] if io_text(s.get("io"))]
+    if storage:
+        lines += ["", "## Storage requests per stage", "",
+                  "| stage | requests | chunks against blocks |", "|---|---|---|"]
+        lines += [f"| {name} | {text} | {align.get('text', '')} |"
+                  for name, text, align in storage]
     for stage, why in (m.get("explanations") or {}).items():
         lines += ["", f"**Why {stage} regressed:** {why.get('text', '')}"]
     flagged = flagged_markdown(result.verdicts, result.judgement.drift
@@ -86,7 +94,10 @@ def run_markdown(result: FinishResult, links: dict[str, str], trend: str | None)
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in m["warnings"]]
     env = m.get("environment") or {}
     lines += ["", "## Environment", "", ", ".join(
-        f"{k} {v}" for k, v in env.items() if k not in ("mismatches", "mismatch_detail") and v)]
+        f"{k} {v}" for k, v in env.items()
+        if k not in ("mismatches", "mismatch_detail", "raster") and v)]
+    if raster_text(env.get("raster")):
+        lines += ["", f"Workers' raster stack: {raster_text(env.get('raster'))}"]
     mismatches = env.get("mismatch_detail") or env.get("mismatches")  # with worker addresses
     if mismatches:
         lines += ["", "Version mismatches:"] + [f"- {x}" for x in mismatches]

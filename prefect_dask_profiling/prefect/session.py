@@ -29,8 +29,9 @@ from prefect_dask_profiling.stage import (
     set_listener,
 )
 from prefect_dask_profiling.store.manifest import LocalWork, RunContext, StageInfo
+from prefect_dask_profiling.summary.io import io_frame
 from prefect_dask_profiling.summary.record import RunRecord
-from prefect_dask_profiling.timing import plugin
+from prefect_dask_profiling.timing import plugin, storage_io
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -59,6 +60,8 @@ class OpenStage:
     window: reports.ReportWindow | None
     futures: list = field(default_factory=list)
     local: LocalWorkWatch | None = None
+    io_before: dict[str, Any] | None = None  # storage counters per worker at the start
+    alignment: dict[str, Any] | None = None  # chunks against the files' blocks
 
 
 class Session:
@@ -85,6 +88,8 @@ class Session:
         self._pending_by_name: dict[str, Future] = {}
         self.warnings: list[str] = []
         self.last_snapshot: dict[str, Any] | None = None
+        self.io_rows: list[dict[str, Any]] = []  # storage requests per (stage, worker)
+        self.storage_counted = False
         self.finished = False
         self.result: FinishResult | None = None
         self._captured = False
@@ -107,6 +112,7 @@ class Session:
         name = plugin.install(client, scope=scope,
                               sample_interval=runner.profiling.sample_interval)
         session = cls(runner, client, name, scope)
+        session.storage_counted = storage_io.install(client)
         exit_stack.callback(session.close)  # LIFO: runs before the client closes
         token = set_listener(session)
         exit_stack.callback(_reset_quietly, token)
@@ -120,6 +126,9 @@ class Session:
         if self._report_pool is not None:
             self._report_pool.shutdown(wait=True)
             self._report_pool = None
+        if self.storage_counted and self.scope == "cluster":
+            # on a shared cluster (scope "run") it stays: another run may be counting with it
+            storage_io.uninstall(self.client)
         try:
             plugin.uninstall(self.client, self.plugin_name)
             if self._installed_stream:
@@ -237,9 +246,43 @@ class Session:
                 self.warnings.append(f"stage {name!r}: report not started: {exc!r}")
         local = LocalWorkWatch()
         local.register()
-        opened = OpenStage(name=name, window=window, local=local)
+        opened = OpenStage(name=name, window=window, local=local,
+                           io_before=self._io_counters(name))
         self.open_stages[name] = opened
         return opened
+
+    def _io_counters(self, name: str) -> dict[str, Any] | None:
+        """The workers' storage counters now (None when not counted or unreadable)."""
+        if not self.storage_counted:
+            return None
+        try:
+            return storage_io.io_counters(self.client)
+        except Exception as exc:
+            self.warnings.append(f"stage {name!r}: storage requests not read: {exc!r}")
+            return None
+
+    def _record_io(self, name: str, token: OpenStage) -> None:
+        """The stage's storage requests: the counters' change per worker since it opened.
+
+        Counts are per process, so a stage open while another runs (nested, or from
+        another thread) shares its requests with it: said in the stage's warning.
+        """
+        if token.io_before is None:
+            return
+        after = self._io_counters(name)
+        if after is None:
+            return
+        rows = storage_io.stage_deltas(name, token.io_before, after)
+        if self.open_stages:
+            self.warnings.append(
+                f"stage {name!r} overlapped stage(s) {', '.join(sorted(self.open_stages))}: "
+                "storage requests are counted per worker process, so overlapping stages "
+                "share them")
+        self.io_rows.extend(rows)
+        try:
+            token.alignment = storage_io.check_alignment(self.client, token.io_before, after)
+        except Exception as exc:
+            self.warnings.append(f"stage {name!r}: chunks not compared with blocks: {exc!r}")
 
     def stage_closed(self, name: str, token: OpenStage, error: BaseException | None) -> None:
         """Close a stage's window: wait for its futures, snapshot, submit its report.
@@ -253,6 +296,7 @@ class Session:
         if token.futures:
             with self.client.as_current():
                 distributed.wait(token.futures)
+        self._record_io(name, token)
         info = self._stage_by_name.get(name)
         if info is None:
             info = self._stage_by_name[name] = StageInfo(name=name)
@@ -261,6 +305,8 @@ class Session:
             info.windows += 1
         if token.local is not None:
             self._count_local_work(info, token.local)
+        if token.alignment is not None:
+            info.chunks_vs_blocks = token.alignment
         try:
             self.last_snapshot = plugin.snapshot(self.client, self.plugin_name)
         except Exception as exc:
@@ -459,6 +505,7 @@ class Session:
         record = RunRecord.from_snapshot(snap, workers=len(nthreads),
                                          threads=sum(nthreads.values()))
         record.incomplete = bool(snap.get("incomplete"))
+        record.io = io_frame(self.io_rows)
         return record
 
     def _finish(self, error: BaseException | None, state: str | None, publish: bool,
@@ -478,6 +525,10 @@ class Session:
             spool_budget_s=options.store_timeout,
             fail_on_regression=options.on_regression == "fail")
         env = environment(self.client) if _alive(self.client) else environment()
+        if self.storage_counted and _alive(self.client):
+            raster = storage_io.raster_fingerprint(self.client)
+            if raster is not None:
+                env["raster"] = raster
         result = finish_run(self.store, record, self.ctx, self.stages, settings, state=state,
                             error=error, env=env, warnings=warnings,
                             flagged_reports=self.render_flagged if self._deferred else None)

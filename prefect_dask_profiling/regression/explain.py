@@ -25,6 +25,10 @@ KEY_SIGNALS = ("monitor.cpu_per_busy_thread", "fine.cpu_fraction", "tasks.busy_f
 SOFTWARE_WEIGHT = {"dask": 3.0, "distributed": 3.0, "numpy": 2.5, "pandas": 2.5,
                    "python": 3.0}
 """Rank of a version change by package (others 1.5)."""
+RASTER_WEIGHT = {"gdal": 5.5, "libcurl": 5.0, "rasterio": 4.0}
+"""Rank of a change of the workers' raster stack (``environment.raster``)."""
+REQUEST_OPTION_WEIGHT = 6.0
+"""Rank of a changed GDAL option that shapes storage requests (others 3.0)."""
 
 
 def explain_stage(stage: str, manifest: dict[str, Any], baselines: list[dict[str, Any]],
@@ -101,7 +105,9 @@ def context_changes(stage: str, manifest: dict[str, Any],
             out.append({"what": what, "was": was, "now": now,
                         "weight": 4.5 if now < was else 2.0})
     env_now = manifest.get("environment") or {}
-    for key in sorted(set(env_now) - MISMATCH_KEYS):
+    out.extend(raster_changes(env_now.get("raster"), [
+        (b.get("environment") or {}).get("raster") for b in baselines], usual))
+    for key in sorted(set(env_now) - MISMATCH_KEYS - {"raster"}):
         was = usual([(b.get("environment") or {}).get(key) for b in baselines])
         now = env_now.get(key)
         if was is not None and now is not None and was != now:
@@ -125,6 +131,37 @@ def _new_mismatches(env_now: dict[str, Any],
              "was": was_by_package.get(m.partition(": ")[0], "none"), "now": m,
              "weight": 3.5}
             for m in sorted(keys(env_now) - was_all)]
+
+
+def raster_changes(now: Any, baselines: list[Any], usual) -> list[dict[str, Any]]:
+    """Changes of the workers' GDAL, rasterio, libcurl and GDAL options (``environment.raster``).
+
+    Options that shape storage requests (range merging, multi-range strategy, directory
+    listing on open, ...) rank above everything else recorded: they are the usual cause of
+    a read stage's request blow-up.
+    """
+    if not isinstance(now, dict):
+        return []
+    base = [b for b in baselines if isinstance(b, dict)]
+    if not base:
+        return []
+    from prefect_dask_profiling.timing.storage_io import REQUEST_OPTION_DEFAULTS
+
+    out = []
+    for key, weight in RASTER_WEIGHT.items():
+        was, cur = usual([b.get(key) for b in base]), now.get(key)
+        if was is not None and cur is not None and was != cur:
+            out.append({"what": f"{key} (workers)", "was": was, "now": cur, "weight": weight})
+    options = now.get("options") or {}
+    names = set(options) | {n for b in base for n in (b.get("options") or {})}
+    for name in sorted(names):
+        was = usual([(b.get("options") or {}).get(name) for b in base])
+        cur = options.get(name)
+        if was != cur:
+            weight = REQUEST_OPTION_WEIGHT if name in REQUEST_OPTION_DEFAULTS else 3.0
+            out.append({"what": name, "was": "unset" if was is None else was,
+                        "now": "unset" if cur is None else cur, "weight": weight})
+    return out
 
 
 def _bottleneck_change(stage: str, manifest: dict[str, Any], baselines: list[dict[str, Any]],

@@ -109,6 +109,11 @@ def show_run(store: RunStore, pipeline: str, run_id: str) -> tuple[dict[str, Any
                               if isinstance(s, dict) and isinstance(s.get("diagnosis"), dict)}
     if manifest.get("explanations"):
         summary["explanations"] = manifest["explanations"]
+    # storage requests per stage; runs stored before they were counted have none
+    summary["storage"] = {s.get("name"): {"io": s.get("io"),
+                                          "chunks_vs_blocks": s.get("chunks_vs_blocks")}
+                          for s in manifest.get("stages") or []
+                          if isinstance(s, dict) and (s.get("io") or s.get("chunks_vs_blocks"))}
     summary["warnings"] = manifest.get("warnings") or []
     return summary, tasks[[c for c in SHOW_COLUMNS if c in tasks.columns]]
 

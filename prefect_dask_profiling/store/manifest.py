@@ -96,6 +96,12 @@ class StageInfo:
     diagnosis: dict[str, Any] | None = None
     windows: int = 1
     local_work: LocalWork | None = None
+    # storage requests of the stage summed over workers (summary.io.stage_io_summary);
+    # None when no storage source was counted
+    io: dict[str, Any] | None = None
+    # Dask chunks read against the files' internal blocks (timing.storage_io.chunks_against_
+    # blocks); None when the stage read no files through GDAL
+    chunks_vs_blocks: dict[str, Any] | None = None
 
 
 @dataclass

@@ -25,6 +25,7 @@ WORKER_COLUMNS = ["worker", "host", "nthreads", "samples", "peak_managed", "mean
                   "peak_unmanaged", "mean_unmanaged", "peak_spilled", "peak_cpu", "mean_cpu",
                   "memory_limit"]
 SAMPLE_COLUMNS = ["time", "worker", "managed", "unmanaged", "spilled", "cpu"]
+IO_COLUMNS = ["stage", "worker", "chunks", "decoded_bytes"]
 TRANSFER_COLUMNS = ["source", "destination", "count", "seconds", "bytes"]
 
 
@@ -60,6 +61,9 @@ class RunRecord:
     internal_errors: int = 0
     incomplete: bool = False
     sketches: dict[tuple[str, str], QuantileSketch] = field(default_factory=dict, repr=False)
+    # storage requests per (stage, worker) (summary.io.io_frame); empty when not counted
+    io: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=IO_COLUMNS),
+                             repr=False)
 
     @classmethod
     def from_snapshot(cls, snap: Snapshot, workers: int = 0,

@@ -1,0 +1,122 @@
+"""The ``io`` table of a run: storage requests per stage and worker, and per-stage metrics.
+
+Rows come from :func:`prefect_dask_profiling.timing.storage_io.stage_deltas` (one per stage
+and worker process). :func:`stage_io_metrics` is the pure per-stage view the regression
+judge and the tables use: ``requests_per_chunk`` doubling is a regression signal before the
+stage's time moves. Columns of a source (``gdal_*``, ``s3fs_*``) exist only when that source
+was loaded on some worker: absent, never zero.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+BASE_COLUMNS = ["stage", "worker", "chunks", "decoded_bytes"]
+SOURCES = ("gdal", "s3fs")
+REQUEST_METHODS = ("get", "head", "list")
+METRICS = ("requests", "get", "head", "list", "bytes", "chunks", "requests_per_chunk",
+           "bytes_per_chunk", "read_amplification", "s3fs_requests", "s3fs_bytes")
+
+
+def io_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """The ``io`` table from stage delta rows (empty rows: an empty table with base columns)."""
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        return pd.DataFrame(columns=BASE_COLUMNS)
+    first = [c for c in BASE_COLUMNS if c in frame.columns]
+    return frame[first + sorted(c for c in frame.columns if c not in BASE_COLUMNS)]
+
+
+def has_source(io: pd.DataFrame, source: str) -> bool:
+    """True when the table has ``source`` columns (``"gdal"`` or ``"s3fs"``)."""
+    return f"{source}_bytes" in io.columns
+
+
+def stage_io_metrics(io: pd.DataFrame) -> pd.DataFrame:
+    """Per-stage storage metrics, summed over workers (pure).
+
+    Parameters
+    ----------
+    io
+        A run's ``io`` table (:func:`io_frame`; stored as ``io.csv``).
+
+    Returns
+    -------
+    One row per stage that made GDAL requests, indexed by stage, with ``requests`` (GDAL
+    GET + HEAD + LIST), ``get``, ``head``, ``list``, ``bytes`` (downloaded), ``chunks`` (tasks
+    that fetched), ``requests_per_chunk``, ``bytes_per_chunk``, ``read_amplification`` (bytes
+    fetched / bytes of decoded pixels), and ``s3fs_requests``/``s3fs_bytes`` when s3fs was
+    used. No GDAL columns: only the s3fs ones (or an empty frame).
+    """
+    if io is None or io.empty:
+        return pd.DataFrame(columns=list(METRICS)).rename_axis("stage")
+    numeric = io.drop(columns=["worker"]).apply(
+        lambda c: pd.to_numeric(c, errors="coerce") if c.name != "stage" else c)
+    total = numeric.groupby("stage", sort=False).sum(min_count=1)
+    out = pd.DataFrame(index=total.index)
+    if has_source(io, "gdal"):
+        for method in REQUEST_METHODS:
+            out[method] = total[f"gdal_{method}"]
+        out["requests"] = out[list(REQUEST_METHODS)].sum(axis=1)
+        out["bytes"] = total["gdal_bytes"]
+        out["chunks"] = total["chunks"]
+        chunks = total["chunks"].where(total["chunks"] > 0)
+        out["requests_per_chunk"] = out["requests"] / chunks
+        out["bytes_per_chunk"] = out["bytes"] / chunks
+        decoded = total["decoded_bytes"].where(total["decoded_bytes"] > 0)
+        out["read_amplification"] = out["bytes"] / decoded
+    if has_source(io, "s3fs"):
+        out["s3fs_requests"] = total[[f"s3fs_{m}" for m in REQUEST_METHODS]].sum(axis=1)
+        out["s3fs_bytes"] = total["s3fs_bytes"]
+    out = out.replace([np.inf, -np.inf], np.nan)
+    return out.rename_axis("stage")
+
+
+def stage_io_summary(io: pd.DataFrame, stage: str) -> dict[str, Any] | None:
+    """One stage's metrics as plain JSON values (for the manifest's stage entry), or None."""
+    metrics = stage_io_metrics(io)
+    if stage not in metrics.index:
+        return None
+    row = metrics.loc[stage]
+    out = {}
+    for name, value in row.items():
+        if pd.isna(value):
+            continue
+        out[name] = round(float(value), 3) if isinstance(value, float) and not float(
+            value).is_integer() else int(value)
+    return out or None
+
+
+def io_text(io: dict[str, Any] | None) -> str:
+    """One stage's storage summary (:func:`stage_io_summary`) as a short line; "" without.
+
+    E.g. ``"56 requests (GET 56), 1.1 per chunk, 1.1 MB, read amplification 0.33x"``.
+    """
+    if not isinstance(io, dict) or not io.get("requests"):  # no GDAL, or no GDAL request
+        extra = io.get("s3fs_requests") if isinstance(io, dict) else None
+        return f"s3fs {int(extra)} requests" if extra else ""
+    methods = ", ".join(f"{m.upper()} {int(io[m])}" for m in REQUEST_METHODS if io.get(m))
+    parts = [f"{int(io['requests'])} requests" + (f" ({methods})" if methods else "")]
+    if io.get("requests_per_chunk") is not None:
+        parts.append(f"{io['requests_per_chunk']:.2g} per chunk")
+    parts.append(f"{io.get('bytes', 0) / 1e6:.3g} MB")
+    if io.get("read_amplification") is not None:
+        parts.append(f"read amplification {io['read_amplification']:.2g}x")
+    if io.get("s3fs_requests"):
+        parts.append(f"s3fs {int(io['s3fs_requests'])} requests")
+    return ", ".join(parts)
+
+
+def raster_text(raster: dict[str, Any] | None) -> str:
+    """The workers' raster stack (``environment.raster``) as one line; "" without."""
+    if not isinstance(raster, dict):
+        return ""
+    versions = ", ".join(f"{k} {raster[k]}" for k in ("gdal", "rasterio", "libcurl")
+                         if raster.get(k))
+    options = raster.get("options") or {}
+    shown = ", ".join(f"{k}={v}" for k, v in options.items()
+                      if k.startswith(("GDAL_", "CPL_", "VSI_")))
+    return versions + (f"; options: {shown}" if shown else "")

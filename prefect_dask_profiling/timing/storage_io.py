@@ -1,0 +1,611 @@
+"""Storage requests on the workers: GDAL's network statistics and s3fs calls, per process.
+
+The :class:`StorageRequests` worker plugin (installed by the task runner, one per worker
+process) keeps cumulative counters; :func:`io_counters` reads them on every worker at a stage
+boundary and :func:`stage_deltas` turns two readings into the stage's requests per worker.
+
+* **GDAL** (``/vsis3/``, ``/vsicurl/``, ... through rasterio): GDAL's own network statistics
+  (``CPL_VSIL_NETWORK_STATS_ENABLED``, GDAL >= 3.2). rasterio does not wrap
+  ``VSINetworkStatsGetAsSerializedJSON``, so the plugin calls it through :mod:`ctypes` on the
+  ``libgdal`` this process already loaded (found in ``/proc/self/maps``, else in rasterio's
+  wheel). The option must be on before GDAL first reads a file: the plugin sets it in the
+  worker's environment at setup and, when GDAL was already in use, resets the statistics once
+  so that GDAL reads it again. GDAL is never imported by the plugin: a worker that never loads
+  rasterio reports no GDAL counts (absent, not zero).
+* **s3fs** (Zarr, pystac through fsspec, ...): calls of ``S3FileSystem._call_s3`` by kind.
+
+The counts are process-wide: with several threads per worker, or two stages running at the
+same time, a stage's delta includes the other's requests (said in the run's warnings by the
+caller). ``chunks`` and ``decoded_bytes`` count the array chunks (results of type
+``ndarray``) that tasks of *reading* key prefixes returned, and their bytes; a prefix becomes
+a reading one in a process the first time one of its tasks ran while the process made GDAL
+requests (with several threads per worker a prefix that ran alongside a read can be taken for
+one); after :data:`CHECKS_PER_PREFIX` tasks without a request it is no longer checked, which
+keeps the per-task cost to a dictionary lookup. Tasks that secede (a Prefect task waiting on
+the graph it submitted) are not chunks.
+GDAL's statistics count one GET per *batch* of parallel range requests (its default
+``GDAL_HTTP_MULTIRANGE=PARALLEL``; bytes are exact) and one per HTTP request otherwise.
+Nothing here raises into the worker: failures are counted and reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import glob
+import json
+import os
+import sys
+import time
+from typing import TYPE_CHECKING, Any, TypedDict
+
+from dask.utils import key_split
+from distributed.diagnostics.plugin import WorkerPlugin
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+PLUGIN_NAME = "dask-profiling-storage-requests"
+STATS_OPTION = "CPL_VSIL_NETWORK_STATS_ENABLED"
+METHODS = ("GET", "HEAD", "LIST", "PUT", "POST", "DELETE")
+LIST_ACTIONS = ("ReadDir", "OpenDir", "ListBucket")
+OPTION_PREFIXES = ("GDAL_", "CPL_", "VSI_", "AWS_")
+SECRET_WORDS = ("SECRET", "KEY", "TOKEN", "PASSWORD", "CREDENTIAL", "SESSION", "SIGNATURE")
+S3FS_KINDS = {"get_object": "GET", "head_object": "HEAD", "head_bucket": "HEAD",
+              "list_objects_v2": "LIST", "list_objects": "LIST", "put_object": "PUT",
+              "upload_part": "PUT", "delete_object": "DELETE", "delete_objects": "DELETE"}
+# GDAL's defaults of the options that shape storage requests (GDAL 3.10 docs): recorded as
+# in effect when unset, so a night that sets one shows as a change from its default
+REQUEST_OPTION_DEFAULTS = {
+    "GDAL_HTTP_MERGE_CONSECUTIVE_RANGES": "YES", "GDAL_HTTP_MULTIRANGE": "PARALLEL",
+    "GDAL_HTTP_MULTIPLEX": "YES", "GDAL_DISABLE_READDIR_ON_OPEN": "NO",
+    "GDAL_INGESTED_BYTES_AT_OPEN": "16384", "CPL_VSIL_CURL_CHUNK_SIZE": "16384",
+    "CPL_VSIL_CURL_CACHE_SIZE": "16384000", "CPL_VSIL_CURL_USE_HEAD": "YES",
+    "VSI_CACHE": "NO", "GDAL_CACHEMAX": "5%"}
+MAX_EXECUTING = 10_000
+MAX_READERS = 1_000
+# tasks of a prefix checked for GDAL requests before it is taken for a non-reading one
+# (each check reads GDAL's statistics twice, ~0.2 ms with a dozen files)
+CHECKS_PER_PREFIX = 3
+MAX_SHAPES = 64
+MAX_FILES = 256
+
+
+class SourceCounts(TypedDict, total=False):
+    """Cumulative requests of one source in one process: ``{METHOD: n, "bytes": n}``."""
+
+    GET: int
+    HEAD: int
+    LIST: int
+    PUT: int
+    POST: int
+    DELETE: int
+    bytes: int
+
+
+class WorkerCounters(TypedDict):
+    """One reading of one worker process's counters (:func:`io_counters`)."""
+
+    pid: int
+    instance: str
+    time: float
+    gdal: SourceCounts | None
+    s3fs: SourceCounts | None
+    chunks: int
+    decoded_bytes: int
+    errors: int
+    shapes: dict[str, int]
+    files: dict[str, int]
+
+
+# -- GDAL through ctypes ----------------------------------------------------------------------
+
+
+def loaded_gdal_path() -> str | None:
+    """Path of the ``libgdal`` this process has loaded (rasterio's), else None."""
+    with contextlib.suppress(OSError):
+        with open("/proc/self/maps", encoding="utf-8") as fh:
+            for line in fh:
+                if "libgdal" in line and ".so" in line:
+                    return line.split()[-1]
+    module = sys.modules.get("rasterio")
+    if module is None or not getattr(module, "__file__", None):
+        return None
+    root = os.path.dirname(os.path.dirname(module.__file__))
+    for folder in ("rasterio.libs", os.path.join("rasterio", ".libs")):
+        found = sorted(glob.glob(os.path.join(root, folder, "libgdal*")))
+        if found:
+            return found[0]
+    return None
+
+
+class Gdal:
+    """The few GDAL C functions this module needs, on an already loaded ``libgdal``."""
+
+    def __init__(self, path: str) -> None:
+        lib = ctypes.CDLL(path)
+        lib.VSINetworkStatsGetAsSerializedJSON.restype = ctypes.c_void_p
+        lib.VSINetworkStatsGetAsSerializedJSON.argtypes = [ctypes.c_void_p]
+        lib.VSIFree.argtypes = [ctypes.c_void_p]
+        lib.GDALVersionInfo.restype = ctypes.c_char_p
+        lib.GDALVersionInfo.argtypes = [ctypes.c_char_p]
+        lib.CPLSetConfigOption.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+        lib.CPLGetConfigOptions.restype = ctypes.POINTER(ctypes.c_char_p)
+        lib.CSLDestroy.argtypes = [ctypes.POINTER(ctypes.c_char_p)]
+        self.lib = lib
+        self.path = path
+
+    def enable_stats(self) -> None:
+        """Turn network statistics on (GDAL reads the option again after a reset)."""
+        self.lib.CPLSetConfigOption(STATS_OPTION.encode(), b"YES")
+        self.lib.VSINetworkStatsReset()
+
+    def stats_text(self) -> str:
+        """GDAL's serialized statistics (cheap: a few microseconds on small stats)."""
+        ptr = self.lib.VSINetworkStatsGetAsSerializedJSON(None)
+        if not ptr:
+            return ""
+        try:
+            return ctypes.string_at(ptr).decode("utf-8", "replace")
+        finally:
+            self.lib.VSIFree(ptr)
+
+    def version(self) -> str:
+        return self.lib.GDALVersionInfo(b"RELEASE_NAME").decode()
+
+    def config_options(self) -> dict[str, str]:
+        """Options set with ``CPLSetConfigOption`` (process-wide; e.g. by ``rasterio.Env``)."""
+        ptr = self.lib.CPLGetConfigOptions()
+        out: dict[str, str] = {}
+        if not ptr:
+            return out
+        try:
+            i = 0
+            while ptr[i]:
+                name, _, value = ptr[i].decode("utf-8", "replace").partition("=")
+                out[name] = value
+                i += 1
+        finally:
+            self.lib.CSLDestroy(ptr)
+        return out
+
+
+def gdal_counts(text: str) -> SourceCounts:
+    """Requests and bytes from GDAL's serialized statistics (pure).
+
+    ``LIST`` is the GETs of directory listings (``ReadDir``); ``GET`` is the rest.
+    """
+    if not text:
+        return {}
+    stats = json.loads(text)
+    counts: dict[str, int] = {"bytes": 0}
+    for method, entry in (stats.get("methods") or {}).items():
+        counts[method] = counts.get(method, 0) + int(entry.get("count", 0))
+        counts["bytes"] += int(entry.get("downloaded_bytes", 0))
+    listed = 0
+    for handler in (stats.get("handlers") or {}).values():
+        for action, entry in (handler.get("actions") or {}).items():
+            if action in LIST_ACTIONS:
+                listed += int(((entry.get("methods") or {}).get("GET") or {}).get("count", 0))
+    if listed:
+        counts["LIST"] = listed
+        counts["GET"] = counts.get("GET", 0) - listed
+    return counts  # type: ignore[return-value]
+
+
+def gdal_files(text: str, limit: int = MAX_FILES) -> dict[str, int]:
+    """``{GDAL path: requests}`` of the files in GDAL's serialized statistics (pure)."""
+    if not text:
+        return {}
+    out: dict[str, int] = {}
+    for prefix, handler in (json.loads(text).get("handlers") or {}).items():
+        for name, entry in (handler.get("files") or {}).items():
+            if len(out) >= limit:
+                return out
+            path = name if name.startswith("/") else f"/{prefix}/{name}"
+            out[path] = sum(int(m.get("count", 0))
+                            for m in (entry.get("methods") or {}).values())
+    return out
+
+
+def curl_version() -> str | None:
+    """libcurl's version string as loaded in this process (GDAL's), else None."""
+    with contextlib.suppress(OSError):
+        with open("/proc/self/maps", encoding="utf-8") as fh:
+            paths = {line.split()[-1] for line in fh if "libcurl" in line and ".so" in line}
+        for path in sorted(paths):
+            lib = ctypes.CDLL(path)
+            lib.curl_version.restype = ctypes.c_char_p
+            return lib.curl_version().decode()
+    return None
+
+
+def is_secret(name: str) -> bool:
+    """True for option names whose values must never be recorded."""
+    upper = name.upper()
+    return any(word in upper for word in SECRET_WORDS)
+
+
+def effective_options(environ: dict[str, str], config: dict[str, str],
+                      defaults: dict[str, str] | None = None) -> dict[str, str]:
+    """``GDAL_*``/``CPL_*``/``VSI_*``/``AWS_*`` options in effect, secrets as ``"<set>"`` (pure).
+
+    A config option set in GDAL overrides the same name in the environment, as in GDAL;
+    ``defaults`` fill the names neither sets (:data:`REQUEST_OPTION_DEFAULTS` when GDAL is
+    loaded).
+    """
+    merged = dict(defaults or {})
+    merged.update({k: v for k, v in environ.items() if k.startswith(OPTION_PREFIXES)})
+    merged.update({k: v for k, v in config.items() if k.startswith(OPTION_PREFIXES)})
+    return {k: ("<set>" if is_secret(k) else v) for k, v in sorted(merged.items())}
+
+
+# -- the worker plugin ------------------------------------------------------------------------
+
+
+class StorageRequests(WorkerPlugin):
+    """Counts storage requests in one worker process (bounded; never raises).
+
+    State is a handful of integers plus the GDAL statistics text of each task executing
+    right now (at most :data:`MAX_EXECUTING`).
+    """
+
+    name = PLUGIN_NAME
+
+    def __init__(self) -> None:
+        self.worker: Any = None
+        self.instance = f"{os.getpid()}-{id(self):x}-{time.time():.6f}"
+        self.gdal: Gdal | None = None
+        self.s3fs: dict[str, int] | None = None
+        self._s3fs_original: Any = None
+        self.chunks = 0
+        self.decoded_bytes = 0
+        self.errors = 0
+        self.readers: set[str] = set()
+        self._checked: dict[str, int] = {}  # prefix -> tasks checked without a request
+        self.shapes: dict[str, int] = {}  # "rows x cols" of chunks read -> count
+        self._executing: dict[Any, tuple[str, str | None]] = {}
+
+    def setup(self, worker: Any) -> None:
+        self.worker = worker
+        try:
+            os.environ.setdefault(STATS_OPTION, "YES")
+            # GDAL already in use: it read the option before we set it, so reset once
+            self.attach(reset=True)
+        except Exception:
+            self.errors += 1
+
+    def teardown(self, worker: Any) -> None:
+        try:
+            self._unpatch_s3fs()
+        except Exception:
+            self.errors += 1
+
+    def attach(self, reset: bool = False) -> None:
+        """Start counting GDAL and s3fs once the process has loaded them (idempotent).
+
+        GDAL loaded after :meth:`setup` read the option from the environment at its first
+        request, so its statistics are kept (``reset=False``): they are this process's
+        requests since then.
+        """
+        if self.gdal is None and "rasterio" in sys.modules:
+            path = loaded_gdal_path()
+            if path is not None:
+                gdal = Gdal(path)
+                if reset:
+                    gdal.enable_stats()
+                self.gdal = gdal
+        if self.s3fs is None and "s3fs" in sys.modules:
+            self._patch_s3fs()
+
+    def _patch_s3fs(self) -> None:
+        from s3fs.core import S3FileSystem
+
+        counts: dict[str, int] = {"bytes": 0}
+        original = S3FileSystem._call_s3
+
+        async def counted(fs: Any, method: Any, *args: Any, **kwargs: Any) -> Any:
+            out = await original(fs, method, *args, **kwargs)
+            try:
+                kind = S3FS_KINDS.get(getattr(method, "__name__", method), "OTHER")
+                counts[kind] = counts.get(kind, 0) + 1
+                if kind == "GET" and isinstance(out, dict):
+                    counts["bytes"] += int(out.get("ContentLength") or 0)
+            except Exception:
+                self.errors += 1
+            return out
+
+        counted.__wrapped__ = original  # type: ignore[attr-defined]
+        S3FileSystem._call_s3 = counted
+        self._s3fs_original = original
+        self.s3fs = counts
+
+    def _unpatch_s3fs(self) -> None:
+        if self._s3fs_original is not None:
+            from s3fs.core import S3FileSystem
+
+            S3FileSystem._call_s3 = self._s3fs_original
+            self._s3fs_original = None
+
+    def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        try:
+            if finish == "executing":
+                if len(self._executing) < MAX_EXECUTING:
+                    prefix = key_split(key)
+                    check = prefix not in self.readers and self._checked.get(
+                        prefix, 0) < CHECKS_PER_PREFIX
+                    self._executing[key] = (
+                        prefix, (self.gdal.stats_text() if self.gdal else "") if check
+                        else None)
+            elif start == "executing":
+                entry = self._executing.pop(key, None)
+                if entry is None or finish == "long-running":
+                    return  # a seceded task waits on others: not a chunk of its own
+                prefix, before = entry
+                self.attach()
+                if self.gdal is None:
+                    return
+                if before is not None:
+                    self._classify(prefix, self.gdal.stats_text() != before)
+                if prefix in self.readers:
+                    ts = self.worker.state.tasks.get(key)
+                    if "ndarray" in str(getattr(ts, "type", "") or ""):  # an array chunk
+                        self.chunks += 1
+                        self.decoded_bytes += int(getattr(ts, "nbytes", 0) or 0)
+                        self._count_shape(key)
+        except Exception:
+            self.errors += 1
+
+    def _classify(self, prefix: str, fetched: bool) -> None:
+        """A prefix is a reading one once a task of it fetched; checked at most a few times."""
+        if fetched:
+            if len(self.readers) < MAX_READERS:
+                self.readers.add(prefix)
+            self._checked.pop(prefix, None)
+        elif prefix in self._checked or len(self._checked) < MAX_READERS:
+            self._checked[prefix] = self._checked.get(prefix, 0) + 1
+
+    def _count_shape(self, key: Any) -> None:
+        """Remember the (rows, cols) of an array chunk just read (never unspills)."""
+        data = getattr(self.worker.data, "fast", self.worker.data)
+        shape = getattr(data.get(key) if hasattr(data, "get") else None, "shape", None)
+        if not shape or len(shape) < 2:
+            return
+        name = f"{shape[-2]}x{shape[-1]}"
+        if name in self.shapes or len(self.shapes) < MAX_SHAPES:
+            self.shapes[name] = self.shapes.get(name, 0) + 1
+
+    def counters(self) -> WorkerCounters:
+        """A reading of this process's cumulative counters."""
+        files: dict[str, int] = {}
+        try:
+            self.attach()
+            text = self.gdal.stats_text() if self.gdal is not None else ""
+            gdal = gdal_counts(text) if self.gdal is not None else None
+            files = gdal_files(text)
+        except Exception:
+            self.errors += 1
+            gdal = None
+        return {"pid": os.getpid(), "instance": self.instance, "time": time.time(),
+                "gdal": gdal,
+                "s3fs": dict(self.s3fs) if self.s3fs is not None else None,  # type: ignore
+                "chunks": self.chunks, "decoded_bytes": self.decoded_bytes,
+                "errors": self.errors, "shapes": dict(self.shapes), "files": files}
+
+
+def _read_counters(dask_worker: Any) -> WorkerCounters | None:
+    plugin = dask_worker.plugins.get(PLUGIN_NAME)
+    return plugin.counters() if plugin is not None else None
+
+
+def _raster_environment(dask_worker: Any = None) -> dict[str, Any]:
+    """GDAL, rasterio and libcurl versions and the effective options of one process."""
+    rasterio = sys.modules.get("rasterio")
+    path = loaded_gdal_path() if rasterio is not None else None
+    config: dict[str, str] = {}
+    gdal_version = None
+    if path is not None:
+        gdal = Gdal(path)
+        gdal_version = gdal.version()
+        config = gdal.config_options()
+    return {"gdal": gdal_version, "rasterio": getattr(rasterio, "__version__", None),
+            "libcurl": curl_version() if path is not None else None,
+            "options": effective_options(dict(os.environ), config,
+                                         REQUEST_OPTION_DEFAULTS if path else None)}
+
+
+# -- the client side --------------------------------------------------------------------------
+
+
+def install(client: Client) -> bool:
+    """Register :class:`StorageRequests` on every worker (and future ones); never raises.
+
+    Returns whether it was registered.
+    """
+    try:
+        client.register_plugin(StorageRequests(), name=PLUGIN_NAME)
+        return True
+    except Exception:
+        return False
+
+
+def uninstall(client: Client) -> None:
+    """Remove the plugin from the workers (restoring s3fs); never raises."""
+    with contextlib.suppress(Exception):
+        client.unregister_worker_plugin(PLUGIN_NAME)
+
+
+def io_counters(client: Client, timeout: float = 10.0) -> dict[str, WorkerCounters]:
+    """Every worker's cumulative counters: ``{worker address: counters}`` (may raise)."""
+    out = client.run(_read_counters, on_error="return")
+    return {w: c for w, c in out.items() if isinstance(c, dict)}
+
+
+def raster_environment(client: Client | None = None) -> dict[str, Any]:
+    """Per worker: GDAL/rasterio/libcurl versions and effective options; never raises.
+
+    Without a client, this process's.
+    """
+    try:
+        if client is None:
+            return {"local": _raster_environment()}
+        out = client.run(_raster_environment, on_error="return")
+        return {w: v for w, v in out.items() if isinstance(v, dict)}
+    except Exception:
+        return {}
+
+
+def raster_fingerprint(client: Client | None = None) -> dict[str, Any] | None:
+    """The workers' raster stack for the run's environment, or None when no GDAL is loaded.
+
+    ``{gdal, rasterio, libcurl, options: {name: value}, workers}``: a value the workers
+    disagree on is their distinct values joined by `` | ``; secrets are ``"<set>"``.
+    Read at the end of the run, so options a stage set on the workers are in it.
+    """
+    per_worker = [v for v in raster_environment(client).values() if v.get("gdal")]
+    if not per_worker:
+        return None
+
+    def agreed(values: list[Any]) -> Any:
+        distinct = sorted({str(v) for v in values if v is not None})
+        return distinct[0] if len(distinct) == 1 else (" | ".join(distinct) or None)
+
+    names = sorted({n for v in per_worker for n in v["options"]})
+    return {"gdal": agreed([v["gdal"] for v in per_worker]),
+            "rasterio": agreed([v["rasterio"] for v in per_worker]),
+            "libcurl": agreed([v["libcurl"] for v in per_worker]),
+            "options": {n: agreed([v["options"].get(n) for v in per_worker]) for n in names},
+            "workers": len(per_worker)}
+
+
+def _block_shapes(paths: list[str]) -> dict[str, list[int]]:
+    """``{path: [rows, cols]}`` of the first band's block of each file (run on a worker)."""
+    import rasterio
+
+    out = {}
+    for path in paths:
+        try:
+            with rasterio.open(path) as ds:
+                out[path] = list(ds.block_shapes[0])
+        except Exception:
+            continue
+    return out
+
+
+def stage_reads(before: dict[str, WorkerCounters], after: dict[str, WorkerCounters]
+                ) -> tuple[dict[str, int], list[str]]:
+    """Chunk shapes read during a stage and the files it made requests to (pure)."""
+    shapes: dict[str, int] = {}
+    files: dict[str, int] = {}
+    for worker, end in after.items():
+        start = before.get(worker) or {}
+        if not _same_counters(start, end):
+            start = {}
+        for name, n in (end.get("shapes") or {}).items():
+            d = n - (start.get("shapes") or {}).get(name, 0)
+            if d > 0:
+                shapes[name] = shapes.get(name, 0) + d
+        for name, n in (end.get("files") or {}).items():
+            d = n - (start.get("files") or {}).get(name, 0)
+            if d > 0:
+                files[name] = files.get(name, 0) + d
+    return shapes, sorted(files, key=lambda f: -files[f])
+
+
+def chunks_against_blocks(shapes: dict[str, int], blocks: dict[str, list[int]]
+                          ) -> dict[str, Any] | None:
+    """Whether the chunks read are whole multiples of the files' blocks (pure).
+
+    Parameters
+    ----------
+    shapes
+        ``{"rows x cols": chunks}`` read in the stage (:func:`stage_reads`).
+    blocks
+        ``{file: [block rows, block cols]}`` of files the stage read.
+
+    Returns
+    -------
+    ``{chunk, block, aligned, text, fix}`` for the most common chunk shape against the most
+    common block shape (edge chunks are smaller and not judged), or None without both.
+    """
+    if not shapes or not blocks:
+        return None
+    chunk_name = max(shapes, key=lambda k: shapes[k])
+    rows, cols = (int(v) for v in chunk_name.split("x"))
+    block = max({tuple(b) for b in blocks.values()},
+                key=lambda b: sum(tuple(v) == b for v in blocks.values()))
+    aligned = rows % block[0] == 0 and cols % block[1] == 0
+    fit = [max(block[0], round(rows / block[0]) * block[0]),
+           max(block[1], round(cols / block[1]) * block[1])]
+    if aligned:
+        text = f"chunks {rows}x{cols} px are whole multiples of the files' {block[0]}x" \
+               f"{block[1]} px blocks"
+    else:
+        text = (f"chunks {rows}x{cols} px are not multiples of the files' {block[0]}x"
+                f"{block[1]} px blocks: every chunk reads blocks its neighbours read again "
+                f"(more requests and bytes per chunk); chunk by the blocks, e.g. "
+                f"chunks={{'y': {fit[0]}, 'x': {fit[1]}}} (from the files' block_shapes; "
+                "rioxarray: chunks=True)")
+    fix = (f"chunk the read by the files' {block[0]}x{block[1]} px blocks, e.g. "
+           f"chunks={{'y': {fit[0]}, 'x': {fit[1]}}}")
+    return {"chunk": [rows, cols], "block": list(block), "aligned": aligned, "text": text,
+            "fix": None if aligned else fix}
+
+
+def check_alignment(client: Client, before: dict[str, WorkerCounters],
+                    after: dict[str, WorkerCounters], files_to_open: int = 1
+                    ) -> dict[str, Any] | None:
+    """:func:`chunks_against_blocks` for a stage that read files through GDAL (may raise).
+
+    Opens up to ``files_to_open`` of the files the stage read on the worker that read the
+    most (GDAL has their headers cached there), after the stage's counters were read.
+    """
+    shapes, files = stage_reads(before, after)
+    if not shapes or not files:
+        return None
+    busiest = max(after, key=lambda w: sum((after[w].get("files") or {}).values()))
+    blocks = client.run(_block_shapes, files[:files_to_open], workers=[busiest])
+    return chunks_against_blocks(shapes, blocks.get(busiest) or {})
+
+
+def _same_counters(start: dict[str, Any], end: dict[str, Any]) -> bool:
+    """Whether two readings come from the same process and plugin instance."""
+    return start.get("pid") == end.get("pid") and start.get("instance") == end.get("instance")
+
+
+def _source_delta(before: SourceCounts | None, after: SourceCounts | None) -> SourceCounts | None:
+    if after is None:
+        return None
+    before = before or {}
+    return {k: int(after.get(k, 0)) - int(before.get(k, 0))  # type: ignore[misc]
+            for k in set(after) | set(before)}
+
+
+def stage_deltas(stage: str, before: dict[str, WorkerCounters],
+                 after: dict[str, WorkerCounters]) -> list[dict[str, Any]]:
+    """The ``io`` rows of one stage: one per worker process seen at its end (pure).
+
+    A worker absent at the start counts from zero (it joined during the stage); a worker whose
+    process changed (restarted), or whose plugin was registered again (another run on a
+    shared cluster), is counted from zero too. GDAL columns are present only when
+    GDAL was loaded in that process, s3fs columns only when s3fs was.
+    """
+    rows = []
+    for worker, end in sorted(after.items()):
+        start = before.get(worker)
+        if start is not None and not _same_counters(start, end):
+            start = None
+        start = start or {}
+        row: dict[str, Any] = {"stage": stage, "worker": worker,
+                               "chunks": end["chunks"] - start.get("chunks", 0),
+                               "decoded_bytes": end["decoded_bytes"]
+                               - start.get("decoded_bytes", 0)}
+        for source in ("gdal", "s3fs"):
+            delta = _source_delta(start.get(source), end.get(source))
+            if delta is None:
+                continue
+            for method in METHODS:
+                row[f"{source}_{method.lower()}"] = delta.get(method, 0)
+            row[f"{source}_bytes"] = delta.get("bytes", 0)
+        rows.append(row)
+    return rows

@@ -1,0 +1,250 @@
+"""Storage requests per stage against what a request-logging server in front of S3 saw.
+
+Real parts only: moto's S3 server on 127.0.0.1, a logging HTTP proxy in front of it, COGs
+written by rasterio/rio-cogeo, a LocalCluster of two one-thread worker processes running the
+storage-requests worker plugin, GDAL reading through ``/vsis3/``. Every GDAL request carries
+its worker's pid (``GDAL_HTTP_HEADERS``) so the proxy's log splits per worker process.
+"""
+
+from __future__ import annotations
+
+import os
+
+import dask.array as da
+import pandas as pd
+import pytest
+from distributed import Client, LocalCluster, wait
+from s3_servers import LoggingProxy, boto_client, moto_server, s3_options, tag_process
+
+from prefect_dask_profiling.summary.io import (
+    io_frame,
+    io_text,
+    stage_io_metrics,
+    stage_io_summary,
+)
+from prefect_dask_profiling.timing import storage_io
+from tasks import scenes
+from tasks.synthetic import CubeSpec
+
+SPEC = CubeSpec(dates=6, size=256, tile=64)
+BUCKET = "scenes"
+# GDAL counts one GET per *parallel* multi-range batch (GDAL 3.10), one per HTTP request in
+# SERIAL mode: the four variants compare request by request in SERIAL mode
+SERIAL = {"GDAL_HTTP_MULTIRANGE": "SERIAL"}
+MERGE_OFF = {"GDAL_HTTP_MERGE_CONSECUTIVE_RANGES": "NO"}
+VARIANTS = {"merge-on-aligned": ({}, 128), "merge-on-misaligned": ({}, 96),
+            "merge-off-aligned": (MERGE_OFF, 128), "merge-off-misaligned": (MERGE_OFF, 96)}
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def archive():
+    """Scenes on moto, a logging proxy in front, a 2-process cluster with the plugin."""
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
+    try:
+        with moto_server() as endpoint, LoggingProxy(endpoint) as proxy:
+            boto_client(endpoint).create_bucket(Bucket=BUCKET)
+            catalog = scenes.write_scenes(SPEC, f"s3://{BUCKET}/data", s3_options(endpoint))
+            found = scenes.search(catalog, SPEC.dates, s3_options(endpoint))
+            with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                              dashboard_address=":0") as cluster, Client(cluster) as client:
+                assert storage_io.install(client)
+                pids = client.run(tag_process)
+                yield {"client": client, "proxy": proxy, "pids": pids, "found": found,
+                       "endpoint": endpoint, "catalog": catalog}
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def read_stage(archive, name: str, options: dict, chunk: int):
+    """Run one read stage; return its io rows and the proxy's requests during it."""
+    client, proxy = archive["client"], archive["proxy"]
+    scenes.configure_workers(client, {**scenes.gdal_options(
+        {"endpoint_url": proxy.endpoint}), **options})
+    before, mark = storage_io.io_counters(client), proxy.mark()
+    ds = client.submit(scenes.open_scenes, archive["found"], chunk, pure=False).result()
+    ds = ds.persist()
+    wait(ds)
+    rows = storage_io.stage_deltas(name, before, storage_io.io_counters(client))
+    return rows, proxy.since(mark), ds
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_gdal_requests_per_worker_equal_what_the_server_saw(archive, variant):
+    options, chunk = VARIANTS[variant]
+    rows, seen, ds = read_stage(archive, variant, {**SERIAL, **options}, chunk)
+    assert {r["worker"] for r in rows} == set(archive["pids"])
+    for row in rows:
+        pid = archive["pids"][row["worker"]]
+        mine = [q for q in seen if q.pid == pid]
+        assert mine, f"worker {row['worker']} made no requests"
+        assert row["gdal_get"] == sum(q.kind == "GET" for q in mine), (variant, row)
+        assert row["gdal_head"] == sum(q.kind == "HEAD" for q in mine), (variant, row)
+        assert row["gdal_list"] == sum(q.kind == "LIST" for q in mine), (variant, row)
+        assert row["gdal_bytes"] == sum(q.body_bytes for q in mine), (variant, row)
+    assert all(q.pid is not None for q in seen), "every request came from a tagged worker"
+    # every Dask chunk of the two bands is one array chunk read
+    metrics = stage_io_metrics(io_frame(rows)).loc[variant]
+    assert metrics["chunks"] == ds.red.data.npartitions + ds.nir.data.npartitions, metrics
+    assert metrics["requests"] == len(seen)
+    assert metrics["read_amplification"] > 0
+
+
+def test_parallel_multirange_bytes_are_exact_and_gets_are_per_batch(archive):
+    """GDAL's default PARALLEL strategy logs one GET per batch of parallel range requests."""
+    rows, seen, _ = read_stage(archive, "parallel", {}, 128)
+    for row in rows:
+        mine = [q for q in seen if q.pid == archive["pids"][row["worker"]]]
+        assert row["gdal_bytes"] == sum(q.body_bytes for q in mine)
+        assert 0 < row["gdal_get"] <= len(mine)
+
+
+def test_whole_object_answers_show_as_read_amplification(archive):
+    """Multi-range reads sent as one GET: moto answers with whole objects (exact counts)."""
+    healthy = read_stage(archive, "healthy", SERIAL, 128)[0]  # its data released here
+    rows, seen, _ = read_stage(archive, "single-get", scenes.MERGE_OFF, 128)
+    assert sum(r["gdal_get"] for r in rows) == sum(q.kind == "GET" for q in seen)
+    before = stage_io_metrics(io_frame(healthy)).loc["healthy"]
+    after = stage_io_metrics(io_frame(rows)).loc["single-get"]
+    assert after["read_amplification"] > 3 * before["read_amplification"]
+    assert after["requests_per_chunk"] > before["requests_per_chunk"]
+
+
+def test_s3fs_requests_are_counted_on_the_worker_that_made_them(archive):
+    client, proxy = archive["client"], archive["proxy"]
+    worker = sorted(archive["pids"])[0]
+    options = s3_options(proxy.endpoint)
+    catalog = archive["catalog"]
+    client.submit(scenes.search, catalog, 2, options, workers=[worker], pure=False).result()
+    before, mark = storage_io.io_counters(client), proxy.mark()
+    found = client.submit(scenes.search, catalog, 3, options, workers=[worker],
+                          pure=False).result()
+    rows = storage_io.stage_deltas("search", before, storage_io.io_counters(client))
+    seen = proxy.since(mark)
+    assert len(found) == 3
+    mine = {r["worker"]: r for r in rows}[worker]
+    assert mine["s3fs_get"] == sum(q.kind == "GET" for q in seen) == SPEC.dates + 1
+    assert mine["s3fs_head"] + mine["s3fs_list"] == sum(q.kind != "GET" for q in seen)
+
+
+def test_workers_without_gdal_have_no_gdal_columns():
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        assert storage_io.install(client)
+        before = storage_io.io_counters(client)
+        da.ones((100, 100), chunks=50).sum().compute()
+        rows = storage_io.stage_deltas("compute", before, storage_io.io_counters(client))
+    assert rows and all(not any(k.startswith("gdal_") for k in r) for r in rows)
+    metrics = stage_io_metrics(io_frame(rows))
+    assert "requests" not in metrics.columns and "requests_per_chunk" not in metrics.columns
+    assert stage_io_summary(io_frame(rows), "compute") is None or "requests" not in (
+        stage_io_summary(io_frame(rows), "compute") or {})
+
+
+# -- pure parts ----------------------------------------------------------------------------------
+
+
+def test_gdal_counts_split_listings_from_gets():
+    text = ('{"methods": {"GET": {"count": 5, "downloaded_bytes": 100}, "HEAD": {"count": 2}},'
+            ' "handlers": {"vsis3": {"actions": {"ReadDir": {"methods": {"GET": {"count": 2,'
+            ' "downloaded_bytes": 10}}}}}}}')
+    assert storage_io.gdal_counts(text) == {"GET": 3, "LIST": 2, "HEAD": 2, "bytes": 100}
+    assert storage_io.gdal_counts("") == {}
+
+
+def test_stage_deltas_count_a_restarted_worker_from_zero():
+    def reading(pid, get):
+        return {"pid": pid, "time": 0.0, "gdal": {"GET": get, "bytes": 10 * get},
+                "s3fs": None, "chunks": get, "decoded_bytes": 100 * get, "errors": 0}
+
+    before = {"a": reading(1, 5), "b": reading(2, 5)}
+    after = {"a": reading(1, 8), "b": reading(3, 2), "c": reading(4, 1)}
+    rows = {r["worker"]: r for r in storage_io.stage_deltas("read", before, after)}
+    assert rows["a"]["gdal_get"] == 3 and rows["a"]["gdal_bytes"] == 30
+    assert rows["b"]["gdal_get"] == 2, "another process: counted from zero"
+    assert rows["c"]["chunks"] == 1, "joined during the stage"
+    assert "s3fs_get" not in rows["a"], "s3fs never loaded: absent, not zero"
+    metrics = stage_io_metrics(io_frame(list(rows.values())))
+    assert metrics.loc["read", "requests"] == 6
+    assert metrics.loc["read", "requests_per_chunk"] == 1.0
+    assert metrics.loc["read", "read_amplification"] == pytest.approx(0.1)
+
+
+def test_effective_options_never_record_secret_values():
+    options = storage_io.effective_options(
+        {"AWS_SECRET_ACCESS_KEY": "s3cr3t", "AWS_ACCESS_KEY_ID": "AKIA", "HOME": "/root",
+         "GDAL_HTTP_MERGE_CONSECUTIVE_RANGES": "YES", "AWS_SESSION_TOKEN": "t"},
+        {"GDAL_HTTP_MERGE_CONSECUTIVE_RANGES": "NO", "CPL_DEBUG": "OFF"})
+    assert options == {"AWS_ACCESS_KEY_ID": "<set>", "AWS_SECRET_ACCESS_KEY": "<set>",
+                       "AWS_SESSION_TOKEN": "<set>", "CPL_DEBUG": "OFF",
+                       "GDAL_HTTP_MERGE_CONSECUTIVE_RANGES": "NO"}
+
+
+def test_io_frame_of_nothing_is_empty_with_base_columns():
+    frame = io_frame([])
+    assert frame.empty and list(frame.columns) == ["stage", "worker", "chunks", "decoded_bytes"]
+    assert stage_io_metrics(frame).empty
+    assert isinstance(stage_io_metrics(frame), pd.DataFrame)
+
+
+
+@pytest.mark.parametrize("chunk, aligned", [(128, True), (96, False)])
+def test_chunks_are_compared_with_the_cogs_blocks(archive, chunk, aligned):
+    client = archive["client"]
+    scenes.configure_workers(client, scenes.gdal_options(
+        {"endpoint_url": archive["proxy"].endpoint}))
+    before = storage_io.io_counters(client)
+    ds = client.submit(scenes.open_scenes, archive["found"], chunk, pure=False).result()
+    wait(ds.persist())
+    found = storage_io.check_alignment(client, before, storage_io.io_counters(client))
+    assert found["block"] == [SPEC.tile, SPEC.tile]
+    assert found["chunk"] == [chunk, chunk]
+    assert found["aligned"] is aligned
+    if not aligned:
+        assert "chunks={'y': 128, 'x': 128}" in found["fix"]
+
+
+def test_chunks_against_blocks_judges_the_usual_chunk_not_the_edges():
+    found = storage_io.chunks_against_blocks({"512x512": 12, "100x512": 3},
+                                             {"/vsis3/b/a.tif": [256, 256]})
+    assert found["aligned"] and found["fix"] is None
+    found = storage_io.chunks_against_blocks({"600x600": 4}, {"a": [256, 256], "b": [256, 256]})
+    assert not found["aligned"] and "'y': 512" in found["fix"]
+    assert storage_io.chunks_against_blocks({}, {"a": [1, 1]}) is None
+
+
+def test_a_gdal_option_change_ranks_first_in_the_explanation():
+    from prefect_dask_profiling.regression.explain import explain_stage
+
+    def manifest(merge: str, gdal: str = "3.10.3") -> dict:
+        return {"version": "1", "workers": 2, "threads": 2,
+                "stages": [{"name": "read", "tasks": 50}],
+                "environment": {"python": "3.11.7", "dask": "2026.8.0", "raster": {
+                    "gdal": gdal, "rasterio": "1.4.4", "libcurl": "libcurl/8.14.1",
+                    "options": {"GDAL_HTTP_MERGE_CONSECUTIVE_RANGES": merge,
+                                "AWS_SECRET_ACCESS_KEY": "<set>"}}}}
+
+    tonight = manifest("NO")
+    tonight["environment"]["dask"] = "2026.9.0"
+    why = explain_stage("read", tonight, [manifest("YES") for _ in range(3)])
+    first = why["context"][0]
+    assert (first["what"], first["was"], first["now"]) == (
+        "GDAL_HTTP_MERGE_CONSECUTIVE_RANGES", "YES", "NO")
+    assert "GDAL_HTTP_MERGE_CONSECUTIVE_RANGES YES → NO" in why["text"]
+    upgrade = explain_stage("read", manifest("YES", gdal="3.11.0"),
+                            [manifest("YES") for _ in range(3)])
+    assert upgrade["context"][0]["what"] == "gdal (workers)"
+
+
+def test_io_text_reads_like_the_tables():
+    io = {"requests": 56, "get": 56, "bytes": 1_054_468, "chunks": 48,
+          "requests_per_chunk": 1.17, "read_amplification": 0.33}
+    assert storage_io and "56 requests (GET 56), 1.2 per chunk, 1.05 MB" in io_text(io)
+    assert io_text(None) == "" and io_text({"chunks": 0}) == ""
+    assert io_text({"requests": 0, "chunks": 4, "bytes": 0}) == "", "no request, no line"
+    assert io_text({"requests": 0, "s3fs_requests": 29}) == "s3fs 29 requests"
