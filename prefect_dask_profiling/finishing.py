@@ -426,7 +426,8 @@ def _manifest(end: RunEnd, *, provisional: bool) -> dict[str, Any]:
         utilisation=_or_empty(end.util, ["utilisation", "wall_s", "task_s"]),
         stages=end.stages, workers=end.record.n_workers, threads=end.record.threads,
         env=end.env, warnings=list(end.warnings), baseline=baseline,
-        unjudged_reason=None if judged else (end.unjudged_reason or "verdict pending"))
+        unjudged_reason=None if judged else (end.unjudged_reason or "verdict pending"),
+        suspected=judged and end.judgement.outcome.suspected)
     if not provisional:
         manifest.update(end.manifest_extra)
     if end.step_seconds:

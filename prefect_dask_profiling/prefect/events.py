@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import uuid
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -33,6 +34,9 @@ logger = logging.getLogger(__name__)
 REGRESSION_EVENT = "dask-profiling.regression.detected"
 DRIFT_EVENT = "dask-profiling.drift.detected"
 MAX_PREFIXES = 50  # keeps the event far below the server's size limit
+# Episode events other than "detected" (which is the run-level regression event above).
+EPISODE_KINDS = ("suspected", "cleared", "resolved")
+_RUN_EVENT_NAMESPACE = uuid.UUID("0b7c4a52-1d9e-5f3a-8c61-4e2d9a7f0c15")
 PREFIX_FIELDS = ("stage", "prefix", "verdict", "ratio", "cumulative_ratio", "baseline_s",
                  "latest_s", "cause", "fails", "start_run", "start_started")
 
@@ -65,9 +69,10 @@ def event_payload(result: FinishResult, rows: pd.DataFrame, links: dict[str, str
         entry = {k: record[k] for k in PREFIX_FIELDS if k in record}
         prefixes.append({k: v for k, v in entry.items()
                          if not (isinstance(v, float) and math.isnan(v))})
+    episodes = list(result.judgement.outcome.episodes) if result.judgement is not None else []
     return json_clean({
         "run_id": result.run_id, "pipeline": result.pipeline, "version": result.version,
-        "status": result.status, "fails": fails, "flagged": len(rows),
+        "status": result.status, "fails": fails, "flagged": len(rows), "episodes": episodes,
         "prefixes": prefixes, "report_links": dict(links), "trend_link": trend_link,
         "location": result.location,
     })
@@ -96,7 +101,9 @@ def emit_detection_events(result: FinishResult, links: dict[str, str] | None = N
     ``distributed.Client`` run) nothing is emitted. Never raises.
     """
     found = findings(result)
-    if not found:
+    episode_events = [e for e in (result.judgement.outcome.events if result.judgement
+                                  is not None else ()) if e.kind in EPISODE_KINDS]
+    if not found and not episode_events:
         return [], []
     flow_run_id = result.manifest.get("flow_run_id")
     if not flow_run_id:
@@ -114,13 +121,25 @@ def emit_detection_events(result: FinishResult, links: dict[str, str] | None = N
         try:
             event = emit_event(name, resource=resource, related=related,
                                payload=event_payload(result, rows, links or {}, trend_link,
-                                                     fails))
+                                                     fails),
+                               id=uuid.uuid5(_RUN_EVENT_NAMESPACE, f"{result.run_id}/{name}"))
         except Exception as exc:
             warnings.append(f"event {name} not emitted: {exc!r}")
             continue
         if event is None:
             warnings.append(f"event {name} not emitted: Prefect events are switched off")
         else:
+            events.append(event)
+    for alert in episode_events:  # stable ids: a retried run's events are deduplicated
+        try:
+            event = emit_event(alert.event, resource=resource, related=related,
+                               payload=json_clean({**alert.to_json(), "pipeline":
+                                                   result.pipeline, "version": result.version}),
+                               id=uuid.UUID(alert.id))
+        except Exception as exc:
+            warnings.append(f"event {alert.event} not emitted: {exc!r}")
+            continue
+        if event is not None:
             events.append(event)
     return events, warnings
 

@@ -87,7 +87,7 @@ SMALL_SAMPLE = 2.0
 PERSIST = 0.75
 # Statuses whose nights belong to a series: a run flagged regressed or drifting is exactly
 # the evidence of a drift; failed, incomplete and unjudged runs are not comparable.
-SERIES_STATUSES = ("healthy", "regressed")
+SERIES_STATUSES = ("healthy", "regressed", "suspected")
 
 
 def detect_drift(history: pd.DataFrame, threshold: float = 2.0, min_ratio: float = 1.5,

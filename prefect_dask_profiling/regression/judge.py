@@ -34,11 +34,23 @@ import pandas as pd
 
 from prefect_dask_profiling._util import InvalidInput
 from prefect_dask_profiling.regression import drift as drift_rule
+from prefect_dask_profiling.regression.alert_history import load_acks, load_nights
+from prefect_dask_profiling.regression.alerts import (
+    Ack,
+    AlertEvent,
+    Book,
+    Night,
+    advance,
+    failing,
+    priors,
+    replay,
+)
 from prefect_dask_profiling.regression.baseline import (
     Baseline,
     HistoryUnavailable,
     load_baseline,
 )
+from prefect_dask_profiling.regression.confirm import confirm_verdicts, noise_reach
 from prefect_dask_profiling.regression.explain import explain_verdicts
 from prefect_dask_profiling.regression.rule import RegressionRule, Rules
 from prefect_dask_profiling.regression.verdict import (
@@ -112,6 +124,11 @@ class History:
         Where the series starts.
     manifests
         The readable manifests of the baseline runs (for explanations).
+    alerts
+        The alert episodes after the previous judged runs
+        (:func:`~.alerts.replay`: recomputed from their stored verdicts, nothing kept aside).
+    acks
+        The acknowledgements of the pipeline version.
     warnings
         Runs skipped because they could not be read.
     """
@@ -120,6 +137,8 @@ class History:
     series: pd.DataFrame
     series_note: str = ""
     manifests: tuple[Mapping[str, Any], ...] = ()
+    alerts: Book = field(default_factory=Book)
+    acks: tuple[Ack, ...] = ()
     warnings: tuple[str, ...] = ()
 
 
@@ -137,11 +156,22 @@ class Outcome:
         Why flagged prefixes do not count (the run failed or is incomplete); empty otherwise.
     message
         One line naming what regressed and drifted (the failure message of the flow).
+    suspected
+        Prefixes flagged tonight wait for the next run to confirm them (the run does not
+        fail; it is stored ``suspected`` and kept out of baselines).
+    events
+        What happened to alert episodes tonight (suspected, detected, cleared, resolved),
+        each with a stable id.
+    episodes
+        The ids of the episodes that fail the run.
     """
 
     regressed: bool
     reason: str = ""
     message: str = "no regression"
+    suspected: bool = False
+    events: tuple[AlertEvent, ...] = ()
+    episodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -212,7 +242,9 @@ class Judgement:
         return {
             "rules": self.rules.to_dict(),
             "outcome": {"regressed": self.outcome.regressed, "reason": self.outcome.reason,
-                        "message": self.outcome.message},
+                        "message": self.outcome.message, "suspected": self.outcome.suspected,
+                        "episodes": list(self.outcome.episodes),
+                        "events": [e.to_json() for e in self.outcome.events]},
             "drift": {"note": self.series_note,
                       "failing": _names(self.drifting(failing_only=True)),
                       "drifting": _names(self.drifting())},
@@ -259,7 +291,11 @@ def load_history(store: RunStore, pipeline: str, version: str, rules: Rules, *,
             warnings.append(f"explanation: baseline run {run} skipped: {doc}")
         else:
             manifests.append(doc)
-    return History(baseline, series, note, tuple(manifests), tuple(warnings))
+    nights = [n for n in load_nights(store, pipeline, version)
+              if n.run_id != run_id and (before is None or n.run_id < before)]
+    acks = tuple(load_acks(store, pipeline, version))
+    book, _ = replay(nights, acks, rules.regression)
+    return History(baseline, series, note, tuple(manifests), book, acks, tuple(warnings))
 
 
 def judge(tonight: Tonight, history: History, rules: Rules | None = None) -> Judgement:
@@ -283,9 +319,11 @@ def judge(tonight: Tonight, history: History, rules: Rules | None = None) -> Jud
         raise TypeError(f"rules must be a Rules, got {type(rules).__name__}")
     one_night = detect_regressions(history.baseline.history, tonight.summary,
                                    rule=rules.regression)
+    one_night = confirm_verdicts(one_night, priors(history.alerts), rules.regression,
+                                 noise_reach(history.baseline.history))
     drift = _drift(tonight, history, rules)
     verdicts = drift_rule.merge_drift(one_night, drift)
-    outcome = _outcome(one_night, drift, failed=tonight.failed, incomplete=tonight.incomplete)
+    outcome = _outcome(tonight, one_night, drift, history, rules)
     explanations = explain_verdicts(one_night, tonight.context, list(history.manifests)) \
         if not regressed(one_night).empty else {}
     return Judgement(run_id=tonight.run_id, pipeline=tonight.pipeline, version=tonight.version,
@@ -408,18 +446,33 @@ def _drift(tonight: Tonight, history: History, rules: Rules) -> pd.DataFrame:
     return drift_rule.detect_drift(series, judged_run=tonight.run_id, **rules.drift_settings())
 
 
-def _outcome(one_night: pd.DataFrame, drift: pd.DataFrame, *, failed: bool,
-             incomplete: bool) -> Outcome:
-    """Does the run fail: one-night regressions and failing drift, if the run is comparable."""
-    counted = run_outcome(one_night, failed=failed, incomplete=incomplete)
-    failing = drift_rule.drifted(drift, failing_only=True)
+def _outcome(tonight: Tonight, one_night: pd.DataFrame, drift: pd.DataFrame,
+             history: History, rules: Rules) -> Outcome:
+    """Does the run fail: confirmed (or conclusive) regressions and failing drift, if the
+    run is comparable; which alert episodes moved tonight."""
+    counted = run_outcome(one_night, failed=tonight.failed, incomplete=tonight.incomplete)
+    failing_drift = drift_rule.drifted(drift, failing_only=True)
     rows = regressed(one_night)
-    parts = ([describe(rows)] if not rows.empty else []) \
-        + ([drift_rule.describe_drift(failing)] if not failing.empty else [])
-    message = "; ".join(parts) or "no regression"
     if counted.reason:  # flagged prefixes of a failed or incomplete run do not count
-        return Outcome(regressed=False, reason=counted.reason, message=message)
-    return Outcome(regressed=counted.regressed or not failing.empty, message=message)
+        return Outcome(regressed=False, reason=counted.reason, message=_message(
+            rows, failing_drift))
+    night = Night(tonight.run_id, tonight.pipeline, tonight.version, one_night)
+    book, events = advance(history.alerts, night, history.acks, rules.regression)
+    fails = failing(book, night)
+    failing_keys = {ep.key for ep in fails}
+    rows = rows[[(str(s), str(p)) in failing_keys
+                 for s, p in zip(rows["stage"], rows["prefix"], strict=True)]]
+    suspected = bool((one_night.get("alert", pd.Series(dtype=str)) == "suspected").any())
+    regressed_now = bool(fails) or not failing_drift.empty
+    return Outcome(regressed=regressed_now, message=_message(rows, failing_drift),
+                   suspected=suspected and not regressed_now, events=tuple(events),
+                   episodes=tuple(ep.id for ep in fails))
+
+
+def _message(rows: pd.DataFrame, failing_drift: pd.DataFrame) -> str:
+    parts = ([describe(rows)] if not rows.empty else []) \
+        + ([drift_rule.describe_drift(failing_drift)] if not failing_drift.empty else [])
+    return "; ".join(parts) or "no regression"
 
 
 def _stored_rules(manifest: Mapping[str, Any], rules: Rules | None,

@@ -20,7 +20,7 @@ from prefect_dask_profiling.store.errors import DamagedRecord
 
 SCHEMA_VERSION = 1
 # Index statuses. ``unjudged``: the run is stored but its verdict could not be computed.
-STATUSES = ("healthy", "regressed", "failed", "incomplete", "unjudged")
+STATUSES = ("healthy", "regressed", "suspected", "failed", "incomplete", "unjudged")
 # Keys a stored manifest must have to be read back.
 MANIFEST_REQUIRED = ("schema_version", "run_id", "pipeline", "version", "status", "files")
 # Manifest keys copied into a run's index marker (readable without opening the run).
@@ -118,17 +118,19 @@ class RunContext:
     started: datetime = field(default_factory=lambda: datetime.now(UTC))
 
 
-def status_for(state: str, regressed: bool, judged: bool = True) -> str:
+def status_for(state: str, regressed: bool, judged: bool = True,
+               suspected: bool = False) -> str:
     """Index status of a run from the flow's final state and the verdict.
 
     A run that completed but whose verdict could not be computed is ``unjudged``: it is
-    kept out of every baseline and ``dask-profiling check`` fails for it.
+    kept out of every baseline and ``dask-profiling check`` fails for it. A judged run with
+    a suspected regression that did not fail it is ``suspected``: out of baselines too.
     """
     if state not in ("COMPLETED", "FAILED") or (state == "FAILED" and not regressed):
         return "failed" if state != "UNKNOWN" else "incomplete"
     if not judged:
         return "unjudged"
-    return "regressed" if regressed else "healthy"
+    return "regressed" if regressed else ("suspected" if suspected else "healthy")
 
 
 def build_manifest(ctx: RunContext, *, state: str, regressed: bool,
@@ -136,7 +138,7 @@ def build_manifest(ctx: RunContext, *, state: str, regressed: bool,
                    threads: int, env: dict[str, Any], warnings: list[str],
                    baseline: dict[str, Any] | None = None,
                    ended: datetime | None = None, judged: bool = True,
-                   unjudged_reason: str | None = None) -> Manifest:
+                   unjudged_reason: str | None = None, suspected: bool = False) -> Manifest:
     """The manifest document (``files`` is added by the store)."""
     ended = ended or datetime.now(UTC)
     util = {"run": None, "stages": {}}
@@ -151,7 +153,8 @@ def build_manifest(ctx: RunContext, *, state: str, regressed: bool,
         "run_id": ctx.run_id, "pipeline": ctx.pipeline, "version": ctx.version,
         "source_hash": ctx.source_hash, "flow_run_id": ctx.flow_run_id,
         "flow_run_name": ctx.flow_run_name, "deployment": ctx.deployment,
-        "state": state, "status": status_for(state, regressed, judged), "regressed": regressed,
+        "state": state, "status": status_for(state, regressed, judged, suspected),
+        "regressed": regressed,
         "unjudged_reason": None if judged else unjudged_reason,
         "baseline": baseline or {"runs": [], "version": ctx.version, "note": "no check ran"},
         "started": ctx.started.isoformat(), "ended": ended.isoformat(),

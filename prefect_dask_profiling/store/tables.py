@@ -13,8 +13,8 @@ from prefect_dask_profiling.store.layout import MANIFEST
 
 TASKS_COLUMNS = ["stage", "prefix", "tasks", "total_s", "p50_s", "p95_s", "gb_out"]
 # Columns read back as text whatever they hold (a stage named "1" stays "1").
-NAME_COLUMNS = ("stage", "prefix", "worker", "host", "source", "destination", "scope", "verdict",
-                "cause")
+NAME_COLUMNS = ("stage", "prefix", "alert", "alert_reason", "worker", "host", "source",
+                "destination", "scope", "verdict", "cause")
 
 
 def encode_files(tables: dict[str, pd.DataFrame],
