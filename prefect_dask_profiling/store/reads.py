@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import os
 from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -196,12 +197,20 @@ class Reading(StoreAccess):
         of a window, not of the whole history. Elsewhere one listing, filtered.
         """
         rel = layout.pipeline_runs(pipeline)
-        if self.kind != "s3":
-            names = self._children(rel)
-        else:
+        if self.kind == "s3":
             names = self._s3_folders(rel, lo, hi)
-        return {n for n in names if layout.valid_names(n) and lo <= n
-                and (hi is None or n <= hi)}
+        elif self._local:  # names only: no stat, no path handling per folder
+            self._check_reachable()
+            try:
+                names = os.listdir(self._path(rel))
+            except (FileNotFoundError, NotADirectoryError):
+                names = []
+            except OSError as exc:
+                raise self._failure(exc, f"could not list {self.location(rel)}") from None
+        else:
+            names = self._children(rel)
+        return {n for n in names if lo <= n and (hi is None or n <= hi)
+                and layout.valid_names(n)}
 
     def _s3_folders(self, rel: str, lo: str, hi: str | None) -> list[str]:
         """Folder names below ``rel`` from ``lo`` on (one paged S3 listing, stopped past ``hi``)."""
