@@ -1,41 +1,50 @@
-"""How long loading a baseline takes with 1,000 stored runs (target: < 2 s).
+"""How long judging a night reads its history, with many stored runs (local folder or S3).
 
-Creates 1,000 runs of one pipeline (two versions, a few regressed and failed runs) in a
-temporary local store through ``RunStore.write_run``, then times ``load_baseline`` and a full
-regression check, and prints how many tables were read. Run with::
+Stores ``--runs`` runs of one pipeline (two versions; a few regressed and failed runs; one run
+every 8 hours, so 10,000 runs span 9 years of monthly index partitions), then times what a
+night's judgement reads: ``load_baseline`` and ``load_series`` (the drift series) inside one
+``remembering_reads`` block, as ``finish_run`` does, and a full regression check. On S3 (a
+moto server started here, on 127.0.0.1) it also counts the HTTP requests, split into
+listings and reads. ``--layout old`` writes the index markers where stores written before
+the monthly partitions kept them (flat below the version), to compare. Run with::
 
     .venv/bin/python -m benchmarks.history_load [--runs 1000] [--n 8]
+    .venv/bin/python -m benchmarks.history_load --backend s3 --runs 10000
+    .venv/bin/python -m benchmarks.history_load --backend s3 --runs 10000 --layout old
+    .venv/bin/python -m benchmarks.history_load --runs 100000
+
+Targets: baseline + drift series < 1 s with 10,000 runs on moto S3, requests O(history) —
+the same count for 1,000 and 10,000 runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
+import os
 import tempfile
 import time
+from collections import Counter
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from prefect_dask_profiling.regression.history import load_baseline
+from prefect_dask_profiling.regression.baseline import load_baseline
+from prefect_dask_profiling.regression.drift import load_series
 from prefect_dask_profiling.regression.verdict import detect_regressions
+from prefect_dask_profiling.store import layout
+from prefect_dask_profiling.store.manifest import complete_manifest, dump, marker_doc
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
+from prefect_dask_profiling.store.tables import encode_files
 
 N_PREFIXES = 20
-
-
-class CountingStore(RunStore):
-    """Counts table reads (the expensive part of a baseline)."""
-
-    table_reads = 0
-
-    def read_table(self, pipeline: str, run_id: str, name: str = "tasks") -> pd.DataFrame:
-        self.table_reads += 1
-        return super().read_table(pipeline, run_id, name)
-
-    def read_tables(self, pipeline: str, run_ids: list[str], name: str = "tasks") -> dict:
-        self.table_reads += len(run_ids)
-        return super().read_tables(pipeline, run_ids, name)
+PIPELINE = "nightly"
+BUCKET = "history-load"
+VARIANTS = 16  # distinct tables, reused: encoding 100,000 CSVs would dominate the setup
 
 
 def tasks_table(rng: np.random.Generator) -> pd.DataFrame:
@@ -48,43 +57,126 @@ def tasks_table(rng: np.random.Generator) -> pd.DataFrame:
         "disk_read_s": 0.0, "disk_write_s": 0.0, "share": total / total.sum()})
 
 
-def populate(store: RunStore, runs: int) -> str:
-    """Write ``runs`` runs; returns the id of the newest."""
+def run_files(runs: int, old_layout: bool) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """``(run_id, {path relative to the root: bytes})`` of every run, oldest first."""
     rng = np.random.default_rng(0)
-    start = datetime(2024, 1, 1, 2, tzinfo=UTC)
-    run_id = ""
+    tables = [encode_files({"tasks": tasks_table(rng)}, None) for _ in range(VARIANTS)]
+    start = datetime(2017, 1, 1, 2, tzinfo=UTC)
+    marker = layout.flat_index_marker if old_layout else layout.index_marker
     for i in range(runs):
         version = "1.2" if i < runs // 2 else "1.3"
         status = "regressed" if i % 50 == 7 else "failed" if i % 70 == 3 else "healthy"
-        run_id = new_run_id(start + timedelta(days=i))
-        store.write_run("nightly", run_id, {"tasks": tasks_table(rng)},
-                        {"version": version, "status": status, "state": "COMPLETED"})
-    return run_id
+        run_id = new_run_id(start + timedelta(hours=8 * i))
+        files = tables[i % VARIANTS]
+        doc = complete_manifest(PIPELINE, run_id, {"version": version, "status": status,
+                                                   "state": "COMPLETED"}, files)
+        out = {layout.run_file(PIPELINE, run_id, name): data for name, data in files.items()}
+        out[layout.manifest_file(PIPELINE, run_id)] = dump(doc)
+        out[marker(PIPELINE, version, run_id, status)] = dump(marker_doc(doc))
+        yield run_id, out
+
+
+def populate(store: RunStore, runs: int, old_layout: bool) -> str:
+    """Store ``runs`` runs (the files ``write_run`` writes, sent in bulk); the newest id."""
+    batch: dict[str, bytes] = {}
+    latest = ""
+    for run_id, files in run_files(runs, old_layout):
+        latest = run_id
+        if store.kind == "local":
+            for rel, data in files.items():
+                path = Path(store._path(rel))
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+            continue
+        batch.update({store._path(rel): data for rel, data in files.items()})
+        if len(batch) >= 3000:
+            store.fs.pipe(batch, timeout=600)
+            batch = {}
+    if batch:
+        store.fs.pipe(batch, timeout=600)
+    return latest
+
+
+class Requests:
+    """Counts the S3 requests of one store (a botocore event hook on its session)."""
+
+    def __init__(self, store: RunStore) -> None:
+        self.counts: Counter = Counter()
+        store.fs.session.register("before-send.s3", self._count)
+
+    def _count(self, request: object, **kwargs: object) -> None:
+        method = getattr(request, "method", "?")
+        url = str(getattr(request, "url", ""))
+        self.counts["list" if method == "GET" and ("list-type" in url or "delimiter" in url)
+                    else method.lower()] += 1
+
+    def __str__(self) -> str:
+        return ", ".join(f"{n} {kind}" for kind, n in sorted(self.counts.items())) or "none"
+
+
+@contextlib.contextmanager
+def open_store(backend: str, tmp: str) -> Iterator[tuple[RunStore, dict]]:
+    """An empty store on ``backend``, and the options to open it again."""
+    if backend == "local":
+        yield RunStore(f"{tmp}/store", spool_dir=f"{tmp}/spool"), {}
+        return
+    import botocore.session
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        options = {"endpoint_url": f"http://{host}:{port}", "key": "bench", "secret": "bench"}
+        botocore.session.get_session().create_client(
+            "s3", endpoint_url=options["endpoint_url"], region_name="us-east-1",
+            aws_access_key_id="bench", aws_secret_access_key="bench").create_bucket(
+            Bucket=BUCKET)
+        yield RunStore(f"s3://{BUCKET}/store", options, spool_dir=f"{tmp}/spool",
+                       timeout=60), options
+    finally:
+        server.stop()
+
+
+def judge_once(store: RunStore, latest: str, n: int) -> tuple[float, float, str]:
+    """Baseline + drift series of the newest run, as ``finish_run`` reads them."""
+    t0 = time.perf_counter()
+    with store.remembering_reads():
+        base = load_baseline(store, PIPELINE, "1.3", n=n, exclude_run_id=latest)
+        series, _ = load_series(store, PIPELINE, "1.3", exclude_run_id=latest)
+    loaded = time.perf_counter() - t0
+    verdicts = detect_regressions(base.history, store.read_table(PIPELINE, latest))
+    regressions = int((verdicts["verdict"] == "regression").sum())
+    text = (f"{len(base.runs)} baseline runs, {series['run_id'].nunique()} series runs, "
+            f"{regressions} regression(s)")
+    return loaded, time.perf_counter() - t0, text
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=1000)
     parser.add_argument("--n", type=int, default=8)
+    parser.add_argument("--backend", choices=["local", "s3"], default="local")
+    parser.add_argument("--layout", choices=["new", "old"], default="new",
+                        help="old: index markers where stores before the partitions kept them")
+    parser.add_argument("--attempts", type=int, default=3)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        store = CountingStore(f"{tmp}/store", spool_dir=f"{tmp}/spool")
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto logs every request
+    with tempfile.TemporaryDirectory() as tmp, open_store(args.backend, tmp) as (store, opts):
         t0 = time.perf_counter()
-        latest = populate(store, args.runs)
-        print(f"created {args.runs} runs in {time.perf_counter() - t0:.1f} s")
-        for attempt in range(3):
-            store.table_reads = 0
-            t0 = time.perf_counter()
-            base = load_baseline(store, "nightly", "1.3", n=args.n, exclude_run_id=latest)
-            loaded = time.perf_counter() - t0
-            verdicts = detect_regressions(base.history, store.read_table("nightly", latest))
-            checked = time.perf_counter() - t0
-            print(f"attempt {attempt + 1}: load_baseline {loaded:.3f} s "
-                  f"({store.table_reads - 1} tables read for {len(base.runs)} runs), "
-                  f"with detect_regressions {checked:.3f} s; "
-                  f"{(verdicts['verdict'] == 'regression').sum()} regression(s); "
-                  f"target < 2 s: {'ok' if loaded < 2 else 'MISSED'}")
-        print(f"note: {base.note}")
+        latest = populate(store, args.runs, args.layout == "old")
+        print(f"stored {args.runs} runs ({args.layout} index layout, {args.backend}) in "
+              f"{time.perf_counter() - t0:.1f} s")
+        for attempt in range(args.attempts):
+            fresh = RunStore(store.url, opts or None, spool_dir=f"{tmp}/spool",
+                             timeout=store.timeout)  # a new night: nothing remembered
+            requests = Requests(fresh) if fresh.kind == "s3" else None
+            loaded, checked, text = judge_once(fresh, latest, args.n)
+            counted = f"; S3 requests: {requests}" if requests else ""
+            print(f"attempt {attempt + 1}: baseline + drift series {loaded:.3f} s, with the "
+                  f"verdict {checked:.3f} s ({text}){counted}; target < 1 s: "
+                  f"{'ok' if loaded < 1 else 'MISSED'}")
+        print(f"(cpu count {os.cpu_count()}; load average {os.getloadavg()[0]:.1f})")
 
 
 if __name__ == "__main__":

@@ -373,3 +373,142 @@ def tag_process() -> str:
     """Make this process's GDAL requests carry ``X-Worker-Pid`` (run on each worker)."""
     os.environ["GDAL_HTTP_HEADERS"] = f"X-Worker-Pid: {os.getpid()}"
     return str(os.getpid())
+
+
+# ---------------------------------------------------------------------- faults over HTTP
+_S3_ERRORS = {403: ("AccessDenied", "Access Denied"),
+              503: ("SlowDown", "Please reduce your request rate.")}
+_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
+               "proxy-authenticate", "proxy-authorization"}
+
+
+@dataclass(frozen=True)
+class S3Request:
+    """What a :class:`FaultProxy` rule sees of one request."""
+
+    method: str
+    key: str  # the path below the endpoint, without the leading "/": "bucket/key..."
+    query: dict[str, str]
+
+    @property
+    def is_list(self) -> bool:
+        """A bucket listing (ListObjects/ListObjectsV2)."""
+        return self.method == "GET" and "/" not in self.key.strip("/") and (
+            "list-type" in self.query or "prefix" in self.query or "delimiter" in self.query)
+
+    @property
+    def prefix(self) -> str:
+        return self.query.get("prefix", "")
+
+
+class FaultProxy:
+    """A real HTTP server in front of an S3 endpoint that answers chosen requests itself.
+
+    ``rule(request)`` decides per request: ``None`` forwards it to ``upstream`` unchanged;
+    ``403`` or ``503`` answers with S3's own error document (AccessDenied, SlowDown);
+    ``"hang"`` reads the request and never answers (until :meth:`stop`). ``rule`` may be
+    replaced at any time (``proxy.rule = ...``): that is how a test breaks the store between
+    two writes. Every request and what was done with it is kept in :attr:`log`.
+    """
+
+    def __init__(self, upstream: str) -> None:
+        import http.server
+
+        self.upstream = upstream
+        self.rule = lambda request: None
+        self.log: list[tuple[S3Request, object]] = []
+        self._released = threading.Event()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _body(self) -> bytes:
+                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                    chunks = []
+                    while True:
+                        size = int(self.rfile.readline().strip().split(b";")[0], 16)
+                        if not size:
+                            self.rfile.readline()
+                            return b"".join(chunks)
+                        chunks.append(self.rfile.read(size))
+                        self.rfile.readline()
+                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+            def _handle(self) -> None:
+                from urllib.parse import parse_qsl, urlsplit
+
+                body = self._body()
+                parts = urlsplit(self.path)
+                request = S3Request(self.command, parts.path.lstrip("/"),
+                                    dict(parse_qsl(parts.query, keep_blank_values=True)))
+                action = proxy.rule(request)
+                proxy.log.append((request, action))
+                if action == "hang":
+                    proxy._released.wait(120)
+                    self.close_connection = True
+                    return
+                if action in _S3_ERRORS:
+                    self._error(int(action))
+                    return
+                self._forward(body)
+
+            def _error(self, status: int) -> None:
+                code, message = _S3_ERRORS[status]
+                data = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
+                        f"<Message>{message}</Message><RequestId>fault</RequestId></Error>"
+                        ).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+
+            def _forward(self, body: bytes) -> None:
+                import http.client
+                from urllib.parse import urlsplit
+
+                target = urlsplit(proxy.upstream)
+                conn = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+                headers = {k: v for k, v in self.headers.items()
+                           if k.lower() not in _HOP_BY_HOP and k.lower() != "content-length"}
+                headers["Content-Length"] = str(len(body))
+                try:
+                    conn.request(self.command, self.path, body=body, headers=headers)
+                    response = conn.getresponse()
+                    data = response.read()
+                finally:
+                    conn.close()
+                self.send_response(response.status)
+                for key, value in response.getheaders():
+                    if key.lower() not in _HOP_BY_HOP and key.lower() != "content-length":
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def __enter__(self) -> FaultProxy:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Release hanging requests and stop serving."""
+        self._released.set()
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)

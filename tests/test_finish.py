@@ -48,7 +48,7 @@ def test_healthy_run_is_stored_complete(inproc_client, tmp_path):
     assert manifest["status"] == "healthy" and manifest["unjudged_reason"] is None
     assert {"tasks.csv", "regression.csv", "utilisation.csv"} <= set(manifest["files"])
     assert [r["status"] for r in store.list_runs("nightly")] == ["healthy"]
-    markers = list((tmp_path / "index" / "nightly" / "1").iterdir())
+    markers = list((tmp_path / "index" / "nightly" / "1").rglob("*.*"))
     assert [m.name for m in markers] == [f"{result.run_id}.healthy"]  # provisional one removed
 
 

@@ -43,9 +43,9 @@ class CountingStore(RunStore):
         self.table_reads.extend(run_ids)
         return super().read_tables(pipeline, run_ids, name)
 
-    def list_runs(self, pipeline: str, version: str | None = None) -> list[dict]:
+    def list_runs(self, pipeline: str, version: str | None = None, **window) -> list[dict]:
         self.listings += 1
-        return super().list_runs(pipeline, version)
+        return super().list_runs(pipeline, version, **window)
 
 
 def tasks_frame(scale: float = 1.0, read_tasks: int = 40) -> pd.DataFrame:

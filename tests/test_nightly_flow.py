@@ -12,6 +12,7 @@ from prefect.client.orchestration import get_client
 
 from flows.nightly_ndvi import CLUSTER_KWARGS, nightly_ndvi
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner
+from prefect_dask_profiling.store import layout
 from prefect_dask_profiling.store.runs import RunStore
 
 pytestmark = [pytest.mark.slow,
@@ -49,7 +50,7 @@ def test_normal_runs_complete_and_store_the_expected_layout(ndvi_history):
             assert report_file not in files
         else:
             assert info["wall_s"] >= 20.0 and report_file in files, info
-    assert f"index/{PIPELINE}/1/{first}.healthy" in files
+    assert layout.index_marker(PIPELINE, "1", first, "healthy") in files
     manifest = store.read_manifest(PIPELINE, first)
     assert manifest["flow_run_id"] == flow_run_id(ndvi_history.normal[0])
     assert [s["name"] for s in manifest["stages"]][-4:] == STAGES

@@ -31,6 +31,7 @@ from typer.testing import CliRunner
 
 from prefect_dask_profiling.cli import app
 from prefect_dask_profiling.cli.store import parse_age
+from prefect_dask_profiling.store import layout
 from prefect_dask_profiling.store.runs import (
     RunStore,
     StoreError,
@@ -114,13 +115,14 @@ def test_s3_layout_manifest_last_and_readback(s3_store, moto_endpoint):
 
     client = boto_client(moto_endpoint)
     keys = {o["Key"] for o in client.list_objects_v2(Bucket=BUCKET)["Contents"]}
+    marker_key = f"pfx/{layout.index_marker('ndvi', 'v1', run_id, 'healthy')}"
     assert keys == {f"pfx/runs/ndvi/{run_id}/{n}"
                     for n in ("tasks.csv", "workers.csv", "trend.html", "manifest.json")} | {
-        f"pfx/index/ndvi/v1/{run_id}.healthy", f"pfx/reports/ndvi/{run_id}/read.html"}
+        marker_key, f"pfx/reports/ndvi/{run_id}/read.html"}
     head = client.head_object(Bucket=BUCKET, Key=f"pfx/reports/ndvi/{run_id}/read.html")
     assert head["ContentType"] == "text/html"
     marker = json.loads(client.get_object(
-        Bucket=BUCKET, Key=f"pfx/index/ndvi/v1/{run_id}.healthy")["Body"].read())
+        Bucket=BUCKET, Key=marker_key)["Body"].read())
     assert marker["run_id"] == run_id and marker["status"] == "healthy"
 
     doc = s3_store.read_manifest("ndvi", run_id)
@@ -323,7 +325,7 @@ def test_local_layout_and_readback(local_store, tmp_path):
     assert report.location == str(root / "reports/ndvi" / run_id / "read.html")
     assert sorted(p.name for p in (root / "runs/ndvi" / run_id).iterdir()) == [
         "manifest.json", "tasks.csv", "trend.html", "workers.csv"]
-    assert (root / "index/ndvi/v1" / f"{run_id}.healthy").is_file()
+    assert (root / layout.index_marker("ndvi", "v1", run_id, "healthy")).is_file()
     pd.testing.assert_frame_equal(local_store.read_table("ndvi", run_id), tasks_frame())
     assert local_store.ensure_lifecycle(30) is None
     assert local_store.presign(report.location, 60) is None

@@ -16,7 +16,7 @@ import pytest
 from s3_servers import boto_client, s3_options, seaweedfs
 
 from prefect_dask_profiling.cli.store import report_link
-from prefect_dask_profiling.store import s3
+from prefect_dask_profiling.store import layout, s3
 from prefect_dask_profiling.store.runs import RunStore, StoreError, new_run_id
 
 pytestmark = pytest.mark.slow
@@ -74,7 +74,7 @@ def test_lifecycle_rule_expires_reports_and_keeps_summaries(weed, tmp_path):
     assert report not in keys
     assert f"neighbour/reports/ndvi/{other_run}/read.html" in keys
     assert f"pfx/runs/ndvi/{run_id}/manifest.json" in keys
-    assert f"pfx/index/ndvi/v1/{run_id}.healthy" in keys
+    assert f"pfx/{layout.index_marker('ndvi', 'v1', run_id, 'healthy')}" in keys
     assert store.read_table("ndvi", run_id)["tasks"].tolist() == [3]
     with pytest.raises(StoreError, match="expired or never written"):
         report_link(store, run_id, "read", "ndvi")

@@ -132,7 +132,8 @@ def write_fleet(store: RunStore, manifest: dict[str, Any], tasks: pd.DataFrame) 
                 fh.write(data)
             os.replace(tmp, path)
         else:
-            store.fs.pipe_file(path, data)  # one PUT: objects appear whole
+            # one PUT: objects appear whole; bounded by the store's timeout like its own calls
+            store.fs.pipe_file(path, data, **store.call_options(len(data)))
     except Exception as exc:
         raise StoreError(f"could not write the fleet view of run {run_id} to "
                          f"{fleet_location(store, pipeline)}: {type(exc).__name__}: "

@@ -110,8 +110,10 @@ def load_baseline(store: RunStore, pipeline: str, version: str,
     """
     positive_int(n, "n")
     try:
-        entries = store.list_runs(pipeline, version)
         restart = _restart(store.accepted(pipeline, version), before)
+        # the newest runs only (index partitions by month): spares for unreadable ones
+        entries = store.list_runs(pipeline, version, newest=2 * n, since=restart,
+                                  before=before, counting=(BASELINE_STATUS,))
     except StoreError as exc:
         raise HistoryUnavailable(f"the history of {pipeline} {version} could not be "
                                  f"listed: {exc}") from exc

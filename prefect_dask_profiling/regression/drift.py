@@ -222,17 +222,19 @@ def load_series(store: RunStore, pipeline: str, version: str, *,
     if keep_first >= max_runs:
         raise ValueError(f"keep_first ({keep_first}) must be below max_runs ({max_runs})")
     try:
-        entries = store.list_runs(pipeline, version)
         accepted = [a for a in store.accepted(pipeline, version)
                     if before is None or a <= before]
+        restart = max(accepted) if accepted else None
+        window = {"counting": SERIES_STATUSES, "since": restart, "before": before}
+        entries = (store.list_runs(pipeline, version, newest=max_runs - keep_first, **window)
+                   + store.list_runs(pipeline, version, oldest=keep_first, **window))
     except StoreError as exc:
         raise HistoryUnavailable(f"the drift series of {pipeline} {version} could not be "
                                  f"listed: {exc}") from exc
-    restart = max(accepted) if accepted else None
-    ids = sorted(e["run_id"] for e in entries
+    ids = sorted({e["run_id"] for e in entries
                  if e["status"] in SERIES_STATUSES and e["run_id"] != exclude_run_id
                  and (before is None or e["run_id"] < before)
-                 and (restart is None or e["run_id"] >= restart))
+                 and (restart is None or e["run_id"] >= restart)})
     if len(ids) > max_runs:
         ids = ids[:keep_first] + ids[-(max_runs - keep_first):]
     frames, runs, started = [], [], []

@@ -195,6 +195,14 @@ class StoreAccess:
         return store_url.redact(text, self._secrets)
 
     # ------------------------------------------------------------------ writing
+    def call_options(self, size: int = 0, timeout: float | None = None) -> dict[str, float]:
+        """Keyword arguments that bound one filesystem call sending ``size`` bytes: fsspec's
+        per-call ``timeout`` on an async filesystem (S3) — the store's timeout plus one
+        second per MiB, so big payloads get time to travel — and nothing elsewhere."""
+        if not self._kw:
+            return {}
+        return {"timeout": (timeout or self.timeout) + size / 2**20}
+
     def _put(self, rel: str, data: bytes, exclusive: bool,
              timeout: float | None = None) -> None:
         self.memory.forget()
@@ -203,9 +211,7 @@ class StoreAccess:
             with self.fs.open(path, "xb") as f:  # atomic O_EXCL create
                 f.write(data)
             return
-        kwargs = dict(self._kw)
-        if kwargs:  # big payloads get time to travel: at least 1 MiB/s on top of the timeout
-            kwargs["timeout"] = (timeout or self.timeout) + len(data) / 2**20
+        kwargs = self.call_options(len(data), timeout)
         if self.kind == "s3":
             kwargs["ContentType"] = _CONTENT_TYPES.get(os.path.splitext(rel)[1],
                                                        "application/octet-stream")

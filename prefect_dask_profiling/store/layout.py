@@ -4,9 +4,15 @@ Paths are relative to the store's root (a local folder, ``s3://bucket/prefix``, 
 
     runs/<pipeline>/<run_id>/<name>.csv, extra files, manifest.json   a run's record
     reports/<pipeline>/<run_id>/<stage>.html                           expire after N days
-    index/<pipeline>/<version>/<run_id>.<status>                       one listing finds runs
+    index/<pipeline>/<version>/<YYYY-MM>/<run_id>.<status>             recent runs: few listings
     accepted/<pipeline>/<version>/<run_id>                             a baseline restart
     fleet/pipeline=<pipeline>/<run_id>.parquet                         derived Parquet view
+
+Index markers are partitioned by the month of their run id (``undated`` for run ids that do
+not start with a timestamp), so a baseline or a drift series lists the partition names (one
+short listing) and then only the newest (or oldest) months it needs — O(recent runs), not
+O(stored runs). Stores written before the partitions keep their markers directly below
+``index/<pipeline>/<version>/``: parsers read both layouts, writers use the partitioned one.
 
 Builders validate every name they put into a path (:func:`~prefect_dask_profiling._util.
 validate_name`), so no caller can escape the root; parsers return ``None`` (or a reason)
@@ -15,6 +21,7 @@ instead of raising, because a store holds whatever was written into it.
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 from prefect_dask_profiling._util import validate_name
@@ -27,6 +34,9 @@ FLEET = "fleet"
 MANIFEST = "manifest.json"
 REPORT_SUFFIX = ".html"
 FLEET_PARTITION = "pipeline="
+UNDATED = "undated"  # the index partition of run ids that do not start with a timestamp
+_DATED = re.compile(r"(\d{4})(\d{2})\d{2}T")
+_MONTH = re.compile(r"\d{4}-\d{2}")
 
 
 class Marker(NamedTuple):
@@ -87,8 +97,39 @@ def index_dir(pipeline: str | None = None, version: str | None = None) -> str:
                 validate_name(version, "version") if version is not None else "")
 
 
+def index_partition(run_id: str) -> str:
+    """The index partition of ``run_id``: ``YYYY-MM`` of its timestamp, else ``undated``."""
+    match = _DATED.match(validate_name(run_id, "run_id"))
+    return f"{match.group(1)}-{match.group(2)}" if match else UNDATED
+
+
+def month_key(partition: str) -> str:
+    """The run-id prefix a dated partition's runs start with (``2026-12`` -> ``202612``)."""
+    return partition.replace("-", "")
+
+
+def is_partition(name: str) -> bool:
+    """Whether ``name`` is an index partition folder (``YYYY-MM`` or ``undated``)."""
+    return name == UNDATED or bool(_MONTH.fullmatch(name))
+
+
+def index_partition_dir(pipeline: str, version: str, partition: str) -> str:
+    """``index/<pipeline>/<version>/<partition>``: one month's markers."""
+    if not is_partition(partition):
+        raise ValueError(f"not an index partition: {partition!r}")
+    return join(index_dir(pipeline, version), partition)
+
+
 def index_marker(pipeline: str, version: str, run_id: str, status: str) -> str:
-    """``index/<pipeline>/<version>/<run_id>.<status>``: lists a run without reading it."""
+    """``index/<pipeline>/<version>/<YYYY-MM>/<run_id>.<status>``: lists a run without
+    reading it."""
+    return join(index_dir(pipeline, version), index_partition(run_id),
+                f"{validate_name(run_id, 'run_id')}.{validate_name(status, 'status')}")
+
+
+def flat_index_marker(pipeline: str, version: str, run_id: str, status: str) -> str:
+    """``index/<pipeline>/<version>/<run_id>.<status>``: where stores written before the
+    partitions keep a run's marker (read, never written)."""
     return join(index_dir(pipeline, version),
                 f"{validate_name(run_id, 'run_id')}.{validate_name(status, 'status')}")
 
@@ -127,13 +168,16 @@ def valid_names(*names: str) -> bool:
 
 
 def parse_marker(rel: str, statuses: tuple[str, ...]) -> Marker | str:
-    """The :class:`Marker` at ``rel`` (``index/<pipeline>/<version>/<run_id>.<status>``), or
-    why ``rel`` is not one (a one-line reason)."""
+    """The :class:`Marker` at ``rel`` (``index/<pipeline>/<version>/<YYYY-MM>/<run_id>.<status>``
+    or, as written before the partitions, without ``<YYYY-MM>/``), or why ``rel`` is not one
+    (a one-line reason)."""
     parts = rel.split("/")
-    if len(parts) != 4 or parts[0] != INDEX:
-        return f"not at {INDEX}/<pipeline>/<version>/<run_id>.<status>"
-    _, pipeline, version, name = parts
+    if len(parts) not in (4, 5) or parts[0] != INDEX:
+        return f"not at {INDEX}/<pipeline>/<version>/<YYYY-MM>/<run_id>.<status>"
+    pipeline, version, name = parts[1], parts[2], parts[-1]
     run_id, _, status = name.rpartition(".")
+    if len(parts) == 5 and (not valid_names(run_id) or parts[3] != index_partition(run_id)):
+        return f"in partition {parts[3]!r}, not in its run's month"
     if status not in statuses:
         return f"unknown status {status!r}"
     if not valid_names(pipeline, version, run_id):
@@ -173,8 +217,8 @@ def run_of(rel: str) -> tuple[str, str] | None:
     parts = rel.split("/")
     if parts[0] == RUNS and len(parts) >= 4:
         return parts[1], parts[2]
-    if parts[0] == INDEX and len(parts) == 4:
-        return parts[1], parts[3].rpartition(".")[0]
+    if parts[0] == INDEX and len(parts) in (4, 5):
+        return parts[1], parts[-1].rpartition(".")[0]
     return None
 
 

@@ -15,7 +15,7 @@ import pandas as pd
 
 from prefect_dask_profiling.store import layout
 from prefect_dask_profiling.store.access import StoreAccess
-from prefect_dask_profiling.store.errors import StoreConflict
+from prefect_dask_profiling.store.errors import StoreConflict, StoreError
 from prefect_dask_profiling.store.manifest import complete_manifest, dump, marker_doc
 from prefect_dask_profiling.store.tables import encode_files
 
@@ -24,11 +24,27 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class WriteResult:
-    """Outcome of a write: where it is (or will be, once uploaded) and whether it was spooled."""
+    """Outcome of a write: where it is (or will be, once uploaded) and whether it was spooled.
+
+    Attributes
+    ----------
+    location
+        The run folder or report (a URL or local path), where it is or will be once uploaded.
+    spooled
+        Whether any file did not reach the store.
+    warnings
+        One line per problem met (the store failed, the run folder could not be listed...).
+    spooled_files
+        Paths (relative to the store root) of the files kept in the spool for delivery.
+    lost_files
+        Paths of files neither stored nor spooled (the spool itself was unwritable).
+    """
 
     location: str | None
     spooled: bool
     warnings: list[str] = field(default_factory=list)
+    spooled_files: list[str] = field(default_factory=list)
+    lost_files: list[str] = field(default_factory=list)
 
 
 class Writing(StoreAccess):
@@ -60,22 +76,43 @@ class Writing(StoreAccess):
 
         Writes the tables and files not stored yet, replaces the provisional manifest by
         ``manifest`` (whose ``files`` then lists every file of the run) and the run's index
-        marker by one with the final status. Like :meth:`write_run`, storage failures spool.
+        marker by one with the final status.
+
+        Fails closed: no store error raises, at any point — the listing of the run's folder,
+        any PUT, a 403, a 503, a timeout. What was not written is spooled (and delivered by
+        the next run's :meth:`deliver_pending`); the result's ``spooled_files`` name those
+        files and its ``warnings`` say why. When the folder cannot be listed every file is
+        written again: exclusive creates accept the identical bytes the provisional write
+        stored. Only bad input raises (names, a manifest that is not one).
         """
         run_dir = layout.run_dir(pipeline, run_id)
         files = encode_files(tables, extra_files)
         doc = complete_manifest(pipeline, run_id, manifest, files)
-        stored = self._find(run_dir) if not self.breaker.down() else {}
+        stored, warnings = self._stored_run_files(run_dir)
         items = [(rel, data, True) for name, data in files.items()
                  if (rel := layout.run_file(pipeline, run_id, name)) not in stored]
         items.append((layout.manifest_file(pipeline, run_id), dump(doc), False))
         items.append((layout.index_marker(pipeline, doc["version"], run_id, doc["status"]),
                       dump(marker_doc(doc)), False))
-        result = self._write_items(items, self.location(run_dir))
+        result = self._write_items(items, self.location(run_dir), conflicts="spool")
+        result.warnings[:0] = warnings
         if doc["status"] != provisional_status:
             self._forget_marker(layout.index_marker(pipeline, doc["version"], run_id,
                                                     provisional_status), result.spooled)
         return result
+
+    def _stored_run_files(self, run_dir: str) -> tuple[set[str], list[str]]:
+        """Files of ``run_dir`` already stored (so they are not sent again), and a warning
+        when the folder could not be listed (then none count as stored)."""
+        if self.breaker.down():
+            return set(), []
+        try:
+            return set(self._find(run_dir)), []
+        except StoreError as exc:  # a 403 (no s3:ListBucket), a 503, a timeout...
+            message = (f"{exc}; writing every file of the run again (identical files "
+                       "already stored are accepted)")
+            logger.warning(message)
+            return set(), [message]
 
     def write_report(self, pipeline: str, run_id: str, stage: str,
                      html: str | bytes) -> WriteResult:
@@ -94,8 +131,15 @@ class Writing(StoreAccess):
         except Exception as exc:
             logger.debug("superseded marker %s not removed: %r", rel, exc)
 
-    def _write_items(self, items: list[tuple[str, bytes, bool]], location: str) -> WriteResult:
-        """Put ``items`` (path, bytes, exclusive) in order; spool the rest at the first failure."""
+    def _write_items(self, items: list[tuple[str, bytes, bool]], location: str, *,
+                     conflicts: str = "raise") -> WriteResult:
+        """Put ``items`` (path, bytes, exclusive) in order; spool the rest at the first failure.
+
+        ``conflicts="raise"``: an exclusive create that meets other bytes raises
+        :class:`~prefect_dask_profiling.errors.StoreConflict` (a new run must not overwrite
+        one); ``"spool"``: it is one more failure (the rest is spooled and the spooled copy
+        is kept, never overwriting the stored one).
+        """
         done = 0
         if self.breaker.down():
             reason = "it failed moments ago"
@@ -105,9 +149,12 @@ class Writing(StoreAccess):
                     self._put_checked(rel, data, exclusive)
                     done += 1
                 return WriteResult(location, False, [])
-            except StoreConflict:
-                raise StoreConflict(f"{self.location(items[done][0])} already exists: runs "
-                                    "are never overwritten (use a new run id)") from None
+            except StoreConflict as exc:
+                if conflicts == "raise":
+                    raise StoreConflict(f"{self.location(items[done][0])} already exists: "
+                                        "runs are never overwritten (use a new run id)") \
+                        from None
+                reason = str(exc)
             except Exception as exc:
                 reason = self._describe(exc)
                 self.breaker.trip()
@@ -115,16 +162,20 @@ class Writing(StoreAccess):
 
     def _spool_items(self, pending: list[tuple[str, bytes, bool]], location: str,
                      reason: str) -> WriteResult:
-        """Keep ``pending`` in the spool; the result says so (or that they are lost)."""
+        """Keep ``pending`` in the spool; the result names them and says so (or that they are
+        lost, when the spool itself cannot be written)."""
+        rels = [rel for rel, _, _ in pending]
         try:
             where = self.spool.write([(rel, data) for rel, data, _ in pending])
         except OSError as exc:
             message = self._redact(f"could not write {len(pending)} file(s) to {self.url} "
-                                   f"({reason}) nor to the spool ({exc}); they are lost")
-        else:
-            message = self._redact(
-                f"could not write {len(pending)} file(s) to {self.url} ({reason}); kept them "
-                f"in the spool {where}; upload later with `dask-profiling upload-pending "
-                f"--store {self.url}`")
+                                   f"({reason}) nor to the spool ({exc}); they are lost: "
+                                   f"{', '.join(rels)}")
+            logger.warning(message)
+            return WriteResult(location, True, [message], lost_files=rels)
+        message = self._redact(
+            f"could not write {len(pending)} file(s) to {self.url} ({reason}); kept them "
+            f"in the spool {where}; upload later with `dask-profiling upload-pending "
+            f"--store {self.url}`")
         logger.warning(message)
-        return WriteResult(location, True, [message])
+        return WriteResult(location, True, [message], spooled_files=rels)
