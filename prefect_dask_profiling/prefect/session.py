@@ -294,7 +294,8 @@ class Session:
     def _store_report(self, info: StageInfo, window: reports.ReportWindow,
                       end: reports.WindowEnd | None = None) -> None:
         try:
-            rendered = reports.render(self.client, window, end)
+            rendered = reports.render(self.client, window, end, stage=info.name,
+                                      renderer=self.options.report_renderer)
         except Exception as exc:
             info.note = f"report not rendered: {exc!r}"
             return
@@ -308,11 +309,13 @@ class Session:
                                          rendered.html)
         self.warnings.extend(result.warnings)
         info.report = {"location": result.location, "size": len(rendered.html.encode()),
-                       "tasks": rendered.tasks, "truncated": rendered.truncated,
-                       "spooled": result.spooled}
+                       "tasks": rendered.tasks, "shown": rendered.shown,
+                       "truncated": rendered.truncated, "spooled": result.spooled,
+                       "renderer": rendered.renderer}
         if rendered.truncated:
-            info.note = (f"report truncated: {rendered.tasks} tasks ran but Dask's task stream "
-                         f"keeps the last {window.stream_limit}")
+            info.note = (f"report truncated: it shows {rendered.shown} of the stage's "
+                         f"{rendered.tasks} tasks (Dask's task stream keeps the last "
+                         f"{window.stream_limit})")
 
     # -- finish ----------------------------------------------------------------------------
 
