@@ -304,3 +304,39 @@ def test_a_stored_report_opens_in_chromium_with_dask_s_tabs(s3_run, chromium, bo
                     f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=180,
                    stdin=subprocess.DEVNULL, check=True)
     assert shot.stat().st_size > 10_000
+
+
+def _page_document(page: str) -> dict:
+    """The Bokeh document JSON embedded in a standalone page (its random doc id dropped)."""
+    found = re.search(r'<script type="application/json" id="[^"]+">\s*(.*?)\s*</script>',
+                      page, re.S)
+    return list(json.loads(found.group(1)).values())[0]
+
+
+def test_a_refilled_report_is_what_bokeh_itself_would_write(client):
+    """Reports after the first re-encode only what changed; the page must still equal
+    Bokeh's own serialization of the same models."""
+    from bokeh.embed import file_html
+    from bokeh.resources import CDN
+
+    from prefect_dask_profiling.prefect import report_data, report_html
+
+    def stage_data(prefix: str, n: int) -> report_data.StageData:
+        window = reports.open_window(client)
+        _run(client, prefix, n)
+        end = reports.close_window(client)
+        return report_data.fetch(client, start=window.start, stop=end.stop,
+                                 first=window.index, last=end.index,
+                                 last_count=window.last_count, end_count=end.count,
+                                 limit=window.stream_limit)
+
+    big, small = stage_data("big-key", 40), stage_data("small-key", 3)
+    small.bandwidth_workers, small.monitor, small.logs = {}, {}, []
+    for data, name in ((big, "big"), (small, "small"), (big, "big again")):
+        page = report_html.render_html(data, name)
+        layout = report_html._LAYOUTS.free[-1]
+        reference = file_html(layout.tabs, resources=CDN, title=report_html.TITLE,
+                              template=layout.template)
+        assert _page_document(page) == _page_document(reference), name
+        assert f"Stage: {name}" in page
+    assert len(_keys(page, "big-key")) == 40 and not _keys(page, "small-key")

@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import html as html_escape
 import os
+import threading
 from collections import defaultdict
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from prefect_dask_profiling.prefect.report_data import StageData
+from prefect_dask_profiling.prefect.report_data import StageData, StreamSlice
 
 TITLE = "Dask Performance Report"
 # Dask's own tab order (Scheduler.performance_report)
+_NO_STREAM = StreamSlice(total=0, records=[], limit=0)
 TABS = ("Summary", "Task Stream", "System", "Scheduler Logs", "Worker Profile (compute)",
         "Worker Profile (administrative)", "Scheduler Profile (administrative)",
         "Bandwidth (Workers)", "Bandwidth (Types)")
@@ -98,22 +101,19 @@ def _summary_html(data: StageData, stage: str) -> str:
         """
 
 
-def _profile_figure(state: dict) -> Any:
+def _profile_columns(state: dict) -> dict:
     from distributed import profile
 
-    figure, _ = profile.plot_figure(profile.plot_data(state), sizing_mode="stretch_both")
-    return figure
+    data = profile.plot_data(state)
+    data.pop("states", None)
+    return data
 
 
-def _task_stream(data: StageData) -> Any:
-    from distributed.dashboard.components.scheduler import task_stream_figure
+def _stream_columns(data: StageData) -> dict:
     from distributed.diagnostics.task_stream import rectangles
 
-    messages = [{"key": k, "worker": w, "thread": t, "startstops": ss, "status": s}
-                for k, w, t, ss, s in data.stream.records]
-    source, figure = task_stream_figure(sizing_mode="stretch_both")
-    source.data.update(rectangles(messages))
-    return figure
+    return rectangles([{"key": k, "worker": w, "thread": t, "startstops": ss, "status": s}
+                       for k, w, t, ss, s in data.stream.records])
 
 
 def _template() -> Any:
@@ -126,28 +126,168 @@ def _template() -> Any:
     return env.get_template("performance_report.html")
 
 
-def render_html(data: StageData, stage: str) -> str:
-    """Dask's performance report of ``data`` as a standalone HTML page (Bokeh from its CDN)."""
-    from bokeh.embed import file_html
-    from bokeh.models import Div, TabPanel, Tabs
-    from bokeh.resources import CDN
-    from distributed.dashboard.components import scheduler as components
-    from distributed.dashboard.components.shared import SystemMonitor
+class _Layout:
+    """Dask's report tabs, built once and refilled for every report (one thread at a time).
 
-    styles = getattr(components, "_STYLES", {"overflow": "auto", "padding": "12px"})
-    stand_in = _stand_in(data)
-    bandwidth_workers = components.BandwidthWorkers(stand_in, sizing_mode="stretch_both")
-    bandwidth_workers.update()
-    bandwidth_types = components.BandwidthTypes(stand_in, sizing_mode="stretch_both")
-    bandwidth_types.update()
-    system = SystemMonitor(stand_in, last_count=0, sizing_mode="stretch_both")
-    if stand_in.monitor.count:
-        system.update()  # its min/max/mean labels
-    logs = components.SchedulerLogs(stand_in, start=data.start)
-    children = (Div(text=_summary_html(data, stage), styles=styles), _task_stream(data),
-                system.root, logs.root, _profile_figure(data.compute_profile),
-                _profile_figure(data.server_profile), _profile_figure(data.scheduler_profile),
-                bandwidth_workers.root, bandwidth_types.root)
-    tabs = Tabs(tabs=[TabPanel(child=c, title=t) for t, c in zip(TABS, children, strict=True)],
-                sizing_mode="stretch_both")
-    return file_html(tabs, resources=CDN, title=TITLE, template=_template())
+    Building the Bokeh models (ten figures and their tools) costs most of a report's time
+    and does not depend on the data, so, as Dask's live dashboard does with its figures,
+    they are built once and their sources and texts replaced for each report.
+    """
+
+    def __init__(self) -> None:
+        from bokeh.models import Div, TabPanel, Tabs
+        from distributed import profile
+        from distributed.dashboard.components import scheduler as components
+        from distributed.dashboard.components.scheduler import task_stream_figure
+        from distributed.dashboard.components.shared import SystemMonitor
+
+        styles = getattr(components, "_STYLES", {"overflow": "auto", "padding": "12px"})
+        empty = _stand_in(StageData(start=0.0, stop=0.0, stream=_NO_STREAM,
+                                    compute_profile={}, server_profile={},
+                                    scheduler_profile={}))
+        self.summary = Div(text="", styles=styles)
+        self.stream, stream_figure = task_stream_figure(sizing_mode="stretch_both")
+        self.system = SystemMonitor(empty, last_count=0, sizing_mode="stretch_both")
+        self.logs = Div(text="", styles=styles)
+        self.profiles = [profile.plot_figure(_profile_columns(profile.create()),
+                                             sizing_mode="stretch_both") for _ in range(3)]
+        self.bandwidth_workers = components.BandwidthWorkers(empty, sizing_mode="stretch_both")
+        self.bandwidth_types = components.BandwidthTypes(empty, sizing_mode="stretch_both")
+        children = (self.summary, stream_figure, self.system.root, self.logs,
+                    *(figure for figure, _ in self.profiles), self.bandwidth_workers.root,
+                    self.bandwidth_types.root)
+        self.tabs = Tabs(tabs=[TabPanel(child=c, title=t)
+                               for t, c in zip(TABS, children, strict=True)],
+                         sizing_mode="stretch_both")
+        self.template = _template()
+        self._frozen: _Frozen | None = None
+
+    def fill(self, data: StageData, stage: str) -> None:
+        """Put ``data`` in every tab."""
+        from distributed.dashboard.components.scheduler import SchedulerLogs
+
+        stand_in = _stand_in(data)
+        self.summary.text = _summary_html(data, stage)
+        self.stream.data = _stream_columns(data)
+        states = (data.compute_profile, data.server_profile, data.scheduler_profile)
+        for (_, source), state in zip(self.profiles, states, strict=True):
+            source.data = _profile_columns(state)
+        self._fill_system(stand_in)
+        self.logs.text = SchedulerLogs(stand_in, start=data.start).root.text
+        for component in (self.bandwidth_workers, self.bandwidth_types):
+            component.scheduler = stand_in
+        self.bandwidth_types.update()
+        if data.bandwidth_workers:
+            self.bandwidth_workers.update()
+        else:  # Dask's update() keeps the previous data when there is none
+            from dask.utils import format_bytes
+
+            root = self.bandwidth_workers.root
+            root.title.text = f"Bandwidth: {format_bytes(data.bandwidth)}"
+            source = self.bandwidth_workers.source
+            source.data = {k: [] for k in source.data}
+
+    def _fill_system(self, stand_in: SimpleNamespace) -> None:
+        system = self.system
+        system.worker, system.last_count = stand_in, 0
+        system.source.data = system.get_data()
+        if stand_in.monitor.count:
+            system.update()  # its min/max/mean labels
+        else:
+            system.label_source.data.update({"cpu": [""] * 3, "memory": [""] * 3})
+
+
+    def changed(self) -> list[tuple[Any, str]]:
+        """The (model, property) pairs :meth:`fill` sets: all that differs between reports."""
+        bw, bt = self.bandwidth_workers, self.bandwidth_types
+        return [(self.summary, "text"), (self.logs, "text"), (self.stream, "data"),
+                (self.system.source, "data"), (self.system.label_source, "data"),
+                *((source, "data") for _, source in self.profiles),
+                (bw.source, "data"), (bw.root.title, "text"), (bw.root.x_range, "factors"),
+                (bw.root.y_range, "factors"), (bw.color_map, "high"),
+                (bt.source, "data"), (bt.root.title, "text"), (bt.root.y_range, "factors")]
+
+    def html(self) -> str:
+        """The page of the current fill.
+
+        Bokeh's own serialization the first time; afterwards that document with only the
+        :meth:`changed` properties re-encoded (walking every model's properties is most of
+        Bokeh's serialization time, and they do not change).
+        """
+        from bokeh.core.serialization import Serializer
+        from bokeh.embed.elements import html_page_for_render_items
+
+        if self._frozen is None:
+            self._frozen = _serialize(self.tabs)
+        else:
+            serializer = Serializer(deferred=False)
+            for model, name in self.changed():
+                entry = self._frozen.objects[model.id].setdefault("attributes", {})
+                entry[name] = serializer.encode(getattr(model, name))
+        frozen = self._frozen
+        return html_page_for_render_items(frozen.bundle, frozen.docs_json, frozen.items,
+                                          title=TITLE, template=self.template)
+
+
+@dataclass
+class _Frozen:
+    """A document serialized once: its JSON, render items, JS bundle and objects by id."""
+
+    docs_json: dict
+    items: list
+    bundle: Any
+    objects: dict[str, dict]
+
+
+def _serialize(root: Any) -> _Frozen:
+    from bokeh.embed.bundle import bundle_for_objs_and_resources
+    from bokeh.embed.util import OutputDocumentFor, standalone_docs_json_and_render_items
+    from bokeh.resources import CDN
+
+    with OutputDocumentFor([root]) as doc:
+        docs_json, items = standalone_docs_json_and_render_items([root])
+        bundle = bundle_for_objs_and_resources([doc], CDN)
+    objects: dict[str, dict] = {}
+    stack: list[Any] = [docs_json]
+    while stack:  # every serialized model, by id (each is written out in full once)
+        node = stack.pop()
+        if isinstance(node, dict):
+            if node.get("type") == "object" and "id" in node and "name" in node:
+                objects[node["id"]] = node
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return _Frozen(docs_json=docs_json, items=items, bundle=bundle, objects=objects)
+
+
+def render_html(data: StageData, stage: str) -> str:
+    """Dask's performance report of ``data`` as a standalone HTML page (Bokeh from its CDN).
+
+    The tabs are built once per process (per concurrent report) and refilled for each
+    report (:class:`_Layout`): after the first report a page costs milliseconds.
+    """
+    with _LAYOUTS.lock:
+        layout = _LAYOUTS.free.pop() if _LAYOUTS.free else None
+    try:
+        layout = layout or _Layout()
+        layout.fill(data, stage)
+        page = layout.html()
+    except Exception:
+        layout = None  # possibly half-filled: never reused
+        raise
+    finally:
+        if layout is not None:
+            with _LAYOUTS.lock:
+                _LAYOUTS.free.append(layout)
+    return page
+
+
+@dataclass
+class _Pool:
+    """Built layouts not in use, shared by every report thread of the process."""
+
+    lock: threading.Lock
+    free: list[_Layout]
+
+
+_LAYOUTS = _Pool(lock=threading.Lock(), free=[])
