@@ -6,6 +6,7 @@ the report's size plain and gzipped, and the time to upload it to a local store 
 moto S3 server on 127.0.0.1.
 
     .venv/bin/python benchmarks/report_overhead.py [--tasks 10000] [--repeats 3]
+        [--renderer flow|dask]
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from prefect_dask_profiling.prefect import reports
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 
 
-def stage_once(client: Client, tasks: int, with_report: bool) -> tuple[float, float, str | None]:
+def stage_once(client: Client, tasks: int, with_report: bool,
+               renderer: str = "flow") -> tuple[float, float, str | None]:
     """Run a stage of ``tasks`` tiny tasks; render its report when asked.
 
     Returns the stage's wall seconds, the seconds spent rendering, and the HTML.
@@ -33,7 +35,8 @@ def stage_once(client: Client, tasks: int, with_report: bool) -> tuple[float, fl
     x = da.ones(tasks, chunks=1)
     client.compute((x + 1).sum()).result()
     t1 = time.perf_counter()
-    html = reports.render(client, window).html if window is not None else None
+    html = (reports.render(client, window, renderer=renderer).html if window is not None
+            else None)
     return time.perf_counter() - t0, time.perf_counter() - t1, html
 
 
@@ -48,15 +51,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=10_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--renderer", choices=reports.RENDERERS, default="flow")
     args = parser.parse_args()
     with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster, \
             Client(cluster) as client:
-        stage_once(client, 1000, True)  # warm-up: imports, task-stream recorder
+        stage_once(client, 1000, True, args.renderer)  # warm-up: imports, task-stream recorder
         plain, reported, renders, html = [], [], [], ""
         for i in range(args.repeats):
             order = (False, True) if i % 2 == 0 else (True, False)
             for with_report in order:
-                wall, render_s, out = stage_once(client, args.tasks, with_report)
+                wall, render_s, out = stage_once(client, args.tasks, with_report,
+                                                 args.renderer)
                 (reported if with_report else plain).append(wall)
                 if with_report:
                     renders.append(render_s)

@@ -62,7 +62,7 @@ def test_drift_fails_the_flow_emits_an_event_and_shows_in_the_artifacts(prefect_
     seed_drifting_history(store, "drifting", tasks)
     hook_file = tmp_path / "hook.txt"
     runner = ProfiledDaskTaskRunner(cluster_kwargs=LOCAL, store=store.url,
-                                    check_options=OPTIONS)
+                                    check_options=OPTIONS, stage_reports="auto")
     state = make_flow(runner, name="drifting", hook_file=str(hook_file))(
         delay=0.05, return_state=True)
     assert state.is_failed()

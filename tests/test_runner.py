@@ -51,6 +51,7 @@ def manifests(store_url: str, pipeline: str) -> list[dict]:
     ({"stage_reports": "yes"}, "stage_reports"),
     ({"stage_reports": 1}, "stage_reports"),
     ({"report_min_seconds": -1}, "report_min_seconds"),
+    ({"report_renderer": "scheduler"}, "report_renderer"),
     ({"check_options": {"bogus": 1}}, "check_options"),
     ({"address": "tcp://127.0.0.1:1", "cluster_class": "distributed.LocalCluster"}, "address"),
 ])
@@ -188,7 +189,8 @@ def test_no_stage_means_one_default_stage_and_no_recorder_left(external_cluster,
 
 
 def test_auto_reports_skip_a_short_stage_but_not_one_that_raised(external_cluster, tmp_path):
-    runner = ProfiledDaskTaskRunner(address=external_cluster, store=str(tmp_path))
+    runner = ProfiledDaskTaskRunner(address=external_cluster, store=str(tmp_path),
+                                    stage_reports="auto")
 
     @flow(name="runner-raised", version="1", task_runner=runner)
     @profiled

@@ -1,18 +1,43 @@
-"""Per-stage reports rendered after their stage ended: bounded to the stage, on a real cluster.
+"""Per-stage reports: bounded to the stage, exact when the recorder overflowed, on real clusters.
 
 The task runner renders a stage's report in the background while the next stage runs, so a
-report must stop where its stage stopped, even when other work has run since.
+report must stop where its stage stopped, even when other work has run since — also when
+more tasks than Dask's task-stream recorder keeps finished after it: then the report shows
+only what is left of the stage's own tasks and says it is cut. Both renderers (the flow
+process's and Dask's own on the scheduler) are held to that. The last tests run a real flow
+on a real cluster, store to S3 (moto) and open a report in headless Chromium.
 """
 
 from __future__ import annotations
 
+import functools
+import http.server
+import json
+import re
+import shutil
+import subprocess
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import dask
 import dask.array as da
+import fsspec
 import pytest
 from distributed import Client, LocalCluster
+from ndvi_fixtures import artifacts_by_key
+from prefect import flow
+from prefect_dask import get_dask_client
+from s3_servers import boto_client, moto_server, s3_options
 
+from prefect_dask_profiling import stage
 from prefect_dask_profiling.prefect import reports
+from prefect_dask_profiling.prefect.report_html import TABS
+from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner, profiled
+from prefect_dask_profiling.store.runs import RunStore
+
+RENDERERS = pytest.mark.parametrize("renderer", reports.RENDERERS)
+STREAM_LENGTH = ("distributed.scheduler.dashboard.tasks.task-stream-length",
+                 "distributed.scheduler.dashboard.status.task-stream-length")
 
 
 @pytest.fixture(scope="module")
@@ -26,34 +51,108 @@ def _shown(html: str) -> int:
     return int(reports._TASKS_IN_REPORT.search(html).group(1))
 
 
-def test_late_render_stops_at_the_window_end(client):
+def _keys(html: str, prefix: str) -> set[str]:
+    """The distinct task keys named ``<prefix>-<n>`` in a report's task stream."""
+    return set(re.findall(rf"{prefix}-\d+", html))
+
+
+def inc(x: int) -> int:
+    return x + 1
+
+
+def _run(client: Client, prefix: str, n: int) -> None:
+    futures = client.map(inc, range(n), key=[f"{prefix}-{i}" for i in range(n)])
+    client.gather(futures)
+    del futures
+
+
+@RENDERERS
+def test_late_render_stops_at_the_window_end(client, renderer):
     window = reports.open_window(client)
     client.compute(da.ones(40, chunks=1).sum()).result()
     end = reports.close_window(client)
     client.compute(da.ones(200, chunks=1).sum()).result()  # the "next stage"
-    late = reports.render(client, window, end)
-    assert late.tasks == end.index - window.index
-    assert _shown(late.html) == late.tasks
+    late = reports.render(client, window, end, renderer=renderer)
+    assert late.tasks == end.index - window.index == late.shown
+    assert late.renderer == renderer
     assert 40 <= late.tasks < 100
     assert not late.truncated
-    unbounded = reports.render(client, window)  # default: up to now
-    assert _shown(unbounded.html) >= late.tasks + 200
+    if renderer == "dask":  # Dask's summary counts what its task stream shows
+        assert _shown(late.html) == late.tasks
+        unbounded = reports.render(client, window, renderer=renderer)  # default: up to now
+        assert _shown(unbounded.html) >= late.tasks + 200
+    else:  # ours counts the stage's tasks
+        assert f"number of tasks: {late.tasks} " in late.html
 
 
-def test_concurrent_renders_keep_their_own_end(client):
+@RENDERERS
+def test_concurrent_renders_keep_their_own_end(client, renderer):
     first = reports.open_window(client)
-    client.compute(da.ones(30, chunks=1).sum()).result()
+    _run(client, "first-key", 30)
     first_end = reports.close_window(client)
     second = reports.open_window(client)
-    client.compute(da.ones(60, chunks=1).sum()).result()
+    _run(client, "second-key", 60)
     second_end = reports.close_window(client)
     with ThreadPoolExecutor(2) as pool:  # as two runs' report threads would
-        ra = pool.submit(reports.render, client, first, first_end)
-        rb = pool.submit(reports.render, client, second, second_end)
-        a_html, b_html = ra.result().html, rb.result().html
-    assert _shown(a_html) == first_end.index - first.index
-    assert _shown(b_html) == second_end.index - second.index
-    assert _shown(a_html) < _shown(b_html)
+        ra = pool.submit(reports.render, client, first, first_end, renderer=renderer)
+        rb = pool.submit(reports.render, client, second, second_end, renderer=renderer)
+        a, b = ra.result(), rb.result()
+    assert (a.shown, b.shown) == (30, 60)
+    assert len(_keys(a.html, "first-key")) == 30 and not _keys(a.html, "second-key")
+    assert len(_keys(b.html, "second-key")) == 60 and not _keys(b.html, "first-key")
+
+
+@pytest.fixture(scope="module")
+def small_recorder_client():
+    """A fresh scheduler whose task-stream recorder keeps the last 50 tasks."""
+    with dask.config.set({key: 50 for key in STREAM_LENGTH}), \
+            LocalCluster(n_workers=1, threads_per_worker=1, host="127.0.0.1",
+                         dashboard_address=":0") as cluster, Client(cluster) as c:
+        yield c
+
+
+@RENDERERS
+def test_a_report_after_three_times_the_recorder_holds_only_its_own_tasks(
+        small_recorder_client, renderer):
+    client = small_recorder_client
+    window = reports.open_window(client)
+    assert window.stream_limit == 50
+    _run(client, "early-key", 20)
+    end = reports.close_window(client)
+    _run(client, "late-key", 150)  # 3x the recorder's limit finish after the stage
+    cut = reports.render(client, window, end, renderer=renderer)
+    assert (cut.tasks, cut.shown, cut.truncated) == (20, 0, True)
+    assert not _keys(cut.html, "late-key") and not _keys(cut.html, "early-key")
+    if renderer == "flow":
+        assert "number of tasks: 20 " in cut.html
+        assert "report cut: 0 of 20 tasks shown" in cut.html
+
+
+@RENDERERS
+def test_a_partly_overwritten_stage_keeps_exactly_what_is_left_of_it(
+        small_recorder_client, renderer):
+    client = small_recorder_client
+    window = reports.open_window(client)
+    _run(client, "early-key", 40)
+    end = reports.close_window(client)
+    _run(client, "late-key", 30)  # the recorder keeps the last 50: 20 of the stage's 40
+    cut = reports.render(client, window, end, renderer=renderer)
+    assert (cut.tasks, cut.shown, cut.truncated) == (40, 20, True)
+    assert len(_keys(cut.html, "early-key")) == 20  # the stage's last 20 to finish
+    assert not _keys(cut.html, "late-key")
+
+
+def test_an_unknown_renderer_is_refused_by_name(client):
+    window = reports.open_window(client)
+    with pytest.raises(ValueError, match="report_renderer must be one of"):
+        reports.render(client, window, renderer="bokeh")
+    with pytest.raises(ValueError, match="report_renderer"):
+        ProfiledDaskTaskRunner(report_renderer="scheduler")
+
+
+def test_every_stage_gets_a_report_by_default():
+    options = ProfiledDaskTaskRunner().profiling
+    assert (options.stage_reports, options.report_renderer) == (True, "flow")
 
 
 @pytest.mark.parametrize("mode, seconds, raised, expected", [
@@ -63,3 +162,181 @@ def test_concurrent_renders_keep_their_own_end(client):
 def test_which_stages_get_their_report_at_exit(mode, seconds, raised, expected):
     # "auto" leaves a shorter stage's report to finish(), which renders it if it regressed
     assert reports.render_now(mode, seconds, min_seconds=20.0, raised=raised) is expected
+
+
+# -- a real flow, its cluster and S3 ------------------------------------------------------------
+
+BUCKET = "reports"
+EARLY, LATE = 20, 150
+
+
+def two_stages(address: str, store: str, options: dict, **runner_kwargs):
+    runner = ProfiledDaskTaskRunner(address=address, store=store, storage_options=options,
+                                    **runner_kwargs)
+
+    @flow(name="stage-reports", version="1", task_runner=runner)
+    @profiled
+    def body() -> None:
+        with stage("early"), get_dask_client() as client:
+            _run(client, "early-key", EARLY)
+        with stage("late"), get_dask_client() as client:
+            _run(client, "late-key", LATE)  # 3x the recorder's 50
+
+    return body
+
+
+@pytest.fixture(scope="module")
+def s3_run(prefect_server):
+    """Two stages on a fresh 2-worker cluster whose recorder keeps 50 tasks, stored on S3."""
+    with moto_server() as endpoint, dask.config.set({key: 50 for key in STREAM_LENGTH}), \
+            LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1",
+                         dashboard_address=":0") as cluster:
+        boto_client(endpoint).create_bucket(Bucket=BUCKET)
+        options = s3_options(endpoint)
+        store = f"s3://{BUCKET}/pfx"
+        state = two_stages(cluster.scheduler_address, store, options)(return_state=True)
+        runs = RunStore(store, options).list_runs("stage-reports")
+        manifest = RunStore(store, options).read_manifest("stage-reports", runs[0]["run_id"])
+        html = {}
+        for info in manifest["stages"]:
+            with fsspec.open(info["report"]["location"], "r", **options) as f:
+                html[info["name"]] = f.read()
+        yield state, manifest, html
+
+
+def test_every_stage_of_a_flow_gets_its_report_stored_and_linked(s3_run):
+    state, manifest, html = s3_run
+    assert state.is_completed(), state.message
+    stages = {s["name"]: s for s in manifest["stages"]}
+    assert set(stages) == {"early", "late"}
+    arts = artifacts_by_key(state)
+    for name, info in stages.items():
+        report = info["report"]
+        assert report["location"].startswith(f"s3://{BUCKET}/pfx/reports/"), report
+        assert report["renderer"] == "flow" and not report["spooled"], report
+        assert f"{manifest['run_id']}/{name}.html" in arts[f"stage-reports-report-{name}"].data
+        for title in TABS:
+            assert title in html[name]
+
+
+def test_each_flow_report_holds_exactly_its_stage_s_tasks(s3_run):
+    _, manifest, html = s3_run
+    stages = {s["name"]: s for s in manifest["stages"]}
+    late = stages["late"]["report"]
+    # the late stage alone ran 3x the recorder's limit: its last 50 are shown, and it says so
+    assert (late["tasks"], late["shown"], late["truncated"]) == (LATE, 50, True)
+    assert len(_keys(html["late"], "late-key")) == 50
+    assert "report cut: 50 of 150 tasks shown" in html["late"]
+    assert stages["late"]["note"].startswith("report truncated: it shows 50 of the stage's 150")
+    assert not _keys(html["late"], "early-key")
+    # the early stage's report was drawn while the late stage ran: whole, or cut if the late
+    # tasks overtook it, but never showing a late task
+    early = stages["early"]["report"]
+    shown = _keys(html["early"], "early-key")
+    assert early["tasks"] == EARLY and early["shown"] == len(shown) <= EARLY
+    assert early["truncated"] == (len(shown) < EARLY)
+    assert shown <= {f"early-key-{i}" for i in range(EARLY)}
+    assert not _keys(html["early"], "late-key")
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        pytest.skip("chromium is not installed (make test installs Debian's chromium)")
+    return found
+
+
+@pytest.fixture(scope="module")
+def bokeh_js():
+    """Bokeh's own JavaScript served on 127.0.0.1 (the tests run offline; reports use the
+    CDN): yields a function that points a report's CDN URLs at it."""
+    import bokeh.util.paths as paths
+
+    static = str(paths.bokehjs_path() if hasattr(paths, "bokehjs_path") else paths.bokehjsdir())
+    handler = functools.partial(_QuietHandler, directory=static)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}/js"
+    try:
+        yield lambda text: re.sub(
+            r"https://cdn\.bokeh\.org/bokeh/release/(bokeh[-a-z]*)-[0-9.]+(\.min)?\.js",
+            lambda m: f"{base}/{m.group(1)}.min.js", text)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+PROBE = """<script>window.addEventListener("load", () => setTimeout(() => {
+  const tabs = Bokeh.documents[0].roots()[0];
+  tabs.active = %d;
+  const out = document.createElement("pre");
+  out.id = "probe";
+  out.textContent = JSON.stringify({tabs: tabs.tabs.map(t => t.title),
+                                    views: Object.keys(Bokeh.index).length});
+  document.body.appendChild(out);
+}, 1500));</script></body>"""
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--window-size=1400,900", "--virtual-time-budget=15000"]
+
+
+def test_a_stored_report_opens_in_chromium_with_dask_s_tabs(s3_run, chromium, bokeh_js,
+                                                              tmp_path):
+    _, _, html = s3_run
+    page = tmp_path / "early.html"
+    page.write_text(bokeh_js(html["early"]).replace("</body>", PROBE % 1))
+    done = subprocess.run([chromium, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
+                           "--dump-dom", page.as_uri()], capture_output=True, text=True,
+                          timeout=180, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-2000:]
+    probe = re.search(r'<pre id="probe">(.*?)</pre>', done.stdout)
+    assert probe, done.stdout[-2000:]
+    seen = json.loads(probe.group(1).replace("&quot;", '"'))
+    assert seen["tabs"] == list(TABS) and seen["views"] >= 1, seen
+    shot = tmp_path / "stage-report.png"  # the task-stream tab, as docs/stage-report.png
+    subprocess.run([chromium, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
+                    f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=180,
+                   stdin=subprocess.DEVNULL, check=True)
+    assert shot.stat().st_size > 10_000
+
+
+def _page_document(page: str) -> dict:
+    """The Bokeh document JSON embedded in a standalone page (its random doc id dropped)."""
+    found = re.search(r'<script type="application/json" id="[^"]+">\s*(.*?)\s*</script>',
+                      page, re.S)
+    return list(json.loads(found.group(1)).values())[0]
+
+
+def test_a_refilled_report_is_what_bokeh_itself_would_write(client):
+    """Reports after the first re-encode only what changed; the page must still equal
+    Bokeh's own serialization of the same models."""
+    from bokeh.embed import file_html
+    from bokeh.resources import CDN
+
+    from prefect_dask_profiling.prefect import report_data, report_html
+
+    def stage_data(prefix: str, n: int) -> report_data.StageData:
+        window = reports.open_window(client)
+        _run(client, prefix, n)
+        end = reports.close_window(client)
+        return report_data.fetch(client, start=window.start, stop=end.stop,
+                                 first=window.index, last=end.index,
+                                 last_count=window.last_count, end_count=end.count,
+                                 limit=window.stream_limit)
+
+    big, small = stage_data("big-key", 40), stage_data("small-key", 3)
+    small.bandwidth_workers, small.monitor, small.logs = {}, {}, []
+    for data, name in ((big, "big"), (small, "small"), (big, "big again")):
+        page = report_html.render_html(data, name)
+        layout = report_html._LAYOUTS.free[-1]
+        reference = file_html(layout.tabs, resources=CDN, title=report_html.TITLE,
+                              template=layout.template)
+        assert _page_document(page) == _page_document(reference), name
+        assert f"Stage: {name}" in page
+    assert len(_keys(page, "big-key")) == 40 and not _keys(page, "small-key")

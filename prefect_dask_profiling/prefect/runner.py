@@ -39,6 +39,7 @@ import distributed
 from prefect_dask import DaskTaskRunner
 
 from prefect_dask_profiling._util import positive_int, positive_number, validate_name
+from prefect_dask_profiling.prefect.reports import RENDERERS as REPORT_RENDERERS
 from prefect_dask_profiling.regression.rule import RegressionRule
 from prefect_dask_profiling.stage import running_task_annotations, running_task_key
 from prefect_dask_profiling.store.url import check_store_url, redacted_options
@@ -89,13 +90,18 @@ class ProfilingOptions:
     report_retention_days
         Days per-stage reports are kept (S3 lifecycle rule, local ``sweep``).
     stage_reports
-        ``"auto"`` (default): a Dask performance report for each stage that ran at least
+        ``True`` (default): a Dask performance report for every stage, drawn in a
+        background thread while the next stage runs (the flow waits for them only at
+        ``finish()``); ``"auto"``: a report for each stage that ran at least
         ``report_min_seconds``, and for every stage that regressed or drifted, rendered at
-        ``finish()``; ``True``: a report for every stage; ``False``: none. A report costs the
-        scheduler about half a second of Bokeh whatever the stage's size, more than a short
-        stage itself.
+        ``finish()``; ``False``: none.
     report_min_seconds
         In ``"auto"`` mode, the shortest stage (wall seconds) that always gets its report.
+    report_renderer
+        ``"flow"`` (default): the scheduler only copies the stage's data (a few ms of its
+        event loop) and the flow process draws the report; ``"dask"``: Dask's own
+        ``performance_report`` drawn on the scheduler (~0.5 s of its event loop per
+        report, during which it schedules nothing). The manifest says which drew each.
     on_regression
         ``"fail"`` ends the flow run Failed on a regression; ``"warn"`` only reports.
     threshold
@@ -118,8 +124,9 @@ class ProfilingOptions:
     pipeline: str | None = None
     version: str | None = None
     report_retention_days: int = 30
-    stage_reports: bool | str = "auto"
+    stage_reports: bool | str = True
     report_min_seconds: float = 20.0
+    report_renderer: str = "flow"
     on_regression: str = "fail"
     threshold: float = RegressionRule.threshold
     history: int = RegressionRule.history
@@ -139,6 +146,9 @@ class ProfilingOptions:
             raise ValueError(f"stage_reports must be one of {STAGE_REPORTS}, "
                              f"got {self.stage_reports!r}")
         positive_number(self.report_min_seconds, "report_min_seconds", allow_zero=True)
+        if self.report_renderer not in REPORT_RENDERERS:
+            raise ValueError(f"report_renderer must be one of {REPORT_RENDERERS}, "
+                             f"got {self.report_renderer!r}")
         positive_number(self.store_timeout, "store_timeout (seconds)")
         if self.pipeline is not None:
             validate_name(self.pipeline, "pipeline")
@@ -198,8 +208,8 @@ class ProfiledDaskTaskRunner(DaskTaskRunner):
                  client_kwargs: dict | None = None, performance_report_path: str | None = None,
                  *, store: str | None = None, storage_options: dict | None = None,
                  pipeline: str | None = None, version: str | None = None,
-                 report_retention_days: int = 30, stage_reports: bool | str = "auto",
-                 report_min_seconds: float = 20.0,
+                 report_retention_days: int = 30, stage_reports: bool | str = True,
+                 report_min_seconds: float = 20.0, report_renderer: str = "flow",
                  on_regression: str = "fail",
                  threshold: float = RegressionRule.threshold,
                  history: int = RegressionRule.history,
@@ -209,7 +219,7 @@ class ProfiledDaskTaskRunner(DaskTaskRunner):
         self.profiling = profiling or ProfilingOptions(
             store=store, storage_options=storage_options, pipeline=pipeline, version=version,
             report_retention_days=report_retention_days, stage_reports=stage_reports,
-            report_min_seconds=report_min_seconds,
+            report_min_seconds=report_min_seconds, report_renderer=report_renderer,
             on_regression=on_regression, threshold=threshold, history=history,
             sample_interval=sample_interval, check_options=_copy_dict(check_options),
             store_timeout=store_timeout)

@@ -422,7 +422,8 @@ class Session:
     def _store_report(self, info: StageInfo, window: reports.ReportWindow,
                       end: reports.WindowEnd | None = None) -> None:
         try:
-            rendered = reports.render(self.client, window, end)
+            rendered = reports.render(self.client, window, end, stage=info.name,
+                                      renderer=self.options.report_renderer)
         except Exception as exc:
             self._set_note(info, f"report not rendered: {exc!r}")
             return
@@ -436,11 +437,12 @@ class Session:
                                          rendered.html)
         self.warnings.extend(result.warnings)
         info.report = {"location": result.location, "size": len(rendered.html.encode()),
-                       "tasks": rendered.tasks, "truncated": rendered.truncated,
-                       "spooled": result.spooled}
+                       "tasks": rendered.tasks, "shown": rendered.shown,
+                       "truncated": rendered.truncated, "spooled": result.spooled,
+                       "renderer": rendered.renderer}
         self._set_note(info, None if not rendered.truncated else (
-            f"report truncated: {rendered.tasks} tasks ran but Dask's task stream keeps the "
-            f"last {window.stream_limit}"))
+            f"report truncated: it shows {rendered.shown} of the stage's {rendered.tasks} "
+            f"tasks (Dask's task stream keeps the last {window.stream_limit})"))
 
     # -- finish ----------------------------------------------------------------------------
 

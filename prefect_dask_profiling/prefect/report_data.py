@@ -1,0 +1,222 @@
+"""What a stage's performance report shows, copied from the scheduler as plain data.
+
+The flow-process renderer (:mod:`~prefect_dask_profiling.prefect.report_html`) draws Dask's
+report from this data, so the scheduler only copies: the stage's task-stream records (by
+the recorder's append counter, so exactly the stage's tasks), its own profile, bandwidths,
+system-monitor samples and log lines of the window. The records are copied in pages of
+:data:`PAGE` so no single call holds the scheduler's event loop long. Worker profiles are
+asked of the workers directly (the scheduler neither merges nor forwards them) and only
+through the scheduler when a worker cannot be reached from the flow process.
+
+The scheduler-side functions are shipped by value (the scheduler need not have this
+package): they use only their arguments, the standard library and distributed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from prefect_dask_profiling._util import ship_by_value
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+logger = logging.getLogger("prefect_dask_profiling")
+
+TASK_STREAM_PLUGIN = "task-stream"
+PAGE = 2000  # task records per scheduler call (~2-4 ms of event loop on 2 slow cores)
+PROFILE_TIMEOUT = 10.0  # seconds to wait for a worker's profile
+
+# (key, worker, thread, startstops, status): what Dask's task-stream rectangles read
+TaskRecord = tuple[Any, str, int, tuple, str]
+
+
+@dataclass
+class StreamSlice:
+    """A stage's task-stream records: what was kept of the window ``[first, last)``.
+
+    ``total`` tasks finished in the window; ``records`` are the ones the recorder still
+    held when they were copied (its buffer keeps the last ``limit``), oldest first.
+    """
+
+    total: int
+    records: list[TaskRecord]
+    limit: int
+
+    @property
+    def kept(self) -> int:
+        return len(self.records)
+
+    @property
+    def cut(self) -> bool:
+        """Whether some of the stage's tasks had already left the recorder."""
+        return self.kept < self.total
+
+
+@dataclass
+class StageData:
+    """Everything Dask's performance report shows for one stage window, as plain data."""
+
+    start: float
+    stop: float
+    stream: StreamSlice
+    compute_profile: dict
+    server_profile: dict
+    scheduler_profile: dict
+    bandwidth: float = 0.0
+    bandwidth_types: dict[str, float] = field(default_factory=dict)
+    bandwidth_workers: dict[tuple[str, str], float] = field(default_factory=dict)
+    worker_names: dict[str, str] = field(default_factory=dict)
+    monitor: dict[str, list] = field(default_factory=dict)
+    logs: list[tuple[float, str, str]] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+# -- scheduler side (shipped by value) ----------------------------------------------------------
+
+
+def window_state(dask_scheduler) -> dict:
+    """Cursor of the task-stream recorder (installed if missing) and of the system monitor."""
+    plugin = dask_scheduler.plugins.get("task-stream")
+    installed = plugin is None
+    if installed:
+        dask_scheduler.get_task_stream_index()  # installs the recorder
+        plugin = dask_scheduler.plugins["task-stream"]
+    return {"count": dask_scheduler.monitor.count, "index": plugin.index,
+            "limit": plugin.buffer.maxlen or 0, "installed": installed}
+
+
+def stream_page(dask_scheduler, first: int, last: int, size: int) -> dict:
+    """Up to ``size`` records of the append-counter range ``[first, last)`` still held.
+
+    Returns ``oldest`` (the counter of the oldest record held) and the records from
+    ``max(first, oldest)`` on: a record that left the buffer is never replaced by a later
+    one (Dask's own ``collect(start_index=)`` clamps to the buffer's start instead).
+    """
+    import itertools
+
+    plugin = dask_scheduler.plugins.get("task-stream")
+    if plugin is None:
+        return {"oldest": last, "records": []}
+    buffer = plugin.buffer
+    oldest = plugin.index - len(buffer)
+    lo = max(first, oldest)
+    hi = min(last, lo + size, plugin.index)
+    records = [(m["key"], m.get("worker"), m.get("thread"), m.get("startstops") or (),
+                m.get("status"))
+               for m in itertools.islice(buffer, lo - oldest, max(lo, hi) - oldest)]
+    return {"oldest": oldest, "records": records}
+
+
+def stage_facts(dask_scheduler, start: float, stop: float, last_count: int, end_count: int,
+                first: int, last: int, size: int) -> dict:
+    """One call: the first page of records and every small part of the report."""
+    from distributed import profile
+
+    history = getattr(dask_scheduler.io_loop, "profile", None)
+    monitor = dask_scheduler.monitor
+    kept = monitor.range_query(start=last_count)
+    begin = max(last_count, monitor.count - len(next(iter(kept.values()), [])))
+    n = max(0, end_count - begin)
+    workers = dask_scheduler.workers
+    import dask
+    import distributed
+
+    return {
+        "page": stream_page(dask_scheduler, first, last, size),
+        "scheduler_profile": (profile.get_profile(history, start=start, stop=stop)
+                              if history is not None else profile.create()),
+        "bandwidth": dask_scheduler.bandwidth,
+        "bandwidth_types": dict(dask_scheduler.bandwidth_types),
+        "bandwidth_workers": dict(dask_scheduler.bandwidth_workers),
+        "worker_names": {a: str(ws.name) if ws.name is not None else a
+                         for a, ws in workers.items()},
+        "monitor": {k: list(v[:n]) for k, v in kept.items()},
+        "logs": [entry for entry in dask_scheduler.get_logs(start=start, timestamps=True)
+                 if entry[0] <= stop],
+        "info": {"address": dask_scheduler.address, "workers": len(workers),
+                 "threads": sum(ws.nthreads for ws in workers.values()),
+                 "memory": sum(ws.memory_limit or 0 for ws in workers.values()),
+                 "dask": dask.__version__, "distributed": distributed.__version__},
+    }
+
+
+def drop_task_stream(dask_scheduler, keep_if_prefix: str) -> bool:
+    """Remove the task-stream recorder unless a plugin named ``keep_if_prefix...`` remains."""
+    if any(n.startswith(keep_if_prefix) for n in dask_scheduler.plugins):
+        return False
+    return dask_scheduler.plugins.pop("task-stream", None) is not None
+
+
+ship_by_value(__name__)
+
+
+# -- flow side ----------------------------------------------------------------------------------
+
+
+def fetch(client: Client, *, start: float, stop: float, first: int, last: int,
+          last_count: int, end_count: int, limit: int, timeout: float = 120.0) -> StageData:
+    """Copy the data of the stage window from the scheduler and its workers.
+
+    Parameters
+    ----------
+    start, stop
+        The window's wall times (profiles and log lines between them).
+    first, last
+        The task-stream recorder's append counter at the window's start and end: the stage's
+        tasks are exactly the records ``[first, last)``.
+    last_count, end_count
+        The system monitor's sample counter at the window's start and end.
+    limit
+        The recorder's buffer length (to say why a report is cut).
+    """
+    facts = client.run_on_scheduler(stage_facts, start=start, stop=stop,
+                                    last_count=last_count, end_count=end_count, first=first,
+                                    last=last, size=PAGE, callback_timeout=timeout)
+    records = list(facts["page"]["records"])
+    cursor = max(first, facts["page"]["oldest"]) + len(records)
+    while records and cursor < last:  # later pages; a page may find its records gone
+        page = client.run_on_scheduler(stream_page, first=cursor, last=last, size=PAGE,
+                                       callback_timeout=timeout)
+        if not page["records"]:
+            break
+        records.extend(page["records"])
+        cursor = max(cursor, page["oldest"]) + len(page["records"])
+    compute, server = worker_profiles(client, list(facts["worker_names"]), start, stop)
+    return StageData(
+        start=start, stop=stop,
+        stream=StreamSlice(total=max(0, last - first), records=records, limit=limit),
+        compute_profile=compute, server_profile=server,
+        scheduler_profile=facts["scheduler_profile"], bandwidth=facts["bandwidth"],
+        bandwidth_types=facts["bandwidth_types"],
+        bandwidth_workers=facts["bandwidth_workers"], worker_names=facts["worker_names"],
+        monitor=facts["monitor"], logs=facts["logs"], info=facts["info"])
+
+
+def worker_profiles(client: Client, workers: list[str], start: float,
+                    stop: float) -> tuple[dict, dict]:
+    """The workers' compute and administrative profiles of the window, merged here.
+
+    Asked of each worker directly; a worker the flow process cannot reach is asked through
+    the scheduler (which then only forwards, ``merge_workers=False``).
+    """
+    from distributed import profile
+
+    async def ask(server: bool) -> list:
+        calls = [asyncio.wait_for(client.rpc(w).profile(start=start, stop=stop, server=server),
+                                  PROFILE_TIMEOUT) for w in workers]
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    merged = []
+    for server in (False, True):
+        results = client.sync(ask, server)
+        if any(isinstance(r, BaseException) for r in results):
+            logger.debug("direct worker profile failed; asking the scheduler: %r", results)
+            by_worker = client.profile(start=start, stop=stop, server=server,
+                                       merge_workers=False)
+            results = list(by_worker.values())
+        merged.append(profile.merge(*results) if results else profile.create())
+    return merged[0], merged[1]
