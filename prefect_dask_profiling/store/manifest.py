@@ -65,6 +65,7 @@ class Manifest(TypedDict, total=False):
     stages: list[dict[str, Any]]
     environment: dict[str, Any]
     warnings: list[str]
+    incidents: list[dict[str, Any]]
     finish_seconds: dict[str, float]
     spool_delivery: dict[str, Any]
 
@@ -81,6 +82,8 @@ class StageInfo:
     note: str | None = None
     # the stage's bottleneck verdict (diagnosis.stages.Diagnosis.to_dict); absent in old runs
     diagnosis: dict[str, Any] | None = None
+    # peak bytes, headroom, spilled bytes... (summary.memory.StageMemory); absent in old runs
+    memory: dict[str, Any] | None = None
 
 
 @dataclass

@@ -1,0 +1,162 @@
+"""Memory per stage and worker deaths, on real LocalClusters with a small memory limit.
+
+Two process workers of 1 GiB each: a stage holding ~150 MB more per task shows a larger
+per-stage peak; a task that allocates past the nanny's terminate fraction gets its worker
+killed and the run records a suspected-OOM incident naming the stage, prefix and key, and
+the run is still stored; a clean ``retire_workers`` during a stage is not an incident.
+No timing asserts: tasks hold their memory long enough for several heartbeats.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import dask
+import pytest
+from distributed import Client, LocalCluster, wait
+
+from prefect_dask_profiling import collect, install, stage, uninstall
+from prefect_dask_profiling.finishing import FinishSettings, finish_run
+from prefect_dask_profiling.store.manifest import RunContext
+from prefect_dask_profiling.store.runs import RunStore, new_run_id
+from prefect_dask_profiling.summary.memory import describe_incident, stage_memory
+
+pytestmark = pytest.mark.timeout(240)
+
+MiB = 2**20
+
+
+def hold(i: int, mib: int, seconds: float = 2.5) -> bytes:
+    """Allocate ``mib`` MiB (touched, so it is resident), hold it, return 1 MiB."""
+    block = bytearray(mib * MiB)
+    for j in range(0, len(block), 4096):
+        block[j] = 1
+    time.sleep(seconds)
+    del block
+    return bytes(MiB)
+
+
+def hog(i: int) -> int:
+    """Grow past the 1 GiB limit in 50 MiB steps: the nanny kills the worker at 95%."""
+    chunks = []
+    for _ in range(40):
+        chunk = bytearray(50 * MiB)
+        for j in range(0, len(chunk), 4096):
+            chunk[j] = 1
+        chunks.append(chunk)
+        time.sleep(0.2)
+    return len(chunks)
+
+
+def nap(i: int, seconds: float = 3.0) -> int:
+    time.sleep(seconds)
+    return i
+
+
+@pytest.fixture
+def small_cluster():
+    # one death is final (KilledWorker), so an OOM night costs one worker, not four
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}), LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, memory_limit="1GiB",
+            dashboard_address=None, host="127.0.0.1") as cluster, Client(cluster) as client:
+        yield client
+
+
+def run_stages(client: Client, plan: dict[str, int]) -> str:
+    name = install(client, sample_interval=0.2)
+    for stage_name, mib in plan.items():
+        with client.as_current(), stage(stage_name):
+            wait(client.map(hold, range(4), mib=mib, pure=False))
+    return name
+
+
+def test_a_stage_holding_150_mb_more_per_task_has_a_larger_peak(small_cluster):
+    client = small_cluster
+    name = run_stages(client, {"light": 50, "heavy": 200})
+    record = collect(client, name)
+    uninstall(client, name)
+
+    per_stage = stage_memory(record).set_index("stage")
+    assert set(per_stage.index) >= {"light", "heavy"}
+    light, heavy = per_stage.loc["light"], per_stage.loc["heavy"]
+    # each worker held 200 MiB instead of 50 MiB for 2.5 s: well over 100 MiB more at peak
+    assert heavy["peak_bytes"] - light["peak_bytes"] > 100 * MiB
+    assert heavy["memory_limit"] == 2**30 and heavy["workers"] == 2
+    assert 0 < heavy["headroom"] < light["headroom"] < 1
+    assert heavy["largest_result_bytes"] >= MiB and heavy["largest_result_prefix"] == "hold"
+    rows = record.memory[record.memory["stage"] == "heavy"]
+    assert len(rows) == 2 and (rows["samples"] > 0).all()
+    assert record.incidents == []
+
+
+def test_a_worker_killed_for_memory_is_a_suspected_oom_incident_and_the_run_lands(
+        small_cluster, tmp_path):
+    client = small_cluster
+    name = run_stages(client, {"warmup": 10})
+    with client.as_current(), stage("explode"):
+        future = client.submit(hog, 0, pure=False, key="hog-0")
+        with pytest.raises(Exception, match="died|KilledWorker|workers"):
+            future.result(timeout=120)
+    client.wait_for_workers(2, timeout=60)
+    record = collect(client, name)
+    uninstall(client, name)
+
+    assert len(record.incidents) == 1, record.incidents
+    incident = record.incidents[0]
+    assert incident["kind"] == "suspected OOM"
+    assert incident["stages"] == ["explode"] and incident["prefixes"] == ["hog"]
+    assert incident["keys"] == ["hog-0"] and incident["n_keys"] == 1
+    assert incident["memory_limit"] == 2**30
+    assert "suspected OOM" in describe_incident(incident)
+
+    store = RunStore(str(tmp_path))
+    ctx = RunContext(run_id=new_run_id(), pipeline="memory", version="1")
+    result = finish_run(store, record, ctx, [], FinishSettings(), error=RuntimeError("lost"))
+    manifest = store.read_manifest("memory", ctx.run_id)
+    assert manifest["incidents"][0]["keys"] == ["hog-0"]
+    assert result.manifest["incidents"][0]["kind"] == "suspected OOM"
+    stages = {s["name"]: s for s in manifest["stages"]}
+    assert stages["warmup"]["memory"]["memory_limit"] == 2**30
+    memory = store.read_table("memory", ctx.run_id, "memory")
+    assert set(memory["stage"]) >= {"warmup"} and (memory["memory_limit"] == 2**30).all()
+
+
+def test_a_killed_worker_is_lost_and_a_clean_retire_is_no_incident(small_cluster):
+    client = small_cluster
+    name = install(client, sample_interval=0.2)
+    with client.as_current(), stage("rough"):
+        futures = client.map(nap, range(4), pure=False)
+        busy = wait_until_busy(client)
+        victim = busy[0]
+        pid = client.run(os.getpid, workers=[victim])[victim]
+        os.kill(pid, signal.SIGKILL)
+        wait(futures, timeout=120)
+    incidents = collect(client, name).incidents
+    assert len(incidents) == 1, incidents
+    incident = incidents[0]
+    assert incident["kind"] == "worker lost" and incident["worker"] == victim
+    assert incident["stages"] == ["rough"] and incident["prefixes"] == ["nap"]
+
+    client.wait_for_workers(2, timeout=60)  # the nanny restarted the killed one
+    with client.as_current(), stage("calm"):
+        futures = client.map(nap, range(4), pure=False)
+        busy = wait_until_busy(client)
+        client.retire_workers([busy[0]])
+        wait(futures, timeout=120)
+    record = collect(client, name)
+    uninstall(client, name)
+    assert len(record.incidents) == 1, record.incidents  # still only the killed worker
+    assert all(f.status == "finished" for f in futures)
+
+
+def wait_until_busy(client: Client, timeout: float = 60) -> list[str]:
+    """The workers, once every one of them is processing a task."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        processing = client.processing()
+        if len(processing) >= 2 and all(processing.values()):
+            return sorted(processing)
+        time.sleep(0.05)
+    raise AssertionError(f"workers never all busy: {client.processing()}")
