@@ -30,6 +30,12 @@ def _number(name: str, value: object, *, low: float, low_open: bool,
         raise InvalidInput(f"{name} must be a finite number {allowed}, got {value!r}")
 
 
+def _flag(name: str, value: object) -> None:
+    """Refuse ``value`` unless it is a ``bool``."""
+    if not isinstance(value, bool):
+        raise InvalidInput(f"{name} must be true or false, got {value!r}")
+
+
 def _whole(name: str, value: object, *, low: int) -> None:
     """Refuse ``value`` unless it is an ``int`` (not a bool) of at least ``low``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -63,6 +69,27 @@ class RegressionRule:
         timer and scheduling jitter.
     history
         How many earlier healthy runs form the baseline at most (>= 1).
+    memory_regression
+        Judge each stage's peak process memory and spilled bytes against the baseline
+        (:mod:`~prefect_dask_profiling.regression.memory`).
+    memory_threshold
+        Minimum ``latest / baseline median`` ratio of a memory regression (> 1). 1.75: a
+        night's peak varies by +-20% and a late garbage collection adds up to a third more,
+        which stays under 1.75x the median; 1.5 alarmed on 0.2% of generated stage-nights
+        (``benchmarks/memory_rule.py``).
+    memory_z_threshold
+        Minimum robust z of a memory regression (> 0).
+    memory_mad_floor
+        Floor of the memory spread as a fraction of the baseline median (>= 0).
+    memory_min_fraction, memory_min_bytes
+        Minimum effect of a memory regression: the increase must be at least
+        ``min(memory_min_fraction x worker memory limit, memory_min_bytes)`` (a fraction
+        between 0 and 1; bytes >= 0). Defaults 10% and 256 MiB.
+    near_oom
+        Flag a stage whose headroom (min over workers of ``(limit - peak) / limit``) fell
+        under ``near_oom_headroom``; needs no history.
+    near_oom_headroom
+        Headroom under which a stage is ``near-oom``, between 0 and 1 (0.10).
 
     Raises
     ------
@@ -78,6 +105,14 @@ class RegressionRule:
     mad_floor: float = 0.05
     abs_floor_s: float = 0.1
     history: int = 8
+    memory_regression: bool = True
+    memory_threshold: float = 1.75
+    memory_z_threshold: float = 3.5
+    memory_mad_floor: float = 0.10
+    memory_min_fraction: float = 0.10
+    memory_min_bytes: int = 256 * 2**20
+    near_oom: bool = True
+    near_oom_headroom: float = 0.10
 
     def __post_init__(self) -> None:
         _number("threshold", self.threshold, low=1, low_open=True)
@@ -88,6 +123,14 @@ class RegressionRule:
         _number("mad_floor", self.mad_floor, low=0, low_open=False)
         _number("abs_floor_s", self.abs_floor_s, low=0, low_open=True)
         _whole("history", self.history, low=1)
+        _flag("memory_regression", self.memory_regression)
+        _number("memory_threshold", self.memory_threshold, low=1, low_open=True)
+        _number("memory_z_threshold", self.memory_z_threshold, low=0, low_open=True)
+        _number("memory_mad_floor", self.memory_mad_floor, low=0, low_open=False)
+        _number("memory_min_fraction", self.memory_min_fraction, low=0, low_open=False, high=1)
+        _number("memory_min_bytes", self.memory_min_bytes, low=0, low_open=False)
+        _flag("near_oom", self.near_oom)
+        _number("near_oom_headroom", self.near_oom_headroom, low=0, low_open=False, high=1)
 
     @classmethod
     def from_options(cls, threshold: float = 2.0, history: int = 8,
