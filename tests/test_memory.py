@@ -14,6 +14,7 @@ import signal
 import time
 
 import dask
+import pandas as pd
 import pytest
 from distributed import Client, LocalCluster, wait
 
@@ -121,6 +122,45 @@ def test_a_worker_killed_for_memory_is_a_suspected_oom_incident_and_the_run_land
     assert stages["warmup"]["memory"]["memory_limit"] == 2**30
     memory = store.read_table("memory", ctx.run_id, "memory")
     assert set(memory["stage"]) >= {"warmup"} and (memory["memory_limit"] == 2**30).all()
+    shows_the_death_everywhere(store, result, ctx.run_id)
+
+
+def shows_the_death_everywhere(store: RunStore, result, run_id: str) -> None:
+    """The artifact's markdown, ``show``, the fleet view and Prometheus carry the incident
+    and the stages' memory."""
+    from typer.testing import CliRunner
+
+    from prefect_dask_profiling.cli import app
+    from prefect_dask_profiling.export.fleet import fleet_rows
+    from prefect_dask_profiling.export.prometheus import (
+        LatestRun,
+        build_registry,
+        exposition,
+    )
+    from prefect_dask_profiling.prefect.artifacts import run_markdown
+
+    markdown = run_markdown(result, {}, None)
+    assert "## Worker deaths" in markdown and "suspected OOM: worker" in markdown
+    assert "| peak memory | headroom | spilled |" in markdown and "of 1.0 GiB" in markdown
+
+    shown = CliRunner().invoke(app, ["show", run_id, "--pipeline", "memory",
+                                     "--store", store.url], terminal_width=200)
+    assert shown.exit_code == 0, shown.output
+    assert "memory per stage" in shown.output and "worker death: suspected OOM" in shown.output
+
+    manifest = store.read_manifest("memory", run_id)
+    tasks = store.read_table("memory", run_id, "tasks")
+    fleet = fleet_rows(manifest, tasks).set_index("stage")
+    assert (fleet.loc[["explode"], "stage_worker_deaths"] == 1).all()
+    assert (fleet.loc[["warmup"], "stage_peak_bytes"] > 0).all()
+
+    text = exposition(build_registry([LatestRun("memory", manifest, tasks, pd.DataFrame(
+        columns=["stage", "prefix", "verdict", "ratio"]))]))
+    assert 'dask_profiling_stage_memory_peak_bytes{pipeline="memory",stage="warmup"}' in text
+    assert 'dask_profiling_stage_memory_headroom_ratio{pipeline="memory",stage="warmup"}' \
+        in text
+    assert 'dask_profiling_run_worker_deaths{kind="suspected OOM",pipeline="memory"} 1.0' \
+        in text
 
 
 def test_a_killed_worker_is_lost_and_a_clean_retire_is_no_incident(small_cluster):

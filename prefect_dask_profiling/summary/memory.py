@@ -16,8 +16,8 @@ import pandas as pd
 
 from prefect_dask_profiling.summary.record import RunRecord
 
-__all__ = ["STAGE_MEMORY_COLUMNS", "StageMemory", "describe_incident", "format_bytes",
-           "stage_memory", "stage_memory_info"]
+__all__ = ["MEMORY_SHOW_COLUMNS", "STAGE_MEMORY_COLUMNS", "StageMemory", "describe_incident",
+           "format_bytes", "memory_cells", "memory_table", "stage_memory", "stage_memory_info"]
 
 STAGE_MEMORY_COLUMNS = ["stage", "workers", "memory_limit", "peak_bytes", "headroom",
                         "peak_spilled_bytes", "spilled_bytes", "read_back_bytes",
@@ -122,3 +122,43 @@ def describe_incident(incident: dict[str, Any]) -> str:
             f"{', '.join(incident.get('stages') or ['?'])} (prefixes "
             f"{', '.join(incident.get('prefixes') or ['?'])}; keys {shown}); {memory}; "
             f"{incident.get('reason') or ''}".rstrip("; "))
+
+
+MEMORY_SHOW_COLUMNS = ["stage", "peak_gib", "limit_gib", "headroom", "spilled_gib",
+                       "read_back_gib", "largest_result_mib", "largest_result_prefix"]
+
+
+def memory_table(stages: list[dict[str, Any]]) -> pd.DataFrame:
+    """The stored stages' memory (``manifest["stages"][i]["memory"]``) for a terminal table.
+
+    One row per stage that has a memory entry (``MEMORY_SHOW_COLUMNS``, sizes in GiB/MiB);
+    runs stored before memory was recorded give an empty table.
+    """
+    rows = []
+    for s in stages or []:
+        m = s.get("memory") if isinstance(s, dict) else None
+        if not isinstance(m, dict):
+            continue
+        headroom = m.get("headroom")
+        rows.append({
+            "stage": str(s.get("name")),
+            "peak_gib": (m.get("peak_bytes") or 0) / 2**30,
+            "limit_gib": (m.get("memory_limit") or 0) / 2**30,
+            "headroom": float(headroom) if headroom is not None else float("nan"),
+            "spilled_gib": (m.get("spilled_bytes") or 0) / 2**30,
+            "read_back_gib": (m.get("read_back_bytes") or 0) / 2**30,
+            "largest_result_mib": (m.get("largest_result_bytes") or 0) / 2**20,
+            "largest_result_prefix": m.get("largest_result_prefix") or ""})
+    return pd.DataFrame(rows, columns=MEMORY_SHOW_COLUMNS)
+
+
+def memory_cells(memory: Any) -> tuple[str, str, str]:
+    """A stored stage's memory as (peak of limit, headroom, spilled) text; blanks if none."""
+    if not isinstance(memory, dict) or not memory.get("workers"):
+        return "", "", ""
+    headroom = memory.get("headroom")
+    limit = memory.get("memory_limit")
+    peak = format_bytes(memory.get("peak_bytes"))
+    return (f"{peak} of {format_bytes(limit)}" if limit else peak,
+            f"{headroom:.0%}" if isinstance(headroom, (int, float)) else "n/a",
+            format_bytes(memory.get("spilled_bytes") or 0))
