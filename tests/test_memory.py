@@ -200,3 +200,33 @@ def wait_until_busy(client: Client, timeout: float = 60) -> list[str]:
             return sorted(processing)
         time.sleep(0.05)
     raise AssertionError(f"workers never all busy: {client.processing()}")
+
+
+def block(i: int, mib: int = 40):
+    """A touched ``mib`` MiB array (kept by the caller, so the worker must hold or spill it)."""
+    import numpy as np
+
+    return np.full(mib * MiB // 8, float(i))
+
+
+def total(x) -> float:
+    return float(x.sum())
+
+
+def test_a_stage_that_spills_records_the_bytes_written_and_read_back(small_cluster):
+    client = small_cluster
+    name = install(client, sample_interval=0.2)
+    with client.as_current(), stage("pile"):
+        blocks = client.map(block, range(40), pure=False)  # 1.6 GB on 2 x 1 GiB workers
+        wait(blocks)
+    with client.as_current(), stage("sum"):
+        wait(client.map(total, blocks, pure=False))
+    time.sleep(1.5)  # spill counters arrive with the next heartbeats
+    record = collect(client, name)
+    uninstall(client, name)
+    per_stage = stage_memory(record).set_index("stage")
+    written = per_stage["spilled_bytes"].sum()
+    assert written > 200 * MiB, per_stage
+    assert per_stage["read_back_bytes"].sum() > 0, per_stage
+    assert per_stage.loc["pile", "peak_spilled_bytes"] > 0
+    assert per_stage.loc["pile", "largest_result_bytes"] == 40 * MiB
