@@ -230,3 +230,22 @@ def test_a_stage_that_spills_records_the_bytes_written_and_read_back(small_clust
     assert per_stage["read_back_bytes"].sum() > 0, per_stage
     assert per_stage.loc["pile", "peak_spilled_bytes"] > 0
     assert per_stage.loc["pile", "largest_result_bytes"] == 40 * MiB
+
+
+def test_a_stage_holding_150_mb_more_from_one_night_on_is_a_memory_regression(small_cluster):
+    """Four nights on one cluster, judged by the pure memory rule; only the heavier stage of
+    the last night is flagged (the judge wiring is the lead's ``regression/judge.py``)."""
+    from prefect_dask_profiling.regression.memory import detect_memory
+
+    client = small_cluster
+    nights = []
+    for night in range(4):
+        extra = 150 if night == 3 else 0
+        name = run_stages(client, {"read": 50, "reduce": 50 + extra})
+        nights.append(stage_memory(collect(client, name)).assign(run_id=f"n{night}"))
+        uninstall(client, name)
+    history = pd.concat(nights[:3], ignore_index=True)
+    verdicts = detect_memory(history, nights[3]).set_index(["stage", "metric"])["verdict"]
+    assert verdicts[("reduce", "peak_bytes")] == "memory-regression"
+    assert verdicts[("read", "peak_bytes")] == "ok"
+    assert (verdicts.drop(("reduce", "peak_bytes")) == "ok").all()
