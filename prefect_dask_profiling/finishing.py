@@ -42,6 +42,7 @@ from prefect_dask_profiling.store.manifest import (
 )
 from prefect_dask_profiling.summary import RunRecord, summarise, utilisation
 from prefect_dask_profiling.summary.io import stage_io_summary
+from prefect_dask_profiling.summary.memory import stage_memory_info
 
 if TYPE_CHECKING:
     from prefect_dask_profiling.diagnosis.stages import Diagnosis
@@ -388,6 +389,8 @@ def finish_run(store: RunStore, record: RunRecord, ctx: RunContext, stages: list
 def _summarise(end: RunEnd) -> None:
     end.util = utilisation(end.record)
     _stage_totals(end.stages, end.record, end.util)
+    if end.record.incidents:  # workers that died with work on them
+        end.manifest_extra["incidents"] = end.record.incidents
     end.summary = summarise(end.record)
 
 
@@ -474,6 +477,7 @@ def _record_tables(end: RunEnd) -> dict[str, pd.DataFrame]:
     tables["transfers"] = record.transfers
     if not record.io.empty:
         tables["io"] = record.io
+    tables["memory"] = record.memory
     if end.util is not None:
         tables["utilisation"] = end.util.reset_index()
     return tables
@@ -482,6 +486,7 @@ def _record_tables(end: RunEnd) -> dict[str, pd.DataFrame]:
 def _stage_totals(stages: list[StageInfo], record: RunRecord, util: pd.DataFrame) -> None:
     """Fill each stage's task count, task seconds and wall; add stages only the record knows."""
     by_name = {s.name: s for s in stages}
+    memory = stage_memory_info(record)
     for name in record.stages:
         if name not in by_name:
             by_name[name] = StageInfo(name=name)
@@ -491,6 +496,7 @@ def _stage_totals(stages: list[StageInfo], record: RunRecord, util: pd.DataFrame
         info.tasks = int(t["tasks"].sum())
         info.task_s = float(t["compute_s"].sum())
         info.wall_s = float(util.loc[info.name, "wall_s"]) if info.name in util.index else 0.0
+        info.memory = dict(memory[info.name]) if info.name in memory else info.memory
         if info.tasks == 0 and info.note is None:
             info.note = "no tasks ran in this stage"
         info.io = stage_io_summary(record.io, info.name)

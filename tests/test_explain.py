@@ -131,3 +131,21 @@ def test_mismatches_stored_with_addresses_compare_with_the_stable_form(inproc_cl
     [line] = now["environment"]["mismatches"]
     assert mismatch_key(line) == line == mismatch_key(detail)
     assert mismatch_key("versions not collected: OSError") == "versions not collected: OSError"
+
+
+def test_a_slower_stage_that_spilled_says_so():
+    from prefect_dask_profiling.regression.explain import explain_stage
+
+    def run(spilled, peak, incidents=()):
+        return {"version": "1", "stages": [{"name": "reduce", "tasks": 10, "memory": {
+            "workers": 2, "peak_bytes": peak, "spilled_bytes": spilled,
+            "memory_limit": 8 * 2**30, "headroom": 0.5}}], "incidents": list(incidents)}
+
+    baselines = [run(0, 2 * 2**30) for _ in range(3)]
+    tonight = run(int(3.1 * 2**30), int(2.1 * 2**30), [
+        {"kind": "suspected OOM", "stages": ["reduce"], "worker": "tcp://w"}])
+    text = explain_stage("reduce", tonight, baselines, ratio=2.6)["text"]
+    assert text.startswith("reduce 2.6× slower: 3.1 GiB spilled, was 0")
+    assert "1 suspected OOM" in text and "peak memory" not in text
+    quiet = explain_stage("reduce", run(0, 2 * 2**30), baselines, ratio=2.6)
+    assert quiet["memory"] == "" and "spilled" not in quiet["text"]

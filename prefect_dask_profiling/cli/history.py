@@ -151,13 +151,30 @@ def show_command(
     run_store, pipeline = _store_and_run(store, pipeline, run_id)
     summary, tasks = history.show_run(run_store, pipeline, run_id)
     if as_json:
-        emit_json({"manifest": summary, "tasks": tasks.to_dict(orient="records")})
+        manifest = run_store.read_manifest(pipeline, run_id)
+        emit_json({"manifest": summary, "tasks": tasks.to_dict(orient="records"),
+                   "memory": {s.get("name"): s.get("memory") for s in manifest.get("stages")
+                              or [] if isinstance(s, dict) and s.get("memory")},
+                   "incidents": manifest.get("incidents") or []})
         return
     for line in summary_lines(summary):
         say(line)
     if "errors" in tasks and not (tasks["errors"].fillna(0) != 0).any():
         tasks = tasks.drop(columns="errors")  # shown only when some task erred (JSON: always)
     print_table(tasks, title=f"{pipeline} {run_id}: time per prefix")
+    _show_memory(run_store.read_manifest(pipeline, run_id), f"{pipeline} {run_id}")
+
+
+def _show_memory(manifest: dict[str, Any], title: str) -> None:
+    """The run's memory per stage and its worker deaths (runs stored before: nothing)."""
+    from prefect_dask_profiling.summary.memory import describe_incident, memory_table
+
+    memory = memory_table(manifest.get("stages") or [])
+    if not memory.empty:
+        print_table(memory, title=f"{title}: memory per stage")
+    for incident in manifest.get("incidents") or []:
+        if isinstance(incident, dict):
+            say(f"worker death: {describe_incident(incident)}")
 
 
 def compare_command(

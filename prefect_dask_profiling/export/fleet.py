@@ -1,7 +1,8 @@
 """A fleet-wide Parquet view of every run: ``<store>/fleet/pipeline=<name>/<run_id>.parquet``.
 
-One row per (run, stage, prefix), with the run's identity, status, utilisation and
-bottleneck, so that one call reads every run of every pipeline::
+One row per (run, stage, prefix), with the run's identity, status, utilisation,
+bottleneck and the stage's memory (peak bytes, headroom, spilled bytes, worker deaths), so
+that one call reads every run of every pipeline::
 
     pandas.read_parquet("s3://bucket/prefix/fleet", storage_options={...})
 
@@ -30,7 +31,8 @@ logger = logging.getLogger(__name__)
 
 COLUMNS = ["version", "run_id", "started", "status", "stage", "prefix", "tasks", "total_s",
            "p50_s", "p95_s", "gb_out", "share", "utilisation", "stage_utilisation",
-           "bottleneck"]
+           "bottleneck", "stage_peak_bytes", "stage_headroom", "stage_spilled_bytes",
+           "stage_worker_deaths"]
 
 
 def _schema():
@@ -43,6 +45,8 @@ def _schema():
         ("total_s", pa.float64()), ("p50_s", pa.float64()), ("p95_s", pa.float64()),
         ("gb_out", pa.float64()), ("share", pa.float64()), ("utilisation", pa.float64()),
         ("stage_utilisation", pa.float64()), ("bottleneck", pa.string()),
+        ("stage_peak_bytes", pa.float64()), ("stage_headroom", pa.float64()),
+        ("stage_spilled_bytes", pa.float64()), ("stage_worker_deaths", pa.int64()),
     ])
 
 
@@ -94,6 +98,12 @@ def fleet_rows(manifest: dict[str, Any], tasks: pd.DataFrame) -> pd.DataFrame:
     by_stage = _stage_bottlenecks(manifest)
     run_level = _bottleneck(manifest)
     out["bottleneck"] = [by_stage.get(stage, run_level) for stage in out["stage"]]
+    memory = _stage_memory(manifest)
+    for column, key in (("stage_peak_bytes", "peak_bytes"), ("stage_headroom", "headroom"),
+                        ("stage_spilled_bytes", "spilled_bytes")):
+        out[column] = [_number(memory.get(stage, {}).get(key)) for stage in out["stage"]]
+    deaths = _stage_deaths(manifest)
+    out["stage_worker_deaths"] = [deaths.get(stage, 0) for stage in out["stage"]]
     return out[COLUMNS].reset_index(drop=True)
 
 
@@ -218,6 +228,21 @@ def _stage_bottlenecks(manifest: dict[str, Any]) -> dict[str, str]:
         primary = info["diagnosis"].get("primary")
         if primary:
             out[str(info.get("name"))] = str(primary)
+    return out
+
+
+def _stage_memory(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each stage's stored memory entry (``stages[].memory``); old runs have none."""
+    return {str(info.get("name")): info["memory"] for info in manifest.get("stages") or []
+            if isinstance(info, dict) and isinstance(info.get("memory"), dict)}
+
+
+def _stage_deaths(manifest: dict[str, Any]) -> dict[str, int]:
+    """How many workers died in each stage (``incidents``)."""
+    out: dict[str, int] = {}
+    for incident in manifest.get("incidents") or []:
+        for stage in (incident.get("stages") or []) if isinstance(incident, dict) else []:
+            out[str(stage)] = out.get(str(stage), 0) + 1
     return out
 
 

@@ -7,6 +7,12 @@ Metrics (all gauges, the run's values; labels in braces):
 * ``dask_profiling_prefix_p95_seconds{pipeline,version,stage,prefix}`` — p95 task seconds;
 * ``dask_profiling_stage_utilisation_ratio{pipeline,stage}`` — task seconds / thread seconds;
 * ``dask_profiling_run_utilisation_ratio{pipeline}`` and ``dask_profiling_run_wall_seconds``;
+* ``dask_profiling_stage_memory_peak_bytes{pipeline,stage}`` — the largest worker process
+  memory while the stage ran; ``dask_profiling_stage_memory_headroom_ratio{pipeline,stage}``
+  — min over workers of (limit - peak) / limit; ``dask_profiling_stage_spilled_bytes``
+  ``{pipeline,stage}`` — bytes spilled to disk while it ran;
+* ``dask_profiling_run_worker_deaths{pipeline,kind}`` — workers that died with tasks on them
+  (``kind``: ``suspected OOM`` or ``worker lost``; 0 for both when none did);
 * ``dask_profiling_regression{pipeline,stage,prefix,verdict}`` — 1 for each prefix judged
   ``regression`` or ``drift`` (``improved`` is 0; ok prefixes are not listed);
 * ``dask_profiling_regression_ratio{pipeline,stage,prefix,verdict}`` — their ratio;
@@ -123,6 +129,15 @@ def build_registry(runs: list[LatestRun]) -> CollectorRegistry:
                   ["pipeline"])
     healthy = gauge("dask_profiling_run_healthy", "1 when the latest run is healthy",
                     ["pipeline", "status"])
+    peak = gauge("dask_profiling_stage_memory_peak_bytes", "Largest worker process memory "
+                 "while the stage ran, latest run", ["pipeline", "stage"])
+    headroom = gauge("dask_profiling_stage_memory_headroom_ratio", "Min over workers of "
+                     "(memory limit - peak) / limit while the stage ran, latest run",
+                     ["pipeline", "stage"])
+    spilled = gauge("dask_profiling_stage_spilled_bytes", "Bytes spilled to disk while the "
+                    "stage ran, latest run", ["pipeline", "stage"])
+    deaths = gauge("dask_profiling_run_worker_deaths", "Workers that died with tasks of the "
+                   "latest run on them", ["pipeline", "kind"])
     flagged = gauge("dask_profiling_regression", "1 for a prefix judged regression or drift "
                     "in the latest run (0 for improved)", verdict_labels)
     ratio = gauge("dask_profiling_regression_ratio", "Ratio to the baseline of a flagged "
@@ -145,6 +160,19 @@ def build_registry(runs: list[LatestRun]) -> CollectorRegistry:
         _set(wall, (p,), m.get("wall_s"))
         _set(stamp, (p,), _timestamp(m.get("started")))
         _set(healthy, (p, str(m.get("status"))), 1.0 if m.get("status") == "healthy" else 0.0)
+        for info in m.get("stages") or []:
+            memory = info.get("memory") if isinstance(info, dict) else None
+            if isinstance(memory, dict) and memory.get("workers"):
+                labels = (p, str(info.get("name")))
+                _set(peak, labels, memory.get("peak_bytes"))
+                _set(headroom, labels, memory.get("headroom"))
+                _set(spilled, labels, memory.get("spilled_bytes"))
+        kinds = {"suspected OOM": 0, "worker lost": 0}
+        for incident in m.get("incidents") or []:
+            kind = str(incident.get("kind")) if isinstance(incident, dict) else "worker lost"
+            kinds[kind] = kinds.get(kind, 0) + 1
+        for kind, n in kinds.items():
+            _set(deaths, (p, kind), n)
         for row in run.verdicts.itertuples(index=False):
             if row.verdict not in FLAGGED:
                 continue

@@ -19,6 +19,7 @@ import pandas as pd
 from prefect_dask_profiling._util import artifact_key, json_clean
 from prefect_dask_profiling.regression.drift import flagged_markdown
 from prefect_dask_profiling.summary.io import io_text, raster_text
+from prefect_dask_profiling.summary.memory import describe_incident, memory_cells
 
 if TYPE_CHECKING:
     from prefect_dask_profiling.finishing import FinishResult
@@ -60,14 +61,19 @@ def run_markdown(result: FinishResult, links: dict[str, str], trend: str | None)
     for scope, row in result.utilisation.iterrows():
         lines.append(f"| {scope} | {_fmt(row['utilisation'])} | {_fmt(row['wall_s'])} | "
                      f"{_fmt(row['task_s'])} | {row['reading']} |")
-    lines += ["", "## Stages", "", "| stage | tasks | task s | bottleneck | evidence | report |",
-              "|---|---|---|---|---|---|"]
+    lines += ["", "## Stages", "",
+              "| stage | tasks | task s | peak memory | headroom | spilled | bottleneck | "
+              "evidence | report |", "|---|---|---|---|---|---|---|---|---|"]
     for s in m["stages"]:
         link = links.get(s["name"])
         report = f"[report]({link})" if link else (s.get("note") or "")
         verdict, evidence = _bottleneck(s.get("diagnosis"))
-        lines.append(f"| {s['name']} | {s['tasks']} | {_fmt(s['task_s'])} | {verdict} | "
-                     f"{evidence} | {report} |")
+        peak, headroom, spilled = memory_cells(s.get("memory"))
+        lines.append(f"| {s['name']} | {s['tasks']} | {_fmt(s['task_s'])} | {peak} | "
+                     f"{headroom} | {spilled} | {verdict} | {evidence} | {report} |")
+    if m.get("incidents"):
+        lines += ["", "## Worker deaths", ""] + [f"- {describe_incident(i)}"
+                                                 for i in m["incidents"]]
     local = [s for s in m["stages"] if s.get("local_work")]
     if local:
         lines += ["", "## Work the profile did not see", ""]

@@ -66,13 +66,17 @@ def explain_stage(stage: str, manifest: dict[str, Any], baselines: list[dict[str
     parts = []
     if bottleneck is not None:
         parts.append(bottleneck["text"])
+    memory = memory_change(stage, manifest, base)
+    if memory:
+        slower = f"{stage} {ratio:.1f}× slower" if ratio else stage
+        parts.append(f"{slower}: {memory}" if bottleneck is None else memory)
     if context:
         parts.append("changed since the baseline: " + "; ".join(
             f"{c['what']} {c['was']} → {c['now']}" for c in context[:4]))
     elif base:
         parts.append("nothing recorded in the run context changed since the baseline "
                      "(memory limits and cluster type are not recorded)")
-    return {"stage": stage, "bottleneck": bottleneck, "context": context,
+    return {"stage": stage, "bottleneck": bottleneck, "context": context, "memory": memory,
             "text": ". ".join(parts) if parts else "no baseline runs to compare with"}
 
 
@@ -240,3 +244,44 @@ def explain_verdicts(verdicts, manifest: dict[str, Any],
         out[str(stage)] = explain_stage(str(stage), manifest, baselines,
                                         ratio=late / base if base > 0 else None)
     return out
+
+
+# -- memory: spill, peaks and dead workers behind a slower stage ---------------------------
+
+SPILL_QUOTED = 64 * 2**20
+"""Bytes a stage must spill tonight before its spill is quoted (a few chunks)."""
+
+
+def memory_change(stage: str, manifest: dict[str, Any],
+                  baselines: list[dict[str, Any]]) -> str:
+    """What memory did differently in ``stage`` tonight, in words; empty if nothing did.
+
+    Quotes the bytes spilled to disk when the stage spilled at least 64 MiB and twice its
+    baseline median ("3.1 GiB spilled, was 0"), a peak at least 1.5x its baseline median,
+    and the workers that died while running it (``manifest["incidents"]``).
+    """
+    from prefect_dask_profiling.summary.memory import format_bytes
+
+    def size(value: float) -> str:
+        return "0" if not value else format_bytes(value)
+
+    now = _stage(manifest, stage).get("memory") or {}
+    was = [m for m in (_stage(b, stage).get("memory") for b in baselines)
+           if isinstance(m, dict)]
+    parts = []
+    spilled = now.get("spilled_bytes")
+    spilled_was = _median([m.get("spilled_bytes") for m in was])
+    if isinstance(spilled, (int, float)) and spilled >= SPILL_QUOTED and (
+            spilled_was is None or spilled >= 2 * spilled_was):
+        parts.append(f"{size(spilled)} spilled" + (
+            f", was {size(spilled_was)}" if spilled_was is not None else ""))
+    peak, peak_was = now.get("peak_bytes"), _median([m.get("peak_bytes") for m in was])
+    if isinstance(peak, (int, float)) and peak_was and peak >= 1.5 * peak_was:
+        parts.append(f"peak memory {size(peak)}, was {size(peak_was)}")
+    deaths = [i for i in manifest.get("incidents") or []
+              if isinstance(i, dict) and stage in (i.get("stages") or [])]
+    if deaths:
+        kinds = Counter(str(i.get("kind") or "worker lost") for i in deaths)
+        parts.append("worker(s) died while it ran: " + ", ".join(
+            f"{n} {kind}" for kind, n in kinds.most_common()))
+    return "; ".join(parts)

@@ -38,6 +38,10 @@ def _choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
     if not isinstance(value, str) or value not in allowed:
         raise InvalidInput(f"{name} must be one of {', '.join(map(repr, allowed))}, "
                            f"got {value!r}")
+def _flag(name: str, value: object) -> None:
+    """Refuse ``value`` unless it is a ``bool``."""
+    if not isinstance(value, bool):
+        raise InvalidInput(f"{name} must be true or false, got {value!r}")
 
 
 def _whole(name: str, value: object, *, low: int) -> None:
@@ -83,6 +87,29 @@ class RegressionRule:
     resolve_after
         How many consecutive runs back within the baseline close an episode as
         ``resolved`` (>= 1).
+    memory_regression
+        Judge each stage's peak process memory and spilled bytes against the baseline
+        (:mod:`~prefect_dask_profiling.regression.memory`).
+    memory_threshold
+        Minimum ``latest / baseline median`` ratio of a memory regression (> 1). 1.5: on a
+        quiet history (a real cluster's peaks repeat to a few MiB) a stage holding 150 MB
+        more on 1 GiB workers is 1.67x; noisy histories are held back by the z.
+    memory_z_threshold
+        Minimum z of a memory regression (> 0), the spread being the largest of
+        1.4826 x MAD, half the history's range and ``memory_mad_floor`` x median. 6: no
+        false alarm in 80,000 generated stage-metric-nights with +-20% peaks and late
+        garbage collections (5: 6 of them; ``benchmarks/memory_rule.py``).
+    memory_mad_floor
+        Floor of the memory spread as a fraction of the baseline median (>= 0).
+    memory_min_fraction, memory_min_bytes
+        Minimum effect of a memory regression: the increase must be at least
+        ``min(memory_min_fraction x worker memory limit, memory_min_bytes)`` (a fraction
+        between 0 and 1; bytes >= 0). Defaults 10% and 256 MiB.
+    near_oom
+        Flag a stage whose headroom (min over workers of ``(limit - peak) / limit``) fell
+        under ``near_oom_headroom``; needs no history.
+    near_oom_headroom
+        Headroom under which a stage is ``near-oom``, between 0 and 1 (0.10).
 
     Raises
     ------
@@ -100,6 +127,14 @@ class RegressionRule:
     history: int = 8
     confirm: str = "auto"
     resolve_after: int = 3
+    memory_regression: bool = True
+    memory_threshold: float = 1.5
+    memory_z_threshold: float = 6.0
+    memory_mad_floor: float = 0.10
+    memory_min_fraction: float = 0.10
+    memory_min_bytes: int = 256 * 2**20
+    near_oom: bool = True
+    near_oom_headroom: float = 0.10
 
     def __post_init__(self) -> None:
         _number("threshold", self.threshold, low=1, low_open=True)
@@ -112,6 +147,14 @@ class RegressionRule:
         _whole("history", self.history, low=1)
         _choice("confirm", self.confirm, CONFIRM_MODES)
         _whole("resolve_after", self.resolve_after, low=1)
+        _flag("memory_regression", self.memory_regression)
+        _number("memory_threshold", self.memory_threshold, low=1, low_open=True)
+        _number("memory_z_threshold", self.memory_z_threshold, low=0, low_open=True)
+        _number("memory_mad_floor", self.memory_mad_floor, low=0, low_open=False)
+        _number("memory_min_fraction", self.memory_min_fraction, low=0, low_open=False, high=1)
+        _number("memory_min_bytes", self.memory_min_bytes, low=0, low_open=False)
+        _flag("near_oom", self.near_oom)
+        _number("near_oom_headroom", self.near_oom_headroom, low=0, low_open=False, high=1)
 
     @classmethod
     def from_options(cls, threshold: float = 2.0, history: int = 8,

@@ -65,6 +65,7 @@ class Manifest(TypedDict, total=False):
     stages: list[dict[str, Any]]
     environment: dict[str, Any]
     warnings: list[str]
+    incidents: list[dict[str, Any]]
     finish_seconds: dict[str, float]
     spool_delivery: dict[str, Any]
 
@@ -102,6 +103,8 @@ class StageInfo:
     # Dask chunks read against the files' internal blocks (timing.storage_io.chunks_against_
     # blocks); None when the stage read no files through GDAL
     chunks_vs_blocks: dict[str, Any] | None = None
+    # peak bytes, headroom, spilled bytes... (summary.memory.StageMemory); absent in old runs
+    memory: dict[str, Any] | None = None
 
 
 @dataclass

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from prefect_dask_profiling.timing.types import Snapshot
 
 TASK_COLUMNS = ["stage", "prefix", "tasks", "errors", "reruns", "compute_s", "p50_s", "p95_s",
-                "max_s", "nbytes", "transfer_s", "disk_read_s", "disk_write_s",
+                "max_s", "nbytes", "max_nbytes", "transfer_s", "disk_read_s", "disk_write_s",
                 "first_start", "last_stop"]
 WORKER_COLUMNS = ["worker", "host", "nthreads", "samples", "peak_managed", "mean_managed",
                   "peak_unmanaged", "mean_unmanaged", "peak_spilled", "peak_cpu", "mean_cpu",
@@ -27,6 +27,8 @@ WORKER_COLUMNS = ["worker", "host", "nthreads", "samples", "peak_managed", "mean
 SAMPLE_COLUMNS = ["time", "worker", "managed", "unmanaged", "spilled", "cpu"]
 IO_COLUMNS = ["stage", "worker", "chunks", "decoded_bytes"]
 TRANSFER_COLUMNS = ["source", "destination", "count", "seconds", "bytes"]
+MEMORY_COLUMNS = ["stage", "worker", "samples", "memory_limit", "peak_process", "peak_managed",
+                  "peak_unmanaged", "peak_spilled", "headroom"]
 
 
 @dataclass
@@ -44,6 +46,16 @@ class RunRecord:
         Per-worker aggregates, raw worker samples, per-pair transfers.
     timeline
         ``(time, total threads)`` changes, for thread-seconds over any window.
+    memory
+        One row per (stage, worker) (``MEMORY_COLUMNS``): the worker's peak process,
+        managed, unmanaged and spilled bytes over the samples taken while the stage ran,
+        its memory limit and ``headroom = (limit - peak process) / limit``.
+    spill
+        Per stage: ``disk_write_bytes`` and ``disk_read_bytes`` Dask spilled to and read
+        back from disk while it ran (all workers; stages that overlap share them).
+    incidents
+        Workers that left while tasks of the run were processing on them
+        (:class:`~prefect_dask_profiling.timing.types.Incident`).
     """
 
     name: str
@@ -64,6 +76,9 @@ class RunRecord:
     # storage requests per (stage, worker) (summary.io.io_frame); empty when not counted
     io: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=IO_COLUMNS),
                              repr=False)
+    memory: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=MEMORY_COLUMNS))
+    spill: dict[str, dict[str, int]] = field(default_factory=dict)
+    incidents: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def from_snapshot(cls, snap: Snapshot, workers: int = 0,
@@ -79,6 +94,9 @@ class RunRecord:
                             "ring (per-worker peaks and means still cover the whole run)")
         sketches = {(r["stage"], r["prefix"]): QuantileSketch.from_dict(r["sketch"])
                     for r in snap.get("tasks", []) if r.get("sketch")}
+        if snap.get("incidents_dropped"):
+            warnings.append(f"{snap['incidents_dropped']} worker incident(s) not kept "
+                            "(too many in one run)")
         transfers, overflowed = _transfers(snap)
         if overflowed:
             warnings.append("transfer log overflowed on " + ", ".join(sorted(overflowed)) +
@@ -93,7 +111,12 @@ class RunRecord:
             timeline=[(float(t), int(n)) for t, n in snap.get("timeline", [])],
             n_workers=workers, threads=threads, warnings=warnings,
             internal_errors=int(snap.get("internal_errors", 0)),
-            incomplete=bool(snap.get("incomplete")), sketches=sketches)
+            incomplete=bool(snap.get("incomplete")), sketches=sketches,
+            memory=_memory_frame(snap.get("stage_memory", [])),
+            spill={str(k): {"disk_write_bytes": int(v.get("disk_write_bytes", 0)),
+                            "disk_read_bytes": int(v.get("disk_read_bytes", 0))}
+                   for k, v in (snap.get("stage_spill") or {}).items()},
+            incidents=[dict(i) for i in snap.get("incidents", [])])
 
     # -- windows -------------------------------------------------------------------------
 
@@ -133,6 +156,15 @@ def _task_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     for col in TASK_COLUMNS[2:]:
         frame[col] = pd.to_numeric(frame[col], errors="coerce")
     return frame
+
+
+def _memory_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    frame = pd.DataFrame(rows, columns=[*MEMORY_COLUMNS[:-1]])
+    for col in MEMORY_COLUMNS[2:-1]:
+        frame[col] = pd.to_numeric(frame[col], errors="coerce").fillna(0).astype("int64")
+    limit = frame["memory_limit"].where(frame["memory_limit"] > 0)
+    frame["headroom"] = (limit - frame["peak_process"]) / limit
+    return frame.sort_values(["stage", "worker"], kind="stable").reset_index(drop=True)
 
 
 def _worker_frame(workers: dict[str, dict[str, Any]]) -> pd.DataFrame:

@@ -6,13 +6,21 @@ package installed. Its memory is bounded by stages x prefixes (plus a bounded ri
 samples), never by the number of tasks, and no hook ever raises into the scheduler: internal
 errors are counted and reported with the snapshot.
 
-Three streams are recorded:
+Five streams are recorded:
 
 1. tasks, aggregated per ``(stage, prefix)``: counts, errors, reruns, compute / transfer /
-   disk seconds from ``startstops``, bytes out, and a quantile sketch of compute seconds;
+   disk seconds from ``startstops``, bytes out (and the largest single result), and a
+   quantile sketch of compute seconds;
 2. workers: periodic samples of managed / unmanaged / spilled memory and CPU;
-3. transfers: count and seconds per ``(source, destination)`` pair (bytes are collected
-   worker-side, see :func:`snapshot`).
+3. memory per stage: at each sample, every stage that is running (a task of it is
+   processing, or one finished since the previous sample) gets each worker's sample folded
+   into its per-(stage, worker) peaks, and the bytes Dask spilled to / read back from disk
+   since the previous sample (cluster-wide: Dask does not report them per worker);
+4. transfers: count and seconds per ``(source, destination)`` pair (bytes are collected
+   worker-side, see :func:`snapshot`);
+5. incidents: a worker that left while tasks of this run were processing on it, without a
+   clean retire or close (Dask's ``remove-worker`` event with ``expected=False``), with its
+   last memory sample, and the nanny's report when it restarted the worker for memory.
 
 Tasks that launch Dask work of their own and wait for it (a Prefect task that computes a
 collection) are *wrappers*: their compute interval covers the work they wait on. When the
@@ -54,6 +62,14 @@ PARENT_ANNOTATION = "profiling_parent"
 DEFAULT_STAGE = "default"
 MAX_TIMELINE = 10_000
 MAX_WRAPPERS = 10_000
+MAX_STAGE_MEMORY = 20_000  # (stage, worker) rows of per-stage memory
+MAX_INCIDENTS = 100
+MAX_INCIDENT_KEYS = 20
+MAX_PROCESSING_SCAN = 64  # tasks looked at per worker and sample to find running stages
+# A worker whose last sample was at least this fraction of its memory limit when it died is
+# a suspected OOM (Dask pauses a worker at 80% by default and its nanny kills it at 95%;
+# samples lag the heartbeat, so the last one is usually below the kill point).
+NEAR_LIMIT = 0.8
 # v2: listeners are told (key, run_id) after the scheduler accepted the message; a scheduler
 # that still runs an older plugin's wrapper keeps it under the old name, untouched
 _LONG_RUNNING_HOOK = "_dask_profiling_long_running_listeners_v2"
@@ -63,8 +79,9 @@ _NOT_DONE = ("waiting", "queued", "no-worker")
 class PrefixStats:
     """Running aggregates of one ``(stage, prefix)``."""
 
-    __slots__ = ("tasks", "errors", "reruns", "compute_s", "max_s", "nbytes", "transfer_s",
-                 "disk_read_s", "disk_write_s", "sketch", "first_start", "last_stop")
+    __slots__ = ("tasks", "errors", "reruns", "compute_s", "max_s", "nbytes", "max_nbytes",
+                 "transfer_s", "disk_read_s", "disk_write_s", "sketch", "first_start",
+                 "last_stop")
 
     def __init__(self) -> None:
         self.tasks = 0
@@ -73,6 +90,7 @@ class PrefixStats:
         self.compute_s = 0.0
         self.max_s = 0.0
         self.nbytes = 0
+        self.max_nbytes = 0
         self.transfer_s = 0.0
         self.disk_read_s = 0.0
         self.disk_write_s = 0.0
@@ -87,12 +105,49 @@ class PrefixStats:
             "compute_s": self.compute_s,
             "p50_s": self.sketch.quantile(0.5) if self.sketch.n else None,
             "p95_s": self.sketch.quantile(0.95) if self.sketch.n else None,
-            "max_s": self.max_s, "nbytes": self.nbytes, "transfer_s": self.transfer_s,
+            "max_s": self.max_s, "nbytes": self.nbytes, "max_nbytes": self.max_nbytes,
+            "transfer_s": self.transfer_s,
             "disk_read_s": self.disk_read_s, "disk_write_s": self.disk_write_s,
             "first_start": self.first_start if seen else None,
             "last_stop": self.last_stop if seen else None,
             "sketch": self.sketch.to_dict(),
         }
+
+
+class StageMemory:
+    """One worker's memory while one stage ran: peaks over the samples in its window."""
+
+    __slots__ = ("samples", "memory_limit", "peak_process", "peak_managed", "peak_unmanaged",
+                 "peak_spilled", "first", "last")
+
+    def __init__(self, memory_limit: int, now: float) -> None:
+        self.samples = 0
+        self.memory_limit = memory_limit
+        self.peak_process = 0
+        self.peak_managed = 0
+        self.peak_unmanaged = 0
+        self.peak_spilled = 0
+        self.first = now
+        self.last = now
+
+    def add(self, now: float, process: int, managed: int, unmanaged: int,
+            spilled: int) -> None:
+        self.samples += 1
+        self.last = now
+        if process > self.peak_process:
+            self.peak_process = process
+        if managed > self.peak_managed:
+            self.peak_managed = managed
+        if unmanaged > self.peak_unmanaged:
+            self.peak_unmanaged = unmanaged
+        if spilled > self.peak_spilled:
+            self.peak_spilled = spilled
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"samples": self.samples, "memory_limit": self.memory_limit,
+                "peak_process": self.peak_process, "peak_managed": self.peak_managed,
+                "peak_unmanaged": self.peak_unmanaged, "peak_spilled": self.peak_spilled,
+                "first": self.first, "last": self.last}
 
 
 class WrapperWait:
@@ -186,6 +241,13 @@ class TaskTimings(SchedulerPlugin):
         self.last_error: str | None = None
         self.seceded: dict = {}  # key -> run_id of the run that seceded (validated)
         self.wrappers: dict = {}  # running wrapper key -> WrapperWait
+        self.stage_memory: dict[tuple[str, str], StageMemory] = {}
+        self.stage_spill: dict[str, list[int]] = {}  # stage -> [bytes written, bytes read]
+        self.spill_totals: tuple[float, float] | None = None  # cluster-wide, last sample
+        self.last_sample_time = 0.0
+        self.incidents: list[dict[str, Any]] = []
+        self.incidents_dropped = 0
+        self.memory_kills: dict[str, dict[str, Any]] = {}  # worker -> nanny's report
         self.started = time.time()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -292,9 +354,26 @@ class TaskTimings(SchedulerPlugin):
         except Exception:
             self._fail()
 
-    def remove_worker(self, scheduler=None, worker: str | None = None, **kwargs: Any) -> None:
+    def remove_worker(self, scheduler=None, worker: str | None = None, *args: Any,
+                      **kwargs: Any) -> None:
+        # Called after the worker's tasks were released: the keys it was running are read
+        # from Dask's ``remove-worker`` event instead (see :meth:`log_event`).
         try:
             self._record_threads()
+        except Exception:
+            self._fail()
+
+    def log_event(self, topic, msg, *args: Any, **kwargs: Any) -> None:
+        """Watch for workers leaving with tasks on them, and the nanny's memory kills."""
+        if topic != "all" and topic != "worker-restart-memory":
+            return
+        try:
+            if not isinstance(msg, dict):
+                return
+            if topic == "worker-restart-memory":
+                self._memory_kill(msg)
+            elif msg.get("action") == "remove-worker":
+                self._worker_removed(msg)
         except Exception:
             self._fail()
 
@@ -470,8 +549,10 @@ class TaskTimings(SchedulerPlugin):
         stats.tasks += 1
         if erred:
             stats.errors += 1
-        else:
-            stats.nbytes += nbytes or 0
+        elif nbytes:
+            stats.nbytes += nbytes
+            if nbytes > stats.max_nbytes:
+                stats.max_nbytes = nbytes
         if first < stats.first_start:
             stats.first_start = first
         if last > stats.last_stop:
@@ -539,10 +620,12 @@ class TaskTimings(SchedulerPlugin):
     def _sample_workers(self) -> None:
         try:
             now = time.time()
+            stages = self._running_stages()
             for addr, ws in self.scheduler.workers.items():
                 mem = ws.memory
                 cpu = float((ws.metrics or {}).get("cpu") or 0.0)
                 managed, unmanaged, spilled = mem.managed, mem.unmanaged, mem.spilled
+                process = mem.process
                 self.samples.append((now, addr, managed, unmanaged, spilled, cpu))
                 agg = self.workers.get(addr)
                 if agg is None:
@@ -550,7 +633,8 @@ class TaskTimings(SchedulerPlugin):
                         "host": ws.host, "nthreads": ws.nthreads, "samples": 0,
                         "peak_managed": 0, "sum_managed": 0.0, "peak_unmanaged": 0,
                         "sum_unmanaged": 0.0, "peak_spilled": 0, "peak_cpu": 0.0,
-                        "sum_cpu": 0.0, "memory_limit": ws.memory_limit or 0}
+                        "sum_cpu": 0.0, "memory_limit": ws.memory_limit or 0,
+                        "peak_process": 0, "last_process": 0, "last_time": now}
                 agg["samples"] += 1
                 agg["peak_managed"] = max(agg["peak_managed"], managed)
                 agg["sum_managed"] += managed
@@ -559,9 +643,154 @@ class TaskTimings(SchedulerPlugin):
                 agg["peak_spilled"] = max(agg["peak_spilled"], spilled)
                 agg["peak_cpu"] = max(agg["peak_cpu"], cpu)
                 agg["sum_cpu"] += cpu
+                agg["peak_process"] = max(agg.get("peak_process", 0), process)
+                agg["last_process"] = process
+                agg["last_time"] = now
                 self.samples_taken += 1
+                for stage in stages:
+                    self._stage_sample(stage, addr, ws, now, process, managed, unmanaged,
+                                       spilled)
+            self._spill_sample(stages)
+            self.last_sample_time = now
         except Exception:
             self._fail()
+
+    def _running_stages(self) -> set[str]:
+        """Stages of this run that ran since the previous sample.
+
+        A stage runs while a task of it is processing (a bounded look at each worker's
+        processing tasks: they are few with Dask's queuing) or when one of its tasks
+        finished since the previous sample. Cost: O(workers + stages x prefixes), nothing
+        per task.
+        """
+        stages: set[str] = set()
+        for ws in self.scheduler.workers.values():
+            for i, ts in enumerate(ws.processing):
+                if i >= MAX_PROCESSING_SCAN:
+                    break
+                stage = self._owner_stage(ts)
+                if stage is not None:
+                    stages.add(stage)
+        since = self.last_sample_time
+        for (stage, _prefix), stats in self.stats.items():
+            if stats.last_stop >= since:
+                stages.add(stage)
+        return stages
+
+    def _stage_sample(self, stage: str, addr: str, ws, now: float, process: int,
+                      managed: int, unmanaged: int, spilled: int) -> None:
+        entry = self.stage_memory.get((stage, addr))
+        if entry is None:
+            if len(self.stage_memory) >= MAX_STAGE_MEMORY:
+                if not any("per-stage memory" in w for w in self.warnings):
+                    self.warnings.append(f"more than {MAX_STAGE_MEMORY} (stage, worker) pairs:"
+                                         " per-stage memory of the others was not kept")
+                return
+            entry = self.stage_memory[(stage, addr)] = StageMemory(ws.memory_limit or 0, now)
+        entry.add(now, process, managed, unmanaged, spilled)
+
+    def _spill_sample(self, stages: set[str]) -> None:
+        """Add the bytes spilled to / read back from disk since the last sample to ``stages``.
+
+        Workers report them in their heartbeats' fine metrics, which the scheduler adds up
+        cluster-wide (``cumulative_worker_metrics``: O(contexts x prefixes) keys).
+        """
+        metrics = getattr(self.scheduler, "cumulative_worker_metrics", None)
+        if metrics is None:
+            return
+        written = read = 0.0
+        for key, value in list(metrics.items()):
+            if type(key) is tuple and len(key) >= 3 and key[-1] == "bytes":
+                if key[-2] == "disk-write":
+                    written += value
+                elif key[-2] == "disk-read":
+                    read += value
+        previous = self.spill_totals
+        self.spill_totals = (written, read)
+        if previous is None:
+            return
+        d_written, d_read = written - previous[0], read - previous[1]
+        if d_written <= 0 and d_read <= 0:
+            return
+        for stage in stages:
+            entry = self.stage_spill.get(stage)
+            if entry is None:
+                entry = self.stage_spill[stage] = [0, 0]
+            entry[0] += int(max(d_written, 0))
+            entry[1] += int(max(d_read, 0))
+
+    # -- incidents: workers that died with work on them ------------------------------------
+
+    def _memory_kill(self, msg: dict) -> None:
+        """The nanny restarted a worker for exceeding its memory budget."""
+        worker = msg.get("worker")
+        if not isinstance(worker, str):
+            return
+        report = {"time": time.time(), "rss": msg.get("rss"), "pid": msg.get("pid")}
+        if len(self.memory_kills) >= MAX_INCIDENTS and worker not in self.memory_kills:
+            self.memory_kills.pop(next(iter(self.memory_kills)))
+        self.memory_kills[worker] = report
+        for incident in reversed(self.incidents):  # the report may come after the removal
+            if incident["worker"] == worker:
+                self._classify(incident, report)
+                break
+
+    def _worker_removed(self, msg: dict) -> None:
+        """Record an incident when a worker left unexpectedly while running our tasks."""
+        if msg.get("expected"):
+            return  # retire_workers, scale-down: Dask moved its data and tasks on purpose
+        status = getattr(getattr(self.scheduler, "status", None), "name", "running")
+        if status not in ("running", "init"):
+            return  # the scheduler is closing: every worker leaves
+        keys = msg.get("processing-tasks") or ()
+        ours: list[tuple[str, str, str]] = []
+        for key in keys:
+            ts = self._task(key)
+            stage = self._owner_stage(ts)
+            if stage is not None:
+                ours.append((stage, self._prefix(key, ts), str(key)))
+        if not ours:
+            return
+        if len(self.incidents) >= MAX_INCIDENTS:
+            self.incidents_dropped += 1
+            return
+        worker = str(msg.get("worker"))
+        agg = self.workers.get(worker) or {}
+        incident: dict[str, Any] = {
+            "worker": worker, "time": time.time(),
+            "stages": sorted({s for s, _, _ in ours}),
+            "prefixes": sorted({p for _, p, _ in ours}),
+            "keys": sorted(k for _, _, k in ours)[:MAX_INCIDENT_KEYS],
+            "n_keys": len(ours),
+            "last_process": agg.get("last_process"),
+            "last_sample_time": agg.get("last_time"),
+            "memory_limit": agg.get("memory_limit"),
+            "stimulus_id": msg.get("stimulus_id"),
+            "kind": "worker lost", "reason": "", "nanny_rss": None,
+        }
+        report = self.memory_kills.get(worker)
+        self._classify(incident, report)
+        self.incidents.append(incident)
+
+    @staticmethod
+    def _classify(incident: dict[str, Any], report: dict[str, Any] | None) -> None:
+        """``suspected OOM`` when the nanny said so or the last sample was near the limit."""
+        limit = incident.get("memory_limit") or 0
+        last = incident.get("last_process") or 0
+        how = f"({incident.get('stimulus_id') or 'no stimulus id'})"
+        if report is not None:
+            incident["kind"] = "suspected OOM"
+            incident["nanny_rss"] = report.get("rss")
+            incident["reason"] = ("the nanny restarted it for exceeding its memory budget "
+                                  f"(rss {report.get('rss')} bytes) {how}")
+        elif limit and last >= NEAR_LIMIT * limit:
+            incident["kind"] = "suspected OOM"
+            incident["reason"] = (f"its last memory sample was {last / limit:.0%} of its "
+                                  f"limit {how}")
+        else:
+            incident["kind"] = "worker lost"
+            share = f"{last / limit:.0%} of its limit" if limit else "no limit known"
+            incident["reason"] = f"connection lost; last memory sample {share} {how}"
 
     # -- read-out --------------------------------------------------------------------------
 
@@ -579,6 +808,12 @@ class TaskTimings(SchedulerPlugin):
             "samples": list(self.samples),
             "samples_dropped": max(0, self.samples_taken - len(self.samples)),
             "timeline": list(self.timeline),
+            "stage_memory": [{"stage": s, "worker": w, **m.to_dict()}
+                             for (s, w), m in self.stage_memory.items()],
+            "stage_spill": {s: {"disk_write_bytes": w, "disk_read_bytes": r}
+                            for s, (w, r) in self.stage_spill.items()},
+            "incidents": [dict(i) for i in self.incidents],
+            "incidents_dropped": self.incidents_dropped,
             "warnings": list(self.warnings),
             "internal_errors": self.internal_errors, "last_error": self.last_error,
         }

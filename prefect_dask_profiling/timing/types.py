@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-__all__ = ["PrefixRow", "Snapshot", "TransferRow", "WorkerAggregate"]
+__all__ = ["Incident", "PrefixRow", "Snapshot", "StageMemoryRow", "StageSpill", "TransferRow",
+           "WorkerAggregate"]
 
 
 class PrefixRow(TypedDict, total=False):
@@ -26,6 +27,7 @@ class PrefixRow(TypedDict, total=False):
     p95_s: float | None
     max_s: float
     nbytes: int
+    max_nbytes: int
     transfer_s: float
     disk_read_s: float
     disk_write_s: float
@@ -57,6 +59,54 @@ class WorkerAggregate(TypedDict, total=False):
     peak_cpu: float
     sum_cpu: float
     memory_limit: int
+    peak_process: int
+    last_process: int
+    last_time: float
+
+
+class StageMemoryRow(TypedDict):
+    """One worker's memory peaks over the samples taken while one stage ran."""
+
+    stage: str
+    worker: str
+    samples: int
+    memory_limit: int
+    peak_process: int
+    peak_managed: int
+    peak_unmanaged: int
+    peak_spilled: int
+    first: float
+    last: float
+
+
+class StageSpill(TypedDict):
+    """Bytes spilled to and read back from disk while one stage ran (all workers)."""
+
+    disk_write_bytes: int
+    disk_read_bytes: int
+
+
+class Incident(TypedDict):
+    """A worker that left while tasks of the run were processing on it.
+
+    ``kind`` is ``"suspected OOM"`` when the nanny restarted it for memory or its last
+    sample was near its limit, else ``"worker lost"``; ``keys`` is bounded (``n_keys`` is
+    the full count).
+    """
+
+    worker: str
+    time: float
+    stages: list[str]
+    prefixes: list[str]
+    keys: list[str]
+    n_keys: int
+    last_process: int | None
+    last_sample_time: float | None
+    memory_limit: int | None
+    stimulus_id: str | None
+    kind: str
+    reason: str
+    nanny_rss: int | None
 
 
 class Snapshot(TypedDict, total=False):
@@ -77,6 +127,10 @@ class Snapshot(TypedDict, total=False):
     samples: list[tuple[float, str, int, int, int, float]]
     samples_dropped: int
     timeline: list[tuple[float, int]]
+    stage_memory: list[StageMemoryRow]
+    stage_spill: dict[str, StageSpill]
+    incidents: list[Incident]
+    incidents_dropped: int
     warnings: list[str]
     internal_errors: int
     last_error: str | None
