@@ -233,10 +233,13 @@ def _judge(end: RunEnd) -> None:
         failed=end.error is not None, incomplete=end.record.incomplete,
         context={"version": end.ctx.version, "source_hash": end.ctx.source_hash,
                  "workers": end.record.n_workers, "threads": end.record.threads,
-                 "environment": end.env, "stages": [s.__dict__ for s in end.stages]})
+                 "environment": end.env, "stages": [s.__dict__ for s in end.stages],
+                 "incidents": end.record.incidents})
     end.judgement = judge(tonight, end.history, end.settings.rules)
     end.tables["regression"] = end.judgement.verdicts
     end.tables["drift"] = end.judgement.drift.drop(columns="series", errors="ignore")
+    if not end.judgement.memory.empty:
+        end.tables["memory_verdicts"] = end.judgement.memory
     end.manifest_extra.update(end.judgement.to_manifest())
 
 

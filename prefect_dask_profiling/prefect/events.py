@@ -33,12 +33,14 @@ logger = logging.getLogger(__name__)
 
 REGRESSION_EVENT = "dask-profiling.regression.detected"
 DRIFT_EVENT = "dask-profiling.drift.detected"
+MEMORY_EVENT = "dask-profiling.memory.detected"
 MAX_PREFIXES = 50  # keeps the event far below the server's size limit
 # Episode events other than "detected" (which is the run-level regression event above).
 EPISODE_KINDS = ("suspected", "cleared", "resolved")
 _RUN_EVENT_NAMESPACE = uuid.UUID("0b7c4a52-1d9e-5f3a-8c61-4e2d9a7f0c15")
-PREFIX_FIELDS = ("stage", "prefix", "verdict", "ratio", "cumulative_ratio", "baseline_s",
-                 "latest_s", "cause", "fails", "start_run", "start_started")
+PREFIX_FIELDS = ("stage", "prefix", "metric", "verdict", "ratio", "cumulative_ratio",
+                 "baseline_s", "latest_s", "baseline", "latest", "headroom", "cause", "note",
+                 "alert", "fails", "start_run", "start_started")
 
 
 def findings(result: FinishResult) -> dict[str, pd.DataFrame]:
@@ -58,6 +60,9 @@ def findings(result: FinishResult) -> dict[str, pd.DataFrame]:
     rows = judgement.drifting()
     if not rows.empty:
         out[DRIFT_EVENT] = rows
+    rows = judgement.memory_flagged()
+    if not rows.empty:
+        out[MEMORY_EVENT] = rows
     return out
 
 
@@ -117,7 +122,8 @@ def emit_detection_events(result: FinishResult, links: dict[str, str] | None = N
     events, warnings = [], []
     for name, rows in found.items():
         fails = fail_on_regression and result.regressed and (
-            name == REGRESSION_EVENT or bool(rows.get("fails", pd.Series(dtype=bool)).any()))
+            name in (REGRESSION_EVENT, MEMORY_EVENT)
+            or bool(rows.get("fails", pd.Series(dtype=bool)).any()))
         try:
             event = emit_event(name, resource=resource, related=related,
                                payload=event_payload(result, rows, links or {}, trend_link,

@@ -52,6 +52,13 @@ from prefect_dask_profiling.regression.baseline import (
 )
 from prefect_dask_profiling.regression.confirm import confirm_verdicts, noise_reach
 from prefect_dask_profiling.regression.explain import explain_verdicts
+from prefect_dask_profiling.regression.memory import (
+    MEMORY_VERDICT_COLUMNS,
+    describe_memory,
+    detect_memory,
+    history_from_manifests,
+    latest_from_manifest,
+)
 from prefect_dask_profiling.regression.rule import RegressionRule, Rules
 from prefect_dask_profiling.regression.verdict import (
     describe,
@@ -66,6 +73,8 @@ __all__ = ["History", "HistoryUnavailable", "Judgement", "Outcome", "StoredJudge
 
 # Stored statuses whose regressions do not count: the run stopped early or never finished.
 NOT_COMPARABLE = {"failed": "failed", "incomplete": "incomplete"}
+# Memory verdicts that fail the run (under the same on_regression switch as time).
+MEMORY_FAILS = ("memory-regression", "near-oom")
 
 
 @dataclass(frozen=True)
@@ -191,6 +200,10 @@ class Judgement:
         The drift table (``drift.DRIFT_COLUMNS``); empty when drift was not judged.
     outcome
         The run's outcome.
+    memory
+        Memory verdicts per stage and metric (``memory.MEMORY_VERDICT_COLUMNS``):
+        ``memory-regression`` (peak or spilled bytes against the baseline runs' manifests)
+        and ``near-oom`` (headroom under 10%, no history needed).
     explanations
         Per regressed stage: how its bottleneck and the run's context changed since the
         baseline runs (:func:`~.explain.explain_verdicts`).
@@ -205,6 +218,8 @@ class Judgement:
     verdicts: pd.DataFrame
     drift: pd.DataFrame
     outcome: Outcome
+    memory: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame(columns=MEMORY_VERDICT_COLUMNS))
     explanations: dict[str, dict[str, Any]] = field(default_factory=dict)
     baseline_runs: tuple[str, ...] = ()
     baseline_note: str = ""
@@ -227,6 +242,10 @@ class Judgement:
         """The drift rows (that fail the run, if asked)."""
         return drift_rule.drifted(self.drift, failing_only=failing_only)
 
+    def memory_flagged(self) -> pd.DataFrame:
+        """The memory rows that are ``memory-regression`` or ``near-oom``."""
+        return self.memory[self.memory["verdict"].isin(MEMORY_FAILS)]
+
     def to_json(self) -> dict[str, Any]:
         """Plain JSON form (``dask-profiling check --json``)."""
         return {**self.to_manifest(),
@@ -234,6 +253,7 @@ class Judgement:
                 "regressed": self.outcome.regressed,
                 "baseline": {"runs": list(self.baseline_runs), "note": self.baseline_note},
                 "verdicts": self.verdicts.to_dict(orient="records"),
+                "memory_verdicts": self.memory.to_dict(orient="records"),
                 "drift_verdicts": self.drift.drop(columns="series", errors="ignore")
                 .to_dict(orient="records")}
 
@@ -248,6 +268,8 @@ class Judgement:
             "drift": {"note": self.series_note,
                       "failing": _names(self.drifting(failing_only=True)),
                       "drifting": _names(self.drifting())},
+            "memory": {"flagged": [f"{r.stage}/{r.metric}: {r.verdict}" for r in
+                                   self.memory_flagged().itertuples(index=False)]},
             "explanations": self.explanations,
         }
 
@@ -323,11 +345,14 @@ def judge(tonight: Tonight, history: History, rules: Rules | None = None) -> Jud
                                  noise_reach(history.baseline.history))
     drift = _drift(tonight, history, rules)
     verdicts = drift_rule.merge_drift(one_night, drift)
-    outcome = _outcome(tonight, one_night, drift, history, rules)
+    memory = detect_memory(history_from_manifests(history.manifests),
+                           latest_from_manifest(dict(tonight.context)), rules.regression)
+    outcome = _outcome(tonight, one_night, drift, memory, history, rules)
     explanations = explain_verdicts(one_night, tonight.context, list(history.manifests)) \
         if not regressed(one_night).empty else {}
     return Judgement(run_id=tonight.run_id, pipeline=tonight.pipeline, version=tonight.version,
                      rules=rules, verdicts=verdicts, drift=drift, outcome=outcome,
+                     memory=memory,
                      explanations=explanations, baseline_runs=tuple(history.baseline.runs),
                      baseline_note=history.baseline.note, series_note=history.series_note)
 
@@ -447,15 +472,16 @@ def _drift(tonight: Tonight, history: History, rules: Rules) -> pd.DataFrame:
 
 
 def _outcome(tonight: Tonight, one_night: pd.DataFrame, drift: pd.DataFrame,
-             history: History, rules: Rules) -> Outcome:
+             memory: pd.DataFrame, history: History, rules: Rules) -> Outcome:
     """Does the run fail: confirmed (or conclusive) regressions and failing drift, if the
     run is comparable; which alert episodes moved tonight."""
     counted = run_outcome(one_night, failed=tonight.failed, incomplete=tonight.incomplete)
     failing_drift = drift_rule.drifted(drift, failing_only=True)
+    memory_rows = memory[memory["verdict"].isin(MEMORY_FAILS)]
     rows = regressed(one_night)
     if counted.reason:  # flagged prefixes of a failed or incomplete run do not count
         return Outcome(regressed=False, reason=counted.reason, message=_message(
-            rows, failing_drift))
+            rows, failing_drift, memory_rows))
     night = Night(tonight.run_id, tonight.pipeline, tonight.version, one_night)
     book, events = advance(history.alerts, night, history.acks, rules.regression)
     fails = failing(book, night)
@@ -463,15 +489,18 @@ def _outcome(tonight: Tonight, one_night: pd.DataFrame, drift: pd.DataFrame,
     rows = rows[[(str(s), str(p)) in failing_keys
                  for s, p in zip(rows["stage"], rows["prefix"], strict=True)]]
     suspected = bool((one_night.get("alert", pd.Series(dtype=str)) == "suspected").any())
-    regressed_now = bool(fails) or not failing_drift.empty
-    return Outcome(regressed=regressed_now, message=_message(rows, failing_drift),
+    regressed_now = bool(fails) or not failing_drift.empty or not memory_rows.empty
+    return Outcome(regressed=regressed_now,
+                   message=_message(rows, failing_drift, memory_rows),
                    suspected=suspected and not regressed_now, events=tuple(events),
                    episodes=tuple(ep.id for ep in fails))
 
 
-def _message(rows: pd.DataFrame, failing_drift: pd.DataFrame) -> str:
+def _message(rows: pd.DataFrame, failing_drift: pd.DataFrame,
+             memory_rows: pd.DataFrame) -> str:
     parts = ([describe(rows)] if not rows.empty else []) \
-        + ([drift_rule.describe_drift(failing_drift)] if not failing_drift.empty else [])
+        + ([drift_rule.describe_drift(failing_drift)] if not failing_drift.empty else []) \
+        + ([describe_memory(memory_rows)] if not memory_rows.empty else [])
     return "; ".join(parts) or "no regression"
 
 
