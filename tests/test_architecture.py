@@ -274,6 +274,8 @@ RULE_FUNCTIONS = {
     f"{PACKAGE}.regression.verdict": {"detect_regressions", "run_outcome"},
     f"{PACKAGE}.regression.drift": {"detect_drift", "load_series", "merge_drift"},
     f"{PACKAGE}.regression.baseline": {"load_baseline"},
+    f"{PACKAGE}.regression.memory": {"detect_memory"},
+    f"{PACKAGE}.regression.confirm": {"confirm_verdicts"},
 }
 
 
