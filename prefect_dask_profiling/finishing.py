@@ -240,6 +240,8 @@ def _judge(end: RunEnd) -> None:
     end.tables["drift"] = end.judgement.drift.drop(columns="series", errors="ignore")
     if not end.judgement.memory.empty:
         end.tables["memory_verdicts"] = end.judgement.memory
+    if not end.judgement.requests.empty:
+        end.tables["request_verdicts"] = end.judgement.requests
     end.manifest_extra.update(end.judgement.to_manifest())
 
 

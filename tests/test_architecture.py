@@ -275,6 +275,7 @@ RULE_FUNCTIONS = {
     f"{PACKAGE}.regression.drift": {"detect_drift", "load_series", "merge_drift"},
     f"{PACKAGE}.regression.baseline": {"load_baseline"},
     f"{PACKAGE}.regression.memory": {"detect_memory"},
+    f"{PACKAGE}.regression.requests": {"detect_requests"},
     f"{PACKAGE}.regression.confirm": {"confirm_verdicts"},
 }
 

@@ -357,7 +357,8 @@ def test_the_rule_holds_every_setting_with_its_default():
         "z_threshold", "min_seconds", "min_share", "min_history", "mad_floor", "abs_floor_s",
         "confirm", "resolve_after",
         "memory_regression", "memory_threshold", "memory_z_threshold", "memory_mad_floor",
-        "memory_min_fraction", "memory_min_bytes", "near_oom", "near_oom_headroom"}
+        "memory_min_fraction", "memory_min_bytes", "near_oom", "near_oom_headroom",
+        "requests_regression", "requests_threshold"}
     history, latest = _history({"a": [10.0, 11, 9, 10], "b": [5.0] * 4}), _latest({"a": 25.0})
     strict = RegressionRule(threshold=3.0, min_history=4)
     by_rule = detect_regressions(history, latest, rule=strict)

@@ -34,6 +34,7 @@ logger = logging.getLogger(__name__)
 REGRESSION_EVENT = "dask-profiling.regression.detected"
 DRIFT_EVENT = "dask-profiling.drift.detected"
 MEMORY_EVENT = "dask-profiling.memory.detected"
+REQUESTS_EVENT = "dask-profiling.requests.detected"
 MAX_PREFIXES = 50  # keeps the event far below the server's size limit
 # Episode events other than "detected" (which is the run-level regression event above).
 EPISODE_KINDS = ("suspected", "cleared", "resolved")
@@ -63,6 +64,9 @@ def findings(result: FinishResult) -> dict[str, pd.DataFrame]:
     rows = judgement.memory_flagged()
     if not rows.empty:
         out[MEMORY_EVENT] = rows
+    rows = judgement.requests_flagged()
+    if not rows.empty:
+        out[REQUESTS_EVENT] = rows
     return out
 
 
@@ -122,7 +126,7 @@ def emit_detection_events(result: FinishResult, links: dict[str, str] | None = N
     events, warnings = [], []
     for name, rows in found.items():
         fails = fail_on_regression and result.regressed and (
-            name in (REGRESSION_EVENT, MEMORY_EVENT)
+            name in (REGRESSION_EVENT, MEMORY_EVENT, REQUESTS_EVENT)
             or bool(rows.get("fails", pd.Series(dtype=bool)).any()))
         try:
             event = emit_event(name, resource=resource, related=related,

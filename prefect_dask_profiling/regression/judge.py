@@ -59,6 +59,12 @@ from prefect_dask_profiling.regression.memory import (
     history_from_manifests,
     latest_from_manifest,
 )
+from prefect_dask_profiling.regression.requests import (
+    REQUEST_VERDICT_COLUMNS,
+    describe_requests,
+    detect_requests,
+    request_rows,
+)
 from prefect_dask_profiling.regression.rule import RegressionRule, Rules
 from prefect_dask_profiling.regression.verdict import (
     describe,
@@ -204,6 +210,9 @@ class Judgement:
         Memory verdicts per stage and metric (``memory.MEMORY_VERDICT_COLUMNS``):
         ``memory-regression`` (peak or spilled bytes against the baseline runs' manifests)
         and ``near-oom`` (headroom under 10%, no history needed).
+    requests
+        Storage-request verdicts per stage and metric (``requests.REQUEST_VERDICT_COLUMNS``):
+        ``request-regression`` when requests or bytes per chunk doubled.
     explanations
         Per regressed stage: how its bottleneck and the run's context changed since the
         baseline runs (:func:`~.explain.explain_verdicts`).
@@ -220,6 +229,8 @@ class Judgement:
     outcome: Outcome
     memory: pd.DataFrame = field(
         default_factory=lambda: pd.DataFrame(columns=MEMORY_VERDICT_COLUMNS))
+    requests: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame(columns=REQUEST_VERDICT_COLUMNS))
     explanations: dict[str, dict[str, Any]] = field(default_factory=dict)
     baseline_runs: tuple[str, ...] = ()
     baseline_note: str = ""
@@ -246,6 +257,10 @@ class Judgement:
         """The memory rows that are ``memory-regression`` or ``near-oom``."""
         return self.memory[self.memory["verdict"].isin(MEMORY_FAILS)]
 
+    def requests_flagged(self) -> pd.DataFrame:
+        """The storage-request rows that are ``request-regression``."""
+        return self.requests[self.requests["verdict"] == "request-regression"]
+
     def to_json(self) -> dict[str, Any]:
         """Plain JSON form (``dask-profiling check --json``)."""
         return {**self.to_manifest(),
@@ -254,6 +269,7 @@ class Judgement:
                 "baseline": {"runs": list(self.baseline_runs), "note": self.baseline_note},
                 "verdicts": self.verdicts.to_dict(orient="records"),
                 "memory_verdicts": self.memory.to_dict(orient="records"),
+                "request_verdicts": self.requests.to_dict(orient="records"),
                 "drift_verdicts": self.drift.drop(columns="series", errors="ignore")
                 .to_dict(orient="records")}
 
@@ -270,6 +286,8 @@ class Judgement:
                       "drifting": _names(self.drifting())},
             "memory": {"flagged": [f"{r.stage}/{r.metric}: {r.verdict}" for r in
                                    self.memory_flagged().itertuples(index=False)]},
+            "requests": {"flagged": [f"{r.stage}/{r.metric}: {r.ratio:.2f}x" for r in
+                                     self.requests_flagged().itertuples(index=False)]},
             "explanations": self.explanations,
         }
 
@@ -347,12 +365,14 @@ def judge(tonight: Tonight, history: History, rules: Rules | None = None) -> Jud
     verdicts = drift_rule.merge_drift(one_night, drift)
     memory = detect_memory(history_from_manifests(history.manifests),
                            latest_from_manifest(dict(tonight.context)), rules.regression)
-    outcome = _outcome(tonight, one_night, drift, memory, history, rules)
+    requests = detect_requests(request_rows(history.manifests),
+                               request_rows([dict(tonight.context)]), rules.regression)
+    outcome = _outcome(tonight, one_night, drift, memory, requests, history, rules)
     explanations = explain_verdicts(one_night, tonight.context, list(history.manifests)) \
         if not regressed(one_night).empty else {}
     return Judgement(run_id=tonight.run_id, pipeline=tonight.pipeline, version=tonight.version,
                      rules=rules, verdicts=verdicts, drift=drift, outcome=outcome,
-                     memory=memory,
+                     memory=memory, requests=requests,
                      explanations=explanations, baseline_runs=tuple(history.baseline.runs),
                      baseline_note=history.baseline.note, series_note=history.series_note)
 
@@ -472,16 +492,18 @@ def _drift(tonight: Tonight, history: History, rules: Rules) -> pd.DataFrame:
 
 
 def _outcome(tonight: Tonight, one_night: pd.DataFrame, drift: pd.DataFrame,
-             memory: pd.DataFrame, history: History, rules: Rules) -> Outcome:
+             memory: pd.DataFrame, requests: pd.DataFrame, history: History,
+             rules: Rules) -> Outcome:
     """Does the run fail: confirmed (or conclusive) regressions and failing drift, if the
     run is comparable; which alert episodes moved tonight."""
     counted = run_outcome(one_night, failed=tonight.failed, incomplete=tonight.incomplete)
     failing_drift = drift_rule.drifted(drift, failing_only=True)
     memory_rows = memory[memory["verdict"].isin(MEMORY_FAILS)]
+    request_rows_ = requests[requests["verdict"] == "request-regression"]
     rows = regressed(one_night)
     if counted.reason:  # flagged prefixes of a failed or incomplete run do not count
         return Outcome(regressed=False, reason=counted.reason, message=_message(
-            rows, failing_drift, memory_rows))
+            rows, failing_drift, memory_rows, request_rows_))
     night = Night(tonight.run_id, tonight.pipeline, tonight.version, one_night)
     book, events = advance(history.alerts, night, history.acks, rules.regression)
     fails = failing(book, night)
@@ -489,18 +511,20 @@ def _outcome(tonight: Tonight, one_night: pd.DataFrame, drift: pd.DataFrame,
     rows = rows[[(str(s), str(p)) in failing_keys
                  for s, p in zip(rows["stage"], rows["prefix"], strict=True)]]
     suspected = bool((one_night.get("alert", pd.Series(dtype=str)) == "suspected").any())
-    regressed_now = bool(fails) or not failing_drift.empty or not memory_rows.empty
+    regressed_now = (bool(fails) or not failing_drift.empty or not memory_rows.empty
+                     or not request_rows_.empty)
     return Outcome(regressed=regressed_now,
-                   message=_message(rows, failing_drift, memory_rows),
+                   message=_message(rows, failing_drift, memory_rows, request_rows_),
                    suspected=suspected and not regressed_now, events=tuple(events),
                    episodes=tuple(ep.id for ep in fails))
 
 
-def _message(rows: pd.DataFrame, failing_drift: pd.DataFrame,
-             memory_rows: pd.DataFrame) -> str:
+def _message(rows: pd.DataFrame, failing_drift: pd.DataFrame, memory_rows: pd.DataFrame,
+             request_rows_: pd.DataFrame) -> str:
     parts = ([describe(rows)] if not rows.empty else []) \
         + ([drift_rule.describe_drift(failing_drift)] if not failing_drift.empty else []) \
-        + ([describe_memory(memory_rows)] if not memory_rows.empty else [])
+        + ([describe_memory(memory_rows)] if not memory_rows.empty else []) \
+        + ([describe_requests(request_rows_)] if not request_rows_.empty else [])
     return "; ".join(parts) or "no regression"
 
 

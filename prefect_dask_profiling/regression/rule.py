@@ -110,6 +110,12 @@ class RegressionRule:
         under ``near_oom_headroom``; needs no history.
     near_oom_headroom
         Headroom under which a stage is ``near-oom``, between 0 and 1 (0.10).
+    requests_regression
+        Judge each stage's storage requests and bytes per chunk against the baseline
+        (:mod:`~prefect_dask_profiling.regression.requests`).
+    requests_threshold
+        Minimum ``latest / baseline median`` ratio of a request regression (> 1); 2.0:
+        "the requests per chunk doubled".
 
     Raises
     ------
@@ -135,6 +141,8 @@ class RegressionRule:
     memory_min_bytes: int = 256 * 2**20
     near_oom: bool = True
     near_oom_headroom: float = 0.10
+    requests_regression: bool = True
+    requests_threshold: float = 2.0
 
     def __post_init__(self) -> None:
         _number("threshold", self.threshold, low=1, low_open=True)
@@ -155,6 +163,8 @@ class RegressionRule:
         _number("memory_min_bytes", self.memory_min_bytes, low=0, low_open=False)
         _flag("near_oom", self.near_oom)
         _number("near_oom_headroom", self.near_oom_headroom, low=0, low_open=False, high=1)
+        _flag("requests_regression", self.requests_regression)
+        _number("requests_threshold", self.requests_threshold, low=1, low_open=True)
 
     @classmethod
     def from_options(cls, threshold: float = 2.0, history: int = 8,

@@ -1,0 +1,121 @@
+"""Storage-request verdicts: each stage's requests and bytes per output chunk against the
+healthy baseline.
+
+The regressions raster teams meet are request blow-ups (range merging switched off, chunks
+cut across a COG's tiles, a GDAL upgrade issuing 25x the range requests): they show in the
+requests a stage makes per chunk before its time moves, since a fast object store hides
+them on a quiet night. Judged like time (:mod:`~.verdict`), with the same
+:class:`~.rule.RegressionRule`:
+
+* ``request-regression`` for a metric (``requests_per_chunk``, ``bytes_per_chunk``) when
+  **ratio** ``latest / median(history) >= requests_threshold`` (2.0: "doubled") and
+  **robust z** ``(latest - median) / spread >= z_threshold`` (3.5), with
+  ``spread = max(1.4826 * MAD, mad_floor_requests * median)``; the floor (10%) stands for
+  the jitter of parallel reads on a night without change;
+* at least ``min_history`` baseline runs must have the stage's figure
+  (``insufficient-history`` otherwise).
+
+Both figures are per chunk, so a night that reads twice the catalogue items is not a
+request regression (its time verdict says "more tasks"). Runs stored without storage
+figures (no GDAL, older versions) simply have none: the metric is absent, never zero.
+
+Pure: manifests' ``stages[].io`` in, a DataFrame out (:data:`REQUEST_VERDICT_COLUMNS`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from prefect_dask_profiling.regression.rule import RegressionRule
+
+__all__ = ["REQUEST_METRICS", "REQUEST_VERDICT_COLUMNS", "describe_requests",
+           "detect_requests", "request_rows"]
+
+REQUEST_METRICS = ("requests_per_chunk", "bytes_per_chunk")
+REQUEST_VERDICT_COLUMNS = ["stage", "metric", "verdict", "baseline", "latest", "ratio",
+                           "robust_z", "n_history"]
+MAD_TO_SIGMA = 1.4826
+# Night-to-night jitter of per-chunk request counts without any change (parallel range reads
+# are counted per batch by GDAL): the spread is never taken below 10% of the median.
+MAD_FLOOR = 0.10
+
+
+def request_rows(manifests: Iterable[dict[str, Any]]) -> pd.DataFrame:
+    """``run_id, stage`` and the per-chunk figures of every stage with storage figures."""
+    rows = []
+    for manifest in manifests:
+        for stage in manifest.get("stages") or []:
+            io = stage.get("io") if isinstance(stage, dict) else None
+            if not isinstance(io, dict):
+                continue
+            row = {"run_id": manifest.get("run_id"), "stage": str(stage.get("name"))}
+            row.update({m: io.get(m) for m in REQUEST_METRICS})
+            rows.append(row)
+    return pd.DataFrame(rows, columns=["run_id", "stage", *REQUEST_METRICS])
+
+
+def detect_requests(history: pd.DataFrame, latest: pd.DataFrame,
+                    rule: RegressionRule | None = None) -> pd.DataFrame:
+    """Request verdicts per (stage, metric) of tonight's stages with storage figures.
+
+    Parameters
+    ----------
+    history
+        :func:`request_rows` of the baseline runs.
+    latest
+        :func:`request_rows` of tonight's run.
+    rule
+        ``requests_regression``, ``requests_threshold``, ``z_threshold``, ``min_history``.
+    """
+    rule = rule if rule is not None else RegressionRule()
+    out = []
+    if not rule.requests_regression:
+        return pd.DataFrame(columns=REQUEST_VERDICT_COLUMNS)
+    for row in latest.itertuples(index=False):
+        past = history[history["stage"] == row.stage]
+        for metric in REQUEST_METRICS:
+            now = _number(getattr(row, metric))
+            if now is None:
+                continue
+            values = np.array([v for v in (_number(x) for x in past[metric]) if v is not None])
+            out.append(_judge(row.stage, metric, now, values, rule))
+    return pd.DataFrame(out, columns=REQUEST_VERDICT_COLUMNS)
+
+
+def describe_requests(rows: pd.DataFrame) -> str:
+    """One line naming the stages whose requests per chunk regressed."""
+    flagged = rows[rows["verdict"] == "request-regression"]
+    if flagged.empty:
+        return "no request regression"
+    return "storage requests: " + "; ".join(
+        f"{r.stage} {r.metric.replace('_', ' ')} {r.ratio:.1f}x ({r.baseline:.3g} -> "
+        f"{r.latest:.3g})" for r in flagged.itertuples(index=False))
+
+
+def _judge(stage: str, metric: str, now: float, past: np.ndarray,
+           rule: RegressionRule) -> dict[str, Any]:
+    row = {"stage": stage, "metric": metric, "verdict": "insufficient-history",
+           "baseline": np.nan, "latest": now, "ratio": np.nan, "robust_z": np.nan,
+           "n_history": len(past)}
+    if len(past) < rule.min_history:
+        return row
+    median = float(np.median(past))
+    spread = max(MAD_TO_SIGMA * float(np.median(np.abs(past - median))), MAD_FLOOR * median)
+    ratio = now / median if median > 0 else (1.0 if now == 0 else np.inf)
+    z = (now - median) / spread if spread > 0 else (0.0 if now == median else np.inf)
+    flagged = ratio >= rule.requests_threshold and z >= rule.z_threshold
+    row.update(baseline=median, ratio=ratio, robust_z=z,
+               verdict="request-regression" if flagged else "ok")
+    return row
+
+
+def _number(value: Any) -> float | None:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if np.isfinite(out) and out >= 0 else None
