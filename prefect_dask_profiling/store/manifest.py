@@ -91,6 +91,8 @@ class StageInfo:
     wall_s: float = 0.0
     tasks: int = 0
     task_s: float = 0.0
+    # location, size, tasks (the stage ran), shown (in the report), truncated, spooled and
+    # renderer ("flow": drawn in the flow process, "dask": by Dask on the scheduler)
     report: dict[str, Any] | None = None
     note: str | None = None
     # the stage's bottleneck verdict (diagnosis.stages.Diagnosis.to_dict); absent in old runs
