@@ -6,6 +6,7 @@ One in-process LocalCluster per test session records a small staged job; tests r
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import dask.array as da
@@ -25,6 +26,23 @@ def record_stages(client: Client, sizes: dict[str, int]) -> RunRecord:
         return collect(client, name)
     finally:
         uninstall(client, name)
+
+
+# The recorded job takes milliseconds; nightly prefixes take seconds (the rule's floors are
+# 0.1 s of spread): a generated night's seconds are the record's times this factor.
+SECONDS = 200.0
+
+
+def scaled(record: RunRecord, factors: dict[str, float] | None = None) -> RunRecord:
+    """The record with its task seconds times :data:`SECONDS`, and each stage's times its
+    factor: a generated night whose verdicts are known in advance."""
+    tasks = record.tasks.copy()
+    columns = ["compute_s", "p50_s", "p95_s", "max_s"]
+    tasks[columns] = tasks[columns] * SECONDS
+    for stage_name, factor in (factors or {}).items():
+        rows = tasks["stage"] == stage_name
+        tasks.loc[rows, columns] = tasks.loc[rows, columns] * factor
+    return replace(record, tasks=tasks)
 
 
 def spooled(spool: Path) -> dict[str, bytes]:

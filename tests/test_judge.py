@@ -9,13 +9,12 @@ again, as a user would, and must find the outcome the run stored.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pandas as pd
 import pytest
-from run_records import record_stages
+from run_records import record_stages, scaled
 from typer.testing import CliRunner
 
 import prefect_dask_profiling.finishing as finishing
@@ -34,23 +33,6 @@ LOOSE = {"min_seconds": 0.0, "min_share": 0.0}
 @pytest.fixture(scope="module")
 def record(inproc_client):
     return record_stages(inproc_client, {"read": 300, "reduce": 300})
-
-
-# The recorded job takes milliseconds; nightly prefixes take seconds (the rule's floors are
-# 0.1 s of spread): every night's seconds are the record's times this factor.
-SECONDS = 200.0
-
-
-def scaled(record, factors: dict[str, float] | None = None):
-    """The record with its task seconds times :data:`SECONDS`, and each stage's times its
-    factor."""
-    tasks = record.tasks.copy()
-    columns = ["compute_s", "p50_s", "p95_s", "max_s"]
-    tasks[columns] = tasks[columns] * SECONDS
-    for stage_name, factor in (factors or {}).items():
-        rows = tasks["stage"] == stage_name
-        tasks.loc[rows, columns] = tasks.loc[rows, columns] * factor
-    return replace(record, tasks=tasks)
 
 
 def night(store: RunStore, record, when: datetime, settings: FinishSettings | None = None,

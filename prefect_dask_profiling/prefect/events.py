@@ -56,6 +56,8 @@ def findings(result: FinishResult) -> dict[str, pd.DataFrame]:
         return {}
     out: dict[str, pd.DataFrame] = {}
     rows = judgement.regressions()
+    if "alert" in rows:  # suspected prefixes have their own episode events
+        rows = rows[rows["alert"] == "regression"]
     if not rows.empty:
         out[REGRESSION_EVENT] = rows
     rows = judgement.drifting()

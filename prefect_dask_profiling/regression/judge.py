@@ -293,7 +293,8 @@ class Judgement:
 
 
 def load_history(store: RunStore, pipeline: str, version: str, rules: Rules, *,
-                 run_id: str, before: str | None = None) -> History:
+                 run_id: str, before: str | None = None,
+                 acks_until: str | None = None) -> History:
     """Read what ``run_id`` is judged against: baseline, drift series, baseline manifests.
 
     Parameters
@@ -310,6 +311,9 @@ def load_history(store: RunStore, pipeline: str, version: str, rules: Rules, *,
         The judged run: never part of its own history.
     before
         Only runs older than this run id count (re-judging a stored run against its past).
+    acks_until
+        Only acknowledgements made up to this ISO time count (a stored run is judged again
+        with the acknowledgements it was judged with, not later ones).
 
     Raises
     ------
@@ -333,7 +337,8 @@ def load_history(store: RunStore, pipeline: str, version: str, rules: Rules, *,
             manifests.append(doc)
     nights = [n for n in load_nights(store, pipeline, version)
               if n.run_id != run_id and (before is None or n.run_id < before)]
-    acks = tuple(load_acks(store, pipeline, version))
+    acks = tuple(a for a in load_acks(store, pipeline, version)
+                 if acks_until is None or not a.at or a.at <= acks_until)
     book, _ = replay(nights, acks, rules.regression)
     return History(baseline, series, note, tuple(manifests), book, acks, tuple(warnings))
 
@@ -474,7 +479,7 @@ def judge_stored(store: RunStore, pipeline: str, run_id: str | None = None,
         tonight = Tonight.from_manifest(manifest, store.read_table(pipeline, run_id, "tasks"))
         try:
             history = load_history(store, pipeline, tonight.version, rules, run_id=run_id,
-                                   before=run_id)
+                                   before=run_id, acks_until=manifest.get("ended"))
         except HistoryUnavailable as exc:
             return StoredJudgement(None, manifest, str(exc))
         return StoredJudgement(judge(tonight, history, rules), manifest)
