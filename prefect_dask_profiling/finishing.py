@@ -223,8 +223,8 @@ def _judge(end: RunEnd) -> None:
     """The one judgement of the night (:func:`~prefect_dask_profiling.regression.judge.judge`)."""
     from prefect_dask_profiling.regression.judge import Tonight, judge
 
-    if end.history is None:
-        raise RuntimeError("no history could be read")
+    if end.history is None:  # the history step failed and said why: the run is unjudged
+        return
     if end.summary is None:
         raise RuntimeError("no summary could be computed")
     tonight = Tonight(

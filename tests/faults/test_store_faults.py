@@ -77,7 +77,10 @@ def check_spooled_run(files: dict[str, bytes], pipeline: str, reports: set[str],
     [manifest_rel] = [r for r in files if r.endswith("/manifest.json")]
     run_id = manifest_rel.split("/")[2]
     manifest = json.loads(files[manifest_rel])
-    assert manifest["status"] == "healthy" and manifest["state"] == "COMPLETED"
+    # the history could not be listed either: the run is unjudged with the reason, never
+    # judged on "no history" and stored healthy (issue 19, item 2)
+    assert manifest["status"] == "unjudged" and manifest["state"] == "COMPLETED"
+    assert "could not be listed" in manifest["unjudged_reason"]
     for name in manifest["files"]:
         assert f"runs/{pipeline}/{run_id}/{name}" in files, name
     assert any(r.startswith(f"index/{pipeline}/") for r in files)
@@ -182,7 +185,7 @@ def test_store_that_never_answers(cluster, spool, fault, monkeypatch):
         assert result.exit_code == 0, result.output
         assert_uploaded_identical(files, endpoint, bucket, "nightly")
         assert RunStore(url, s3_options(endpoint)).read_manifest(
-            "fault-store-silent", run_id)["status"] == "healthy"
+            "fault-store-silent", run_id)["status"] == "unjudged"
     fault.recovered()
     fault.survived()
 
