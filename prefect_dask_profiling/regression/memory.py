@@ -21,12 +21,12 @@ settings of the same :class:`~prefect_dask_profiling.regression.rule.RegressionR
   history: a stage that ran within 10% of the limit is one bad chunk from a killed worker.
 
 The defaults were chosen on generated histories (``benchmarks/memory_rule.py``, and
-``tests/test_memory_rule.py``): peaks that vary by +-20% night to night plus late garbage
+``tests/regression/test_memory_rule.py``): peaks that vary by +-20% night to night plus late garbage
 collections on 5% of nights (+10-25%), and spills that vary by +-30% (or +-50%), give no
 alarm over 80,000 stage-metric-nights (with collections up to +35%: 4 in 80,000). On such
 noisy histories a tripled peak is caught on 98.7% of nights, a doubled one on 49%: +-20%
 noise hides part of a doubling. On the quiet histories of a real cluster (peaks repeat to
-a few MiB) the 10% floor rules and a 1.5x jump is caught (``tests/test_memory.py``: 150 MB
+a few MiB) the 10% floor rules and a 1.5x jump is caught (``tests/summary/test_memory.py``: 150 MB
 more per task on 1 GiB workers, 1.67x). Nothing is flagged while the increase is under the
 minimum effect.
 

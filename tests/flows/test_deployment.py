@@ -14,7 +14,7 @@ from prefect_server import prefect_executable
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 POOL = "ndvi-process"
 DEPLOYMENT = "nightly-ndvi/nightly-ndvi"
 

@@ -23,7 +23,7 @@ from prefect_dask_profiling.regression.rule import RegressionRule
 
 GiB, MiB = 2**30, 2**20
 _spec = importlib.util.spec_from_file_location(
-    "memory_rule", Path(__file__).parents[1] / "benchmarks" / "memory_rule.py")
+    "memory_rule", Path(__file__).parents[2] / "benchmarks" / "memory_rule.py")
 memory_rule = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(memory_rule)
 
