@@ -97,7 +97,8 @@ def load_nights(store: RunStore, pipeline: str, version: str,
                 runs: int = LOOKBACK_RUNS) -> list[Night]:
     """The newest ``runs`` judged runs of ``pipeline``/``version`` with a verdict table,
     oldest first; runs whose table cannot be read are skipped with a warning."""
-    entries = [e for e in store.list_runs(pipeline, version)
+    entries = [e for e in store.list_runs(pipeline, version, newest=runs,
+                                          counting=JUDGED_STATUSES)
                if e["status"] in JUDGED_STATUSES][:runs]
     ids = sorted(e["run_id"] for e in entries)
     nights = []
