@@ -8,6 +8,7 @@ because they are a common cause of slow or failing serialisation. Standard libra
 
 from __future__ import annotations
 
+import functools
 import platform
 import socket
 import subprocess
@@ -30,8 +31,15 @@ KEY_PACKAGES = ("python", "dask", "distributed", "msgpack", "cloudpickle", "nump
                 "toolz", "tornado", "lz4")
 
 
+@functools.lru_cache(maxsize=256)
 def package_version(name: str) -> str | None:
-    """The installed version of distribution ``name``, or None when it is not installed."""
+    """The installed version of distribution ``name``, or None when it is not installed.
+
+    Read once per process: looking a distribution up scans ``sys.path`` (about 10 ms each,
+    tens of milliseconds at the end of every run), and what a process has imported does not
+    change when a package is upgraded on disk under it, so the first answer is also the
+    truer one.
+    """
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:

@@ -9,7 +9,11 @@ Used by the Prefect session (:mod:`prefect_dask_profiling.prefect.session`), by 
 3. run each later **step** on its own (:data:`STEPS`): deliver what earlier runs left in the
    spool, lifecycle rule, per-stage diagnosis, the history, **the judgement** (the one
    :func:`~prefect_dask_profiling.regression.judge.judge`), trend... A step that raises
-   leaves the others done; its failure becomes a warning in the manifest and in the logs;
+   leaves the others done; its failure becomes a warning in the manifest and in the logs.
+   The trend page is a *view* drawn from what the run stores: with
+   :attr:`FinishSettings.views_in_background` it is drawn and stored by a background
+   thread (:attr:`FinishResult.trend_pending`), so the run's last steps and the caller's
+   artifacts do not wait for Bokeh;
 4. **complete** the stored run: the judgement's tables, the final manifest (with the rules
    that judged the run) and the fleet view's rows. A run whose history could not be read or
    whose judgement could not be made keeps status ``unjudged``: it stays out of every
@@ -25,9 +29,12 @@ the caller's (:attr:`FinishResult.regressed` and :attr:`FinishSettings.fail_on_r
 
 from __future__ import annotations
 
+import functools
 import logging
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -75,6 +82,10 @@ class FinishSettings:
     fail_on_regression
         Whether the caller fails the flow on a regression: the stored state then says
         ``FAILED``.
+    views_in_background
+        Draw and store the trend page in a background thread
+        (:attr:`FinishResult.trend_pending`) instead of with the run's files; the manifest
+        then does not list it, and its failure is logged, not in the manifest.
     """
 
     threshold: float = RegressionRule.threshold
@@ -83,6 +94,7 @@ class FinishSettings:
     report_retention_days: int = 30
     spool_budget_s: float = 10.0
     fail_on_regression: bool = False
+    views_in_background: bool = False
 
     @property
     def rules(self) -> Rules:
@@ -107,6 +119,9 @@ class FinishResult:
         The bottleneck verdict of each stage.
     fleet_location
         Where the run's rows of the fleet view were written, if they were.
+    trend_pending
+        The trend page being drawn in the background (``views_in_background``): resolves to
+        ``(location or None, warnings)``; :meth:`wait_trend` waits for it.
     """
 
     run_id: str
@@ -124,6 +139,14 @@ class FinishResult:
     judgement: Judgement | None = None
     diagnoses: dict[str, Diagnosis] = field(default_factory=dict)
     fleet_location: str | None = None
+    trend_pending: Future[tuple[str | None, list[str]]] | None = None
+
+    def wait_trend(self) -> tuple[str | None, list[str]]:
+        """Where the trend page is stored (None when it is not) and what went wrong, once
+        it is; at once when it was stored with the run's files."""
+        if self.trend_pending is None:
+            return self.trend_location, []
+        return self.trend_pending.result()
 
     @property
     def judged(self) -> bool:
@@ -164,6 +187,7 @@ class RunEnd:
     manifest_extra: dict[str, Any] = field(default_factory=dict)
     manifest: dict[str, Any] | None = None
     fleet_location: str | None = None
+    trend_pending: Future[tuple[str | None, list[str]]] | None = None
     step_seconds: dict[str, float] = field(default_factory=dict)
     flagged_reports: Callable[[set[str]], list[str]] | None = None
 
@@ -246,13 +270,51 @@ def _judge(end: RunEnd) -> None:
 
 
 def _trend(end: RunEnd) -> None:
-    from prefect_dask_profiling.regression.trend import trend_html
-
+    """The trend page, with the run's files or (``views_in_background``) in a thread."""
     if end.history is None or end.summary is None or end.judgement is None:
         return
-    title = f"{end.ctx.pipeline} {end.ctx.version}: total seconds per prefix"
-    end.files["trend.html"] = trend_html(end.history.baseline.history, end.summary,
-                                         end.judgement.verdicts, title=title).encode()
+    draw = functools.partial(_trend_page, end.history.baseline.history, end.summary,
+                             end.judgement.verdicts,
+                             f"{end.ctx.pipeline} {end.ctx.version}: total seconds per prefix")
+    if not end.settings.views_in_background:
+        end.files["trend.html"] = draw()
+        return
+    store, pipeline, run_id = end.store, end.ctx.pipeline, end.ctx.run_id
+    end.trend_pending = _in_background(
+        functools.partial(_store_view, store, pipeline, run_id, "trend.html", draw))
+
+
+def _trend_page(history: pd.DataFrame, summary: pd.DataFrame, verdicts: pd.DataFrame,
+                title: str) -> bytes:
+    from prefect_dask_profiling.regression.trend import trend_html
+
+    return trend_html(history, summary, verdicts, title=title).encode()
+
+
+def _store_view(store: RunStore, pipeline: str, run_id: str, name: str,
+                draw: Callable[[], bytes]) -> tuple[str | None, list[str]]:
+    """Draw a view and store it; never raises: a failure is a warning."""
+    try:
+        result = store.write_view(pipeline, run_id, name, draw())
+    except Exception as exc:
+        message = f"{name} not stored: {type(exc).__name__}: {exc}"
+        logger.warning("dask-profiling: %s", message, exc_info=True)
+        return None, [message]
+    return result.location, list(result.warnings)
+
+
+def _in_background(job: Callable[[], Any]) -> Future:
+    """Run ``job`` in a thread of its own (not a daemon: a process that ends waits for it)."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(job())
+        except BaseException as exc:  # the job catches its own failures; this is a bug
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="dask-profiling-views").start()
+    return future
 
 
 def _diagnose(end: RunEnd) -> None:
@@ -388,6 +450,7 @@ def finish_run(store: RunStore, record: RunRecord, ctx: RunContext, stages: list
         manifest=end.manifest, location=location, regressed=end.regressed,
         warnings=[*end.warnings, *first.warnings, *final_warnings],
         trend_location=_join(location, "trend.html") if "trend.html" in end.files else None,
+        trend_pending=end.trend_pending,
         judgement=judgement, diagnoses=end.diagnoses, fleet_location=end.fleet_location)
 
 

@@ -10,7 +10,9 @@ a warning: the summaries are already stored by then.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -129,62 +131,71 @@ def regression_rows(result: FinishResult) -> list[dict[str, Any]]:
 
 
 def publish(result: FinishResult, links: dict[str, str],
-            trend_location: str | None = None) -> list[str]:
+            trend_location: str | Callable[[], str | None] | None = None) -> list[str]:
     """Create the run's artifacts in the current flow run; return warnings, never raise.
 
-    The artifacts are one group: built here, then posted together through one API client,
-    concurrently (one round trip of wall time instead of one per artifact; the Prefect API
-    has no bulk endpoint for artifacts).
+    The artifacts are one group: built here, then posted together through the flow run's
+    client, concurrently (one round trip of wall time instead of one per artifact; the
+    Prefect API has no bulk endpoint for artifacts).
+
+    Parameters
+    ----------
+    trend_location
+        Link to the trend page, or a function that waits for the page being stored in the
+        background and returns its link (None when it was not stored): the artifacts that
+        link it wait for it in their own threads while the others are posted.
     """
     import httpx
     from prefect.artifacts import LinkArtifact, MarkdownArtifact, TableArtifact
-    from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import ArtifactCreate
-    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
     from prefect.utilities.context import get_task_and_flow_run_ids
 
     key = artifact_key(result.pipeline)
-    artifacts = [
-        TableArtifact(table=table_rows(result.summary, SUMMARY_ARTIFACT_COLUMNS),
-                      key=f"{key}-summary",
-                      description=f"Per-prefix task summary of run {result.run_id}"),
-        MarkdownArtifact(markdown=run_markdown(result, links, trend_location), key=f"{key}-run",
-                         description=f"Utilisation, stages and reports of run {result.run_id}"),
-        TableArtifact(table=regression_rows(result),
-                      key=f"{key}-regression",
-                      description=f"Regression check of run {result.run_id}"),
-    ]
-    if trend_location:
-        artifacts.append(LinkArtifact(
-            link=trend_location, link_text=f"{result.pipeline} trend", key=f"{key}-trend",
-            description=f"Total seconds per prefix over the baseline, run {result.run_id}"))
-    for stage_name, link in links.items():
-        artifacts.append(LinkArtifact(
-            link=link, link_text=f"{result.pipeline} {stage_name} report",
-            key=artifact_key(key, "report", stage_name),
-            description=f"Dask performance report of stage {stage_name}, run {result.run_id}"))
     task_run_id, flow_run_id = get_task_and_flow_run_ids()
-    requests = [ArtifactCreate(type=a.type, key=a.key, description=a.description,
-                               task_run_id=task_run_id, flow_run_id=flow_run_id,
-                               data=a.format(_sync=True))
-                for a in artifacts]
+    trend = trend_location if callable(trend_location) else lambda: trend_location
+
+    def request(artifact: Any) -> ArtifactCreate:
+        return ArtifactCreate(type=artifact.type, key=artifact.key,
+                              description=artifact.description, task_run_id=task_run_id,
+                              flow_run_id=flow_run_id, data=artifact.format(_sync=True))
+
+    def markdown() -> ArtifactCreate:
+        return request(MarkdownArtifact(
+            markdown=run_markdown(result, links, trend()), key=f"{key}-run",
+            description=f"Utilisation, stages and reports of run {result.run_id}"))
+
+    def trend_link() -> ArtifactCreate | None:
+        link = trend()
+        return None if not link else request(LinkArtifact(
+            link=link, link_text=f"{result.pipeline} trend", key=f"{key}-trend",
+            description=f"Total seconds per prefix over the baseline, run {result.run_id}"))
+
+    ready = [request(TableArtifact(table=table_rows(result.summary, SUMMARY_ARTIFACT_COLUMNS),
+                                   key=f"{key}-summary",
+                                   description=f"Per-prefix task summary of run {result.run_id}")),
+             request(TableArtifact(table=regression_rows(result), key=f"{key}-regression",
+                                   description=f"Regression check of run {result.run_id}"))]
+    ready += [request(LinkArtifact(
+        link=link, link_text=f"{result.pipeline} {stage_name} report",
+        key=artifact_key(key, "report", stage_name),
+        description=f"Dask performance report of stage {stage_name}, run {result.run_id}"))
+        for stage_name, link in links.items()]
+    builders: list[ArtifactCreate | Callable[[], ArtifactCreate | None]] = [
+        *ready, markdown, trend_link]
     warnings = []
     # The run's client retries a lost API for about a minute per request; artifacts are
     # not worth that: one retry, and a transport failure is reported once for the group.
-    retries = min(PREFECT_CLIENT_MAX_RETRIES.value(), 1)
-    with temporary_settings({PREFECT_CLIENT_MAX_RETRIES: retries}):
-        try:
-            with get_client(sync_client=True) as client, ThreadPoolExecutor(
-                    max_workers=min(8, len(requests)),
-                    thread_name_prefix="dask-profiling-artifacts") as pool:
-                # each thread runs in a copy of this context: Prefect's settings (the API
-                # URL) and run context live in context variables
-                futures = [pool.submit(contextvars.copy_context().run, client.create_artifact,
-                                       artifact=r) for r in requests]
-                errors = [f.exception() for f in futures]
-        except Exception as exc:  # the client itself could not be opened
-            errors = [exc] * len(requests)
+    with _few_retries(), _run_client() as client, ThreadPoolExecutor(
+            max_workers=min(8, len(builders)),
+            thread_name_prefix="dask-profiling-artifacts") as pool:
+        # each thread runs in a copy of this context: Prefect's settings (the API URL,
+        # the retries) and run context live in context variables
+        futures = [pool.submit(contextvars.copy_context().run, _post, client, build)
+                   for build in builders]
+        errors = [f.exception() for f in futures]
     failed = [e for e in errors if e is not None]
+    if failed and all(isinstance(e, _NoClient) for e in failed):
+        failed = [failed[0].__cause__ or failed[0]] * len(failed)
     lost = [e for e in failed if isinstance(e, httpx.TransportError)]
     for exc in [e for e in failed if not isinstance(e, httpx.TransportError)]:
         warnings.append(f"artifact not created: {exc!r}")
@@ -192,3 +203,79 @@ def publish(result: FinishResult, links: dict[str, str],
         warnings.append(f"artifact not created: {lost[0]!r}")
         warnings.append(f"{len(lost)} artifact(s) not created: the Prefect API did not answer")
     return warnings
+
+
+def _post(client: Any, build: Any) -> None:
+    """Create one artifact, built first when it is a function (it may wait for the trend
+    page)."""
+    artifact = build() if callable(build) else build
+    if artifact is not None:
+        client.create_artifact(artifact=artifact)
+
+
+class _NoClient(Exception):
+    """The Prefect client could not be opened (its cause is the reason)."""
+
+
+@contextlib.contextmanager
+def _run_client() -> Iterator[Any]:
+    """The flow run's own synchronous Prefect client, or a new one outside a sync flow run.
+
+    Opening a client costs tens of milliseconds (settings, a version check); the flow run
+    already holds one open. A client that cannot be opened yields one that raises
+    :class:`_NoClient` on every call, so the caller reports the group's failure once.
+    """
+    from prefect.client.orchestration import SyncPrefectClient, get_client
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    if ctx is not None and isinstance(getattr(ctx, "client", None), SyncPrefectClient):
+        yield ctx.client
+        return
+    try:
+        client = get_client(sync_client=True)
+        client.__enter__()
+    except Exception as exc:
+        yield _Unavailable(exc)
+        return
+    try:
+        yield client
+    finally:
+        client.__exit__(None, None, None)
+
+
+class _Unavailable:
+    """Stands in for a client that could not be opened."""
+
+    def __init__(self, cause: BaseException) -> None:
+        self.cause = cause
+
+    def create_artifact(self, **_: Any) -> None:
+        raise _NoClient(str(self.cause)) from self.cause
+
+
+_FEW_RETRIES: dict[int, tuple[Any, Any]] = {}
+
+
+@contextlib.contextmanager
+def _few_retries() -> Iterator[None]:
+    """Prefect's current settings with at most one client retry.
+
+    ``temporary_settings`` builds and validates a new settings object on every call (about
+    80 ms on a slow core); the derived object is kept per settings object instead (settings
+    are immutable, and the original is kept alive with it so its id is not reused).
+    """
+    import prefect.context
+    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES
+
+    context = prefect.context.get_settings_context()
+    cached = _FEW_RETRIES.get(id(context.settings))
+    if cached is None or cached[0] is not context.settings:
+        retries = min(PREFECT_CLIENT_MAX_RETRIES.value(), 1)
+        cached = (context.settings, context.settings.copy_with_update(
+            updates={PREFECT_CLIENT_MAX_RETRIES: retries}))
+        if len(_FEW_RETRIES) > 16:
+            _FEW_RETRIES.clear()
+        _FEW_RETRIES[id(context.settings)] = cached
+    with prefect.context.SettingsContext(profile=context.profile, settings=cached[1]):
+        yield

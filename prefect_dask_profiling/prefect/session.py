@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
@@ -525,7 +527,7 @@ class Session:
             check_options=dict(options.check_options),
             report_retention_days=options.report_retention_days,
             spool_budget_s=options.store_timeout,
-            fail_on_regression=options.on_regression == "fail")
+            fail_on_regression=options.on_regression == "fail", views_in_background=True)
         env = environment(self.client) if _alive(self.client) else environment()
         if self.storage_counted and _alive(self.client):
             raster = storage_io.raster_fingerprint(self.client)
@@ -540,7 +542,7 @@ class Session:
             _run_log(logging.WARNING, f"dask-profiling: run {result.run_id} stored unjudged: "
                      f"{result.manifest.get('unjudged_reason')}")
         links = self._report_links(self.stages)
-        trend = self._link(result.trend_location)
+        trend = _Once(lambda: self._stored_trend(result))  # drawn in the background
         if publish:
             from prefect_dask_profiling.prefect.artifacts import publish as publish_artifacts
 
@@ -551,11 +553,18 @@ class Session:
         # only a published finish (in the flow body) can fail the flow; the runner's exit
         # path runs after the flow's state is final
         _, event_warnings = emit_detection_events(
-            result, links, trend,
+            result, links, trend(),
             fail_on_regression=publish and options.on_regression == "fail")
         for w in event_warnings:
             logger.warning("dask-profiling: %s", w)
         return result
+
+    def _stored_trend(self, result: FinishResult) -> str | None:
+        """The trend page's link once it is stored (logging why, when it is not)."""
+        location, warnings = result.wait_trend()
+        for w in warnings:
+            _run_log(logging.WARNING, f"dask-profiling: {w}")
+        return self._link(location)
 
     def _link(self, location: str | None) -> str | None:
         """A presigned link to a stored file on S3 (as for reports), else its location."""
@@ -582,6 +591,23 @@ class Session:
                 logger.debug("presign failed: %r", exc)
             links[info.name] = link or location
         return links
+
+
+class _Once:
+    """Calls ``fn`` the first time it is called, from any thread; returns that answer."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self._fn = fn
+        self._lock = threading.Lock()
+        self._done = False
+        self._value: Any = None
+
+    def __call__(self) -> Any:
+        with self._lock:
+            if not self._done:
+                self._value = self._fn()
+                self._done = True
+            return self._value
 
 
 def _local_work_text(info: StageInfo) -> str | None:

@@ -121,6 +121,17 @@ class Writing(StoreAccess):
         data = html.encode() if isinstance(html, str) else bytes(html)
         return self._write_items([(rel, data, False)], self.location(rel))
 
+    def write_view(self, pipeline: str, run_id: str, name: str,
+                   data: str | bytes) -> WriteResult:
+        """Write a view of a stored run (its trend page) into the run's folder.
+
+        Views are drawn from what the run stored, after its manifest (which does not list
+        them): drawn again, a view replaces the old one. Spooled like every write.
+        """
+        rel = layout.run_file(pipeline, run_id, name)
+        payload = data.encode() if isinstance(data, str) else bytes(data)
+        return self._write_items([(rel, payload, False)], self.location(rel))
+
     def _forget_marker(self, rel: str, spooled: bool) -> None:
         """Remove a superseded index marker (best effort: readers prefer the final one)."""
         try:
