@@ -43,10 +43,12 @@ ALLOWED["__init__"] = set(LAYERS) - {"prefect", "cli"}  # the public face; Prefe
 PREFECT_DISTS = {"prefect", "prefect_dask"}
 PREFECT_PARTS = {"prefect", "cli"}
 # The scheduler plugin is shipped by value to schedulers without this package: it may import
-# the standard library, Dask/distributed (and what they bring) and its own sketch only.
+# the standard library, Dask/distributed (and what they bring), its own sketch and its CPU
+# readings only.
 PLUGIN = f"{PACKAGE}.timing.plugin"
 PLUGIN_MAY_IMPORT = {"dask", "distributed", "tornado", "cloudpickle",
-                     f"{PACKAGE}.timing.sketch", f"{PACKAGE}.timing.types"}
+                     f"{PACKAGE}.timing.sketch", f"{PACKAGE}.timing.types",
+                     f"{PACKAGE}.timing.cpu"}
 
 
 @dataclass(frozen=True)
@@ -220,7 +222,8 @@ def test_the_scheduler_plugin_imports_only_what_a_bare_scheduler_has():
              if name.split(".")[0] not in stdlib
              and not any(name == ok or name.startswith(ok + ".") for ok in PLUGIN_MAY_IMPORT)]
     assert not wrong, f"{PLUGIN} imports more than stdlib/distributed/sketch: {wrong}"
-    for helper in (f"{PACKAGE}.timing.sketch", f"{PACKAGE}.timing.types"):
+    for helper in (f"{PACKAGE}.timing.sketch", f"{PACKAGE}.timing.types",
+                   f"{PACKAGE}.timing.cpu"):
         extra = [name for name, _ in imports(helper) if name.split(".")[0] not in stdlib]
         assert not extra, f"{helper} (used by the plugin) imports more than stdlib: {extra}"
 

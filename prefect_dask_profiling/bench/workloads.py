@@ -252,8 +252,18 @@ def _partition_work(rows: int, seed: int) -> float:
     return total
 
 
+def holdout_slow_object(n: int, seed: int):
+    """io-bound with one straggler (holdout, written for issue 22 after its rules): 32 reads
+    of ``n`` ms from a slow store and one of ``60 n`` ms (one object behind a slow
+    replica): the wall is set by a task that waits, so the fix is on the wait."""
+    delays = [n / 1000] * 32 + [60 * n / 1000]
+    parts = [dask.delayed(_wait_on_service, pure=True)(1, d, seed * 100 + i)
+             for i, d in enumerate(delays)]
+    return dask.delayed(sum, pure=True)(parts)
+
+
 HOLDOUT = {"holdout_sort": "compute", "holdout_slow_files": "io",
-           "holdout_hot_partition": "straggler"}
+           "holdout_hot_partition": "straggler", "holdout_slow_object": "io"}
 """Holdout workloads and the class each should get."""
 
 

@@ -28,6 +28,9 @@ same events are one source, however many numbers they give:
     Bytes the worker processes caused to be written to storage (``/proc/<pid>/io``).
 ``scheduler load``
     The scheduler's event-loop thread CPU.
+``storage requests``
+    The requests and bytes the workers' storage clients (GDAL, s3fs) counted: the bytes the
+    tasks fetched from storage against the bytes Dask moved to them.
 ``calibration``
     A fixed kernel timed on each worker.
 
@@ -75,7 +78,8 @@ MIN_SOURCES = 3
 MEDIUM_SOURCES = 2
 """Distinct agreeing sources for a ``medium``-confidence verdict."""
 SOURCES = ("fine metrics", "task records", "process CPU", "transfer log", "host network",
-           "disk events", "memory samples", "process io", "scheduler load", "calibration")
+           "disk events", "memory samples", "process io", "scheduler load", "storage requests",
+           "calibration")
 """Independent sources of evidence (see the module docstring)."""
 GIL_PROCESS_CORES = 0.8
 """Process CPU (cores) at or above which busy, off-CPU threads point at GIL contention."""
@@ -106,8 +110,13 @@ class Rule:
 
 NEEDS: dict[str, tuple[str, ...]] = {
     "compute": ("fine.cpu_fraction", "monitor.cpu_per_busy_thread"),
+    "io": ("fine.cpu_fraction", "monitor.cpu_per_busy_thread", "host.external_share",
+           "storage.fetched_share"),
+    "scheduler": ("scheduler.overhead_ratio", "scheduler.loop_busy"),
 }
-"""Per class, signals of which at least one must be measured: no CPU evidence, no compute."""
+"""Per class, signals of which at least one must be measured: no CPU evidence, no compute;
+no evidence of waiting off the CPU or on outside data, no io (busy threads alone are not
+waiting); no measure of the scheduler's load, no scheduler-bound verdict."""
 
 _CPU = "the share of time a running task spends on CPU"
 RULES: tuple[Rule, ...] = (
@@ -130,7 +139,11 @@ RULES: tuple[Rule, ...] = (
     # io-bound: busy threads waiting off-CPU on storage or services outside Dask
     Rule("io", "tasks.busy_fraction", ">=", 0.5, "task records",
          "worker threads are inside tasks for most of the wall (low CPU is not idleness)",
-         "below half, threads wait for work, not in it: scheduler or transfer", role="required"),
+         "below half, threads wait for work, not in it: scheduler or transfer", role="any"),
+    Rule("io", "tasks.longest_share", ">=", 0.5, "task records",
+         "one task spans most of the wall: the stage waits on what that task does",
+         "past half the wall, the longest task sets it, whatever the other threads do",
+         role="any"),
     Rule("io", "fine.cpu_fraction", "<=", 0.4, "fine metrics",
          "task time is mostly off CPU (thread-noncpu share of execute)",
          f"{_CPU}; below 0.4 most of a task's wall is waiting"),
@@ -141,6 +154,10 @@ RULES: tuple[Rule, ...] = (
          "most bytes the worker hosts received did not come from Dask transfers",
          "more than half the received bytes came from outside the cluster (storage, "
          "services); measured only above 1 MB"),
+    Rule("io", "storage.fetched_share", ">=", 0.5, "storage requests",
+         "most bytes the tasks received they fetched from storage (GDAL / s3fs requests)",
+         "the request counters' mirror of the host's external share; measured only above "
+         "1 MB fetched"),
     # scheduler-bound: many short tasks, dispatch overhead dominates
     Rule("scheduler", "scheduler.overhead_ratio", ">=", 0.25, "scheduler load",
          "scheduler CPU per task is comparable to the task itself",
@@ -313,10 +330,13 @@ def classify(signals: dict[str, Any], classes: Any = None) -> dict[str, Any]:
     Returns
     -------
     ``{primary, secondary, confidence, agreeing_sources, signals, sources, scores,
-    disagreements, compatible, note, actions, evidence}``: ``signals`` lists the evidence
-    for the primary class (value, threshold, source), ``confidence`` is ``"high"``,
-    ``"medium"`` or ``"low"`` from the number of distinct agreeing sources, ``actions``
-    are the next steps ordered by expected impact (primary's first).
+    disagreements, compatible, effects, note, actions, evidence}``: ``signals`` lists the
+    evidence for the primary class (value, threshold, source), ``confidence`` is ``"high"``,
+    ``"medium"`` or ``"low"`` from the number of distinct agreeing sources, ``effects`` the
+    :func:`expected_effect` of each class, ``actions`` the next steps ordered by expected
+    impact (primary's first). When two specific classes both qualify, the one whose fix
+    has the larger expected effect leads, and the other is the secondary, said in
+    ``disagreements``.
 
     Raises
     ------
@@ -341,7 +361,8 @@ def classify(signals: dict[str, Any], classes: Any = None) -> dict[str, Any]:
             continue
         candidates.append(k)
 
-    primary = _pick_primary(candidates, scores, allowed)
+    effects = {k: expected_effect(k, signals) for k in allowed}
+    primary = _pick_primary(candidates, scores, allowed, effects)
     if primary is None:
         open_ = [k for k in allowed if scores[k]["supporting"] and not scores[k]["gate"]]
         if open_:
@@ -355,7 +376,7 @@ def classify(signals: dict[str, Any], classes: Any = None) -> dict[str, Any]:
         for k in _competing(primary, others):
             disagreements.append(
                 f"{k}-bound is also supported by {len(scores[k]['sources'])} sources "
-                f"({', '.join(sorted(scores[k]['sources']))})")
+                f"({', '.join(sorted(scores[k]['sources']))})" + _effect_text(primary, k, effects))
         for e in evidence:
             if e["class"] == primary and not e["supports"]:
                 disagreements.append(f"{e['signal']} = {_fmt(e['value'])} does not meet "
@@ -377,6 +398,7 @@ def classify(signals: dict[str, Any], classes: Any = None) -> dict[str, Any]:
                        "ratio": v["ratio"], "gate": v["gate"]} for k, v in scores.items()},
         "disagreements": disagreements,
         "compatible": _compatible_note(primary, others),
+        "effects": effects,
         "note": note,
         "actions": recommend(primary, secondary, signals),
         "evidence": evidence,
@@ -458,9 +480,67 @@ def _io_notes(primary: str, signals: dict[str, Any]) -> list[str]:
     return []
 
 
+def expected_effect(klass: str, signals: dict[str, Any]) -> float | None:
+    """The share of the wall that fixing ``klass`` could remove, at most (``None``: unknown).
+
+    Estimated from the signals, in the same unit for every class so that two classes that
+    both fit can be ranked:
+
+    ``io``
+        the share of the tasks' time spent off the CPU, over the part of the wall the tasks
+        cover (the busy fraction, or the longest task's share when one task sets the wall);
+    ``straggler``
+        the idle thread time: ``1 - busy fraction`` when one task spans most of the wall
+        (split, it would fill the idle threads), else the idle tail of the batches;
+    ``scheduler``
+        the scheduler's CPU per task against the task itself, ``r / (1 + r)``, at most the
+        idle thread time (what the workers wait for);
+    ``transfer``
+        the time receiving payloads against the time computing;
+    ``spill`` and ``compute``
+        ``None``: spill costs more than its disk time (paused workers, recomputation) and
+        no source measures it; compute is what remains, not a competing cause.
+    """
+    busy = _number(signals.get("tasks.busy_fraction"))
+    longest = _number(signals.get("tasks.longest_share"))
+    idle = None if busy is None else max(0.0, 1.0 - min(busy, 1.0))
+    if klass == "io":
+        cpu = _first(signals, "monitor.cpu_per_busy_thread", "fine.cpu_fraction")
+        covered = max(busy or 0.0, longest or 0.0) if (busy, longest) != (None, None) else None
+        if cpu is None or covered is None:
+            return None
+        return max(0.0, 1.0 - min(cpu, 1.0)) * min(covered, 1.0)
+    if klass == "straggler":
+        if longest is not None and longest >= 0.5 and idle is not None:
+            return idle
+        tail = _number(signals.get("tasks.tail_fraction"))
+        return None if tail is None else min(max(tail, 0.0), 1.0)
+    if klass == "scheduler":
+        r = _number(signals.get("scheduler.overhead_ratio"))
+        if r is None or r < 0:
+            return None
+        effect = r / (1.0 + r)
+        return effect if idle is None else min(effect, idle)
+    if klass == "transfer":
+        share = _first(signals, "tasks.transfer_share", "fine.network_share")
+        return None if share is None else min(max(share, 0.0), 1.0)
+    return None
+
+
+def _first(signals: dict[str, Any], *names: str) -> float | None:
+    for name in names:
+        value = _number(signals.get(name))
+        if value is not None:
+            return value
+    return None
+
+
 def _pick_primary(candidates: list[str], scores: dict[str, dict[str, Any]],
-                  allowed: tuple[str, ...]) -> str | None:
-    """The specific class with the most agreeing sources (ties: the most specific one).
+                  allowed: tuple[str, ...],
+                  effects: dict[str, float | None] | None = None) -> str | None:
+    """The specific class whose fix has the larger expected effect, when every qualifying
+    one has an estimate; else the one with the most agreeing sources (ties: the most
+    specific one).
 
     ``compute`` is what remains when no specific bottleneck qualifies: a straggler or a
     spilling run still computes, so compute's evidence does not outvote theirs.
@@ -468,8 +548,21 @@ def _pick_primary(candidates: list[str], scores: dict[str, dict[str, Any]],
     if not candidates:
         return None
     specific = [k for k in candidates if k != "compute"] or candidates
+    effects = effects or {}
+    if len(specific) >= 2 and all(effects.get(k) is not None for k in specific):
+        return max(specific, key=lambda k: (effects[k], len(scores[k]["sources"]),
+                                            -allowed.index(k)))
     return max(specific, key=lambda k: (len(scores[k]["sources"]), scores[k]["ratio"] >= 0.5,
                                         -allowed.index(k)))
+
+
+def _effect_text(primary: str, other: str, effects: dict[str, float | None]) -> str:
+    """``; its fix could remove ~40% of the wall, io's ~71%`` when both are estimated."""
+    mine, theirs = effects.get(primary), effects.get(other)
+    if mine is None or theirs is None:
+        return ""
+    return (f"; its fix could remove about {theirs:.0%} of the wall, {primary}'s about "
+            f"{mine:.0%}")
 
 
 def _pick_secondary(primary: str | None, others: list[str], scores: dict[str, dict[str, Any]],

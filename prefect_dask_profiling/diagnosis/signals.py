@@ -86,7 +86,7 @@ def task_signals(stream: list[dict[str, Any]], batches: list[dict[str, Any]], th
     median = _quantile(durations, 0.5)
     p95 = _quantile(durations, 0.95)
     skew, slow = _worker_skew(compute)
-    task_skew, skewed = _task_skew(compute)
+    task_skew, skewed = _task_skew(compute, wall)
     return {
         "tasks.count": len(compute), "tasks.compute_s": compute_s,
         "tasks.median_s": median, "tasks.p95_s": p95,
@@ -97,6 +97,7 @@ def task_signals(stream: list[dict[str, Any]], batches: list[dict[str, Any]], th
         "tasks.transfer_share": ratio(transfer_s, compute_s + transfer_s),
         "tasks.disk_share": ratio(disk_s, compute_s),
         "tasks.worker_skew": skew, "tasks.task_skew": task_skew,
+        "tasks.longest_share": ratio(max(durations, default=None), wall),
         "tasks.tail_fraction": _tail_fraction(compute, batches, workers),
         "context.slow_worker": slow,
         "context.straggler": _straggler_name(skew, slow, task_skew, skewed),
@@ -117,14 +118,20 @@ def _straggler_name(worker_skew: float | None, slow: str | None, task_skew: floa
 
 MIN_SKEW_TASKS = 10
 """Tasks a prefix needs before its longest task is compared with its p95."""
+MIN_STRAGGLER_SHARE = 0.1
+"""Share of the measured wall a prefix's longest task must reach to count as skew: one task
+of a tiny prefix preempted for 10 ms on a loaded host is far outside its p95 and costs the
+stage nothing."""
 
 
-def _task_skew(compute: list[tuple[str, str, float, float]]) -> tuple[float | None, str | None]:
+def _task_skew(compute: list[tuple[str, str, float, float]],
+               wall: float | None = None) -> tuple[float | None, str | None]:
     """Largest ratio of a prefix's longest task to the p95 of its other tasks.
 
     The longest task is left out of the p95 so that one outlier cannot hide itself in a
-    small prefix. Prefixes with fewer than :data:`MIN_SKEW_TASKS` tasks, or whose p95 is
-    under a millisecond (timer noise), are skipped.
+    small prefix. Prefixes with fewer than :data:`MIN_SKEW_TASKS` tasks, whose p95 is
+    under a millisecond (timer noise), or whose longest task is under
+    :data:`MIN_STRAGGLER_SHARE` of ``wall`` (immaterial), are skipped.
     """
     by_prefix: dict[str, list[float]] = {}
     for _, prefix, start, stop in compute:
@@ -135,7 +142,7 @@ def _task_skew(compute: list[tuple[str, str, float, float]]) -> tuple[float | No
             continue
         rest = sorted(durations)[:-1]
         p95 = _quantile(rest, 0.95)
-        if not p95 or p95 < 0.001:
+        if not p95 or p95 < 0.001 or (wall and max(durations) < MIN_STRAGGLER_SHARE * wall):
             continue
         r = max(durations) / p95
         if best[0] is None or r > best[0]:
@@ -400,6 +407,27 @@ def host_signals(before: dict[str, Any], after: dict[str, Any], transfer_bytes: 
         out["host.external_share"] = external / total
         out["host.dask_share"] = min(transfer_bytes / total, 1.0)
     return out
+
+
+MIN_FETCHED_BYTES = 1e6
+"""Bytes a stage must fetch from storage before the share of its input they are is judged."""
+
+
+def storage_signals(fetched_bytes: float | None,
+                    transfer_mb: float | None) -> dict[str, float | None]:
+    """Signals from the storage requests the workers counted (``storage requests`` source).
+
+    ``storage.fetched_share`` is the share of the bytes the stage's tasks received that they
+    fetched from storage (GDAL, s3fs) rather than from other workers: the request counters'
+    own account of what the host network counters see as external bytes. Measured only
+    above :data:`MIN_FETCHED_BYTES` fetched; ``None`` where requests were not counted.
+    """
+    if fetched_bytes is None:
+        return {"storage.fetched_mb": None, "storage.fetched_share": None}
+    moved = max(float(transfer_mb or 0.0), 0.0) * 1e6
+    share = fetched_bytes / (fetched_bytes + moved) if fetched_bytes >= MIN_FETCHED_BYTES \
+        else None
+    return {"storage.fetched_mb": fetched_bytes / 1e6, "storage.fetched_share": share}
 
 
 def memory_signals(record, window: tuple[float, float]) -> dict[str, float | None]:

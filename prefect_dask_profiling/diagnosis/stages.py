@@ -10,12 +10,20 @@ source             from the run record
 =================  ==============================================================
 task records       per-(stage, prefix) aggregates: compute seconds against the
                    stage's thread-seconds (busy fraction), p50 / p95 / max per prefix
-                   (typical duration, longest task vs p95), transfer and disk seconds
-process CPU        worker system-monitor samples (CPU percent) inside the stage's
-                   window, against the stage's compute seconds
+                   (typical duration, longest task vs p95 and vs the stage's wall),
+                   transfer and disk seconds
+process CPU        the worker processes' CPU and run-queue wait between the stage's
+                   opening and closing (the workers' counters, ``io`` table: exact for
+                   any stage length); without them, system-monitor samples (CPU
+                   percent) inside the stage's window, which a stage of a few
+                   seconds does not have
+scheduler load     the scheduler's event-loop CPU and run-queue wait while the stage
+                   ran (the plugin's per-stage loop samples), per task of the stage
 memory samples     managed / spilled bytes against the memory limit in the window
 transfer log       MB moved and MB per transfer, attributed to a stage by the
                    *receiving* task's stage (see below)
+storage requests   bytes the stage's tasks fetched from storage (GDAL, s3fs) against
+                   the bytes Dask moved to them
 =================  ==============================================================
 
 Transfers per stage: the record's transfers table has no stage column (bytes come from
@@ -28,9 +36,9 @@ other stages moved. A stage that did receive gets the run's bytes in proportion 
 share of the receiving seconds, and the run's mean MB per transfer (the count is not
 kept per stage, so that mean is the run's, not the stage's).
 
-Fine metrics, the scheduler's load, host network counters, calibration and per-worker task
-times are not in a run record: those rules are skipped, so a nightly verdict rests on at
-most four sources.
+Fine metrics, host network counters, calibration and per-worker task times are not in a run
+record: those rules are skipped. On a shared cluster (``scope="run"``) the scheduler's load
+includes other runs' work.
 """
 
 from __future__ import annotations
@@ -38,16 +46,24 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import pandas as pd
+
 from prefect_dask_profiling.diagnosis.classify import check_classes, classify
 from prefect_dask_profiling.diagnosis.signals import (
+    MIN_STRAGGLER_SHARE,
     memory_signals,
     monitor_signals,
     ratio,
     sampled_cpu_seconds,
+    storage_signals,
 )
 
 MIN_SKEW_TASKS = 10
 """Tasks a prefix needs before its longest task is compared with its p95."""
+MIN_SCHEDULER_TASKS = 100
+"""Tasks a stage needs before the scheduler's load is judged per task: below it the loop's
+fixed cost per stage (a graph's arrival, the stage's own snapshot) is most of its CPU, and
+so few tasks cannot keep a scheduler busy."""
 
 
 @dataclass
@@ -130,17 +146,22 @@ def stage_signals(record, stage: str) -> dict[str, Any]:
     signals["tasks.transfer_share"] = ratio(transfer_s, compute_s + transfer_s)
     signals["tasks.disk_share"] = ratio(disk_s, compute_s)
     signals["tasks.typical_s"] = _typical(tasks)
-    skew, prefix = _task_skew(tasks)
+    signals["tasks.median_s"] = _median(tasks)
+    longest = float(tasks["max_s"].max()) if tasks["max_s"].notna().any() else None
+    signals["tasks.longest_share"] = ratio(longest, wall)
+    skew, prefix = _task_skew(tasks, wall)
     signals["tasks.task_skew"] = skew
     if prefix is not None and skew is not None and skew >= 5:
         signals["context.straggler"] = (f"task prefix {prefix} (longest task {skew:.1f}x its "
                                         "prefix's p95)")
-    nthreads = _nthreads(record)
-    cpu_s = sampled_cpu_seconds(record.samples, window)
-    signals.update(monitor_signals(cpu_s, nthreads, compute_s, wall))
-    signals["monitor.cpu_wait_measured"] = 0.0  # samples carry CPU used, not run-queue wait
+    signals.update(_process_cpu(record, stage, _nthreads(record), compute_s, window))
+    signals.update(_scheduler_load(record, stage, signals["tasks.count"],
+                                   signals["tasks.median_s"]))
     signals.update(memory_signals(record, window))
-    signals.update(_transfer(record, transfer_s))
+    transfer = _transfer(record, transfer_s)
+    signals.update(transfer)
+    signals.update(storage_signals(_fetched_bytes(record, stage),
+                                   transfer.get("transfer.mb_moved")))
     top = tasks.groupby("prefix")["compute_s"].sum().sort_values(ascending=False)
     if not top.empty:
         signals["context.top_prefix"] = str(top.index[0])
@@ -195,26 +216,38 @@ def diagnose_run(record, classes: Any = None) -> tuple[dict[str, Diagnosis], lis
 
 def _typical(tasks) -> float | None:
     """p50 of the prefix holding the median compute-second (time-weighted granularity)."""
-    t = tasks.dropna(subset=["p50_s", "compute_s"]).sort_values("p50_s")
-    total = float(t["compute_s"].sum())
+    return _middle_p50(tasks, "compute_s")
+
+
+def _median(tasks) -> float | None:
+    """The median task's duration: the p50 of the prefix holding the middle task (by count)."""
+    return _middle_p50(tasks, "tasks")
+
+
+def _middle_p50(tasks, weight: str) -> float | None:
+    """The p50 of the prefix in which half of ``weight`` (summed in p50 order) is reached."""
+    t = tasks.dropna(subset=["p50_s", weight]).sort_values("p50_s")
+    total = float(t[weight].sum())
     if t.empty or total <= 0:
         return None
-    acc = 0.0
-    for _, row in t.iterrows():
-        acc += float(row["compute_s"])
-        if acc >= total / 2:
-            return float(row["p50_s"])
-    return float(t["p50_s"].iloc[-1])
+    reached = t[weight].cumsum() >= total / 2
+    return float(t["p50_s"][reached].iloc[0])
 
 
-def _task_skew(tasks) -> tuple[float | None, str | None]:
-    """Largest ``max / p95`` over the stage's prefixes with enough tasks."""
+def _task_skew(tasks, wall: float) -> tuple[float | None, str | None]:
+    """Largest ``max / p95`` over the stage's prefixes with enough tasks.
+
+    A prefix counts only when its longest task is a material part of the stage
+    (:data:`~prefect_dask_profiling.diagnosis.signals.MIN_STRAGGLER_SHARE` of its wall): a
+    10 ms task preempted on a loaded host is far outside a tiny prefix's p95 and costs the
+    stage nothing.
+    """
     best: tuple[float | None, str | None] = (None, None)
     for _, row in tasks.iterrows():
         n, p95, longest = row.get("tasks"), row.get("p95_s"), row.get("max_s")
         if not (n == n and p95 == p95 and longest == longest):  # NaN
             continue
-        if n < MIN_SKEW_TASKS or p95 < 0.001:
+        if n < MIN_SKEW_TASKS or p95 < 0.001 or longest < MIN_STRAGGLER_SHARE * wall:
             continue
         r = float(longest) / float(p95)
         if best[0] is None or r > best[0]:
@@ -227,6 +260,69 @@ def _nthreads(record) -> dict[str, int]:
     if w is None or w.empty:
         return {}
     return {str(a): int(n) for a, n in zip(w["worker"], w["nthreads"].fillna(1), strict=True)}
+
+
+def _process_cpu(record, stage: str, nthreads: dict[str, int], compute_s: float,
+                 window: tuple[float, float]) -> dict[str, Any]:
+    """Process-CPU signals: from the workers' counters at the stage's boundaries, else
+    from the system-monitor samples in its window.
+
+    The counters give each worker process's CPU and run-queue wait between the stage's
+    opening and closing, however short the stage; CPU *wanted* (used + waited for) per busy
+    thread then tells a CPU-bound stage on a loaded host from one that waits. Samples carry
+    CPU used only (``monitor.cpu_wait_measured = 0``).
+    """
+    io = record.io
+    rows = None
+    if io is not None and not io.empty and "cpu_s" in io.columns:
+        rows = io[io["stage"] == stage].dropna(subset=["cpu_s"])
+    if rows is None or rows.empty:
+        out = monitor_signals(sampled_cpu_seconds(record.samples, window), nthreads,
+                              compute_s, window[1] - window[0])
+        out["monitor.cpu_wait_measured"] = 0.0
+        return out
+    per_worker = rows.groupby("worker")
+    cpu = {str(w): float(g["cpu_s"].sum()) for w, g in per_worker}
+    wanted = None
+    if "cpu_wait_s" in rows.columns and rows["cpu_wait_s"].notna().all():
+        wanted = {str(w): float(g["cpu_s"].sum() + g["cpu_wait_s"].sum()) for w, g in per_worker}
+    seconds = float(per_worker["seconds"].sum().max())
+    out = monitor_signals(cpu, nthreads, compute_s, seconds, wanted)
+    out["monitor.cpu_wait_measured"] = 1.0 if wanted is not None else 0.0
+    return out
+
+
+def _scheduler_load(record, stage: str, tasks: int, median_s: float | None) -> dict[str, Any]:
+    """Scheduler-load signals from the event loop's CPU while the stage ran (``{}`` without,
+    or below :data:`MIN_SCHEDULER_TASKS` tasks).
+
+    ``scheduler.cpu_per_task_s`` is the loop's CPU per task of the stage, against the median
+    task (``scheduler.overhead_ratio``); ``scheduler.loop_busy`` its CPU plus run-queue wait
+    per second: the time the loop wanted a core.
+    """
+    entry = (getattr(record, "scheduler", None) or {}).get(stage)
+    if not entry or not entry.get("seconds") or tasks < MIN_SCHEDULER_TASKS:
+        return {}
+    cpu = float(entry.get("loop_cpu_s") or 0.0)
+    wanted = cpu + float(entry.get("loop_wait_s") or 0.0)
+    per_task = cpu / tasks
+    return {"scheduler.cpu_s": cpu, "scheduler.cpu_per_task_s": per_task,
+            "scheduler.overhead_ratio": ratio(per_task, median_s),
+            "scheduler.loop_busy": min(wanted / float(entry["seconds"]), 1.0)}
+
+
+def _fetched_bytes(record, stage: str) -> float | None:
+    """Bytes the stage's tasks fetched from storage (GDAL + s3fs), or None when not counted."""
+    io = record.io
+    if io is None or io.empty:
+        return None
+    columns = [c for c in ("gdal_bytes", "s3fs_bytes") if c in io.columns]
+    if not columns:
+        return None
+    rows = io[io["stage"] == stage]
+    if rows.empty:
+        return None
+    return float(rows[columns].apply(pd.to_numeric, errors="coerce").fillna(0).to_numpy().sum())
 
 
 def _transfer(record, stage_transfer_s: float) -> dict[str, Any]:

@@ -4,7 +4,9 @@ Rows come from :func:`prefect_dask_profiling.timing.storage_io.stage_deltas` (on
 and worker process). :func:`stage_io_metrics` is the pure per-stage view the regression
 judge and the tables use: ``requests_per_chunk`` doubling is a regression signal before the
 stage's time moves. Columns of a source (``gdal_*``, ``s3fs_*``) exist only when that source
-was loaded on some worker: absent, never zero.
+was loaded on some worker: absent, never zero. The rows also carry the worker process's CPU
+over the stage (``cpu_s``, ``cpu_wait_s``, ``seconds``), read by the same counters, for the
+diagnosis.
 """
 
 from __future__ import annotations

@@ -56,6 +56,9 @@ class RunRecord:
     incidents
         Workers that left while tasks of the run were processing on them
         (:class:`~prefect_dask_profiling.timing.types.Incident`).
+    scheduler
+        Per stage: the scheduler's event-loop CPU, run-queue wait and sampled seconds while
+        it ran (:class:`~prefect_dask_profiling.timing.types.StageScheduler`).
     """
 
     name: str
@@ -79,6 +82,7 @@ class RunRecord:
     memory: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=MEMORY_COLUMNS))
     spill: dict[str, dict[str, int]] = field(default_factory=dict)
     incidents: list[dict[str, Any]] = field(default_factory=list)
+    scheduler: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def from_snapshot(cls, snap: Snapshot, workers: int = 0,
@@ -116,7 +120,8 @@ class RunRecord:
             spill={str(k): {"disk_write_bytes": int(v.get("disk_write_bytes", 0)),
                             "disk_read_bytes": int(v.get("disk_read_bytes", 0))}
                    for k, v in (snap.get("stage_spill") or {}).items()},
-            incidents=[dict(i) for i in snap.get("incidents", [])])
+            incidents=[dict(i) for i in snap.get("incidents", [])],
+            scheduler={str(k): dict(v) for k, v in (snap.get("stage_scheduler") or {}).items()})
 
     # -- windows -------------------------------------------------------------------------
 

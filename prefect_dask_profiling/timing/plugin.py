@@ -41,12 +41,14 @@ from __future__ import annotations
 
 import collections
 import logging
+import threading
 import time
 import traceback
 from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from prefect_dask_profiling.timing.cpu import thread_cpu
 from prefect_dask_profiling.timing.sketch import QuantileSketch
 
 if TYPE_CHECKING:
@@ -66,6 +68,8 @@ MAX_STAGE_MEMORY = 20_000  # (stage, worker) rows of per-stage memory
 MAX_INCIDENTS = 100
 MAX_INCIDENT_KEYS = 20
 MAX_PROCESSING_SCAN = 64  # tasks looked at per worker and sample to find running stages
+MAX_STAGES = 1_000  # stages with scheduler-load entries
+LOOP_SAMPLE_GAP = 0.05  # seconds between event-loop samples taken outside the periodic one
 # A worker whose last sample was at least this fraction of its memory limit when it died is
 # a suspected OOM (Dask pauses a worker at 80% by default and its nanny kills it at 95%;
 # samples lag the heartbeat, so the last one is usually below the kill point).
@@ -243,6 +247,10 @@ class TaskTimings(SchedulerPlugin):
         self.wrappers: dict = {}  # running wrapper key -> WrapperWait
         self.stage_memory: dict[tuple[str, str], StageMemory] = {}
         self.stage_spill: dict[str, list[int]] = {}  # stage -> [bytes written, bytes read]
+        # stage -> [loop cpu s, loop run-queue wait s, seconds sampled, wait known (0/1)]
+        self.stage_loop: dict[str, list[float]] = {}
+        self.loop_last: tuple[float, float, float | None] | None = None
+        self.loop_thread: int | None = None
         self.spill_totals: tuple[float, float] | None = None  # cluster-wide, last sample
         self.last_sample_time = 0.0
         self.incidents: list[dict[str, Any]] = []
@@ -304,6 +312,8 @@ class TaskTimings(SchedulerPlugin):
             parents = (annotations or {}).get(PARENT_ANNOTATION)
             if parents:
                 self._inner_arrived(parents)
+            if self.loop_last is not None and time.time() - self.loop_last[0] >= LOOP_SAMPLE_GAP:
+                self._loop_sample(self._running_stages(self.loop_last[0]))  # a stage's start
         except Exception:
             self._fail()
         if self.owner_client is None or client != self.owner_client:
@@ -651,11 +661,12 @@ class TaskTimings(SchedulerPlugin):
                     self._stage_sample(stage, addr, ws, now, process, managed, unmanaged,
                                        spilled)
             self._spill_sample(stages)
+            self._loop_sample(stages)
             self.last_sample_time = now
         except Exception:
             self._fail()
 
-    def _running_stages(self) -> set[str]:
+    def _running_stages(self, since: float | None = None) -> set[str]:
         """Stages of this run that ran since the previous sample.
 
         A stage runs while a task of it is processing (a bounded look at each worker's
@@ -671,7 +682,7 @@ class TaskTimings(SchedulerPlugin):
                 stage = self._owner_stage(ts)
                 if stage is not None:
                     stages.add(stage)
-        since = self.last_sample_time
+        since = self.last_sample_time if since is None else since
         for (stage, _prefix), stats in self.stats.items():
             if stats.last_stop >= since:
                 stages.add(stage)
@@ -718,6 +729,38 @@ class TaskTimings(SchedulerPlugin):
                 entry = self.stage_spill[stage] = [0, 0]
             entry[0] += int(max(d_written, 0))
             entry[1] += int(max(d_read, 0))
+
+    def _loop_sample(self, stages: set[str]) -> None:
+        """Add the event loop's CPU (and run-queue wait) since the last sample to ``stages``.
+
+        Called on the event loop only (the periodic sampler, graph arrivals, snapshots), so
+        the thread's CPU is the loop's: the scheduler's own work for the tasks it schedules.
+        Every stage running in the interval gets the whole interval; stages that overlap
+        share it.
+        """
+        tid = threading.get_native_id()
+        if self.loop_thread is None:
+            self.loop_thread = tid
+        elif tid != self.loop_thread:
+            return  # not the event loop: its CPU would be another thread's
+        now = time.time()
+        cpu, wait = thread_cpu()
+        previous, self.loop_last = self.loop_last, (now, cpu, wait)
+        if previous is None:
+            return
+        seconds, d_cpu = now - previous[0], cpu - previous[1]
+        d_wait = wait - previous[2] if wait is not None and previous[2] is not None else None
+        for stage in stages:
+            entry = self.stage_loop.get(stage)
+            if entry is None:
+                if len(self.stage_loop) >= MAX_STAGES:
+                    continue
+                entry = self.stage_loop[stage] = [0.0, 0.0, 0.0, 1.0]
+            entry[0] += max(d_cpu, 0.0)
+            entry[1] += max(d_wait or 0.0, 0.0)
+            entry[2] += max(seconds, 0.0)
+            if d_wait is None:
+                entry[3] = 0.0
 
     # -- incidents: workers that died with work on them ------------------------------------
 
@@ -799,6 +842,13 @@ class TaskTimings(SchedulerPlugin):
         def rows(table: dict) -> list[dict[str, Any]]:
             return [{"stage": s, "prefix": p, **st.to_dict()} for (s, p), st in table.items()]
 
+        if self.scheduler is not None:
+            try:  # the loop's CPU up to now: a stage that just closed gets its last part
+                since = self.loop_last[0] if self.loop_last is not None else None
+                self._loop_sample(self._running_stages(since))
+            except Exception:
+                self._fail()
+
         return {
             "name": self.name, "started": self.started, "collected": time.time(),
             "tasks": rows(self.stats), "orchestration": rows(self.orchestration),
@@ -812,6 +862,9 @@ class TaskTimings(SchedulerPlugin):
                              for (s, w), m in self.stage_memory.items()],
             "stage_spill": {s: {"disk_write_bytes": w, "disk_read_bytes": r}
                             for s, (w, r) in self.stage_spill.items()},
+            "stage_scheduler": {s: {"loop_cpu_s": c, "loop_wait_s": w if known else None,
+                                    "seconds": t}
+                                for s, (c, w, t, known) in self.stage_loop.items()},
             "incidents": [dict(i) for i in self.incidents],
             "incidents_dropped": self.incidents_dropped,
             "warnings": list(self.warnings),
@@ -838,9 +891,10 @@ def _register_by_value() -> None:
     """Send this module (and the sketch) by value: the scheduler need not have us installed."""
     import cloudpickle
 
+    import prefect_dask_profiling.timing.cpu as cpu_module
     import prefect_dask_profiling.timing.sketch as sketch_module
 
-    for module in (sketch_module, __import__(__name__, fromlist=["_"])):
+    for module in (cpu_module, sketch_module, __import__(__name__, fromlist=["_"])):
         if module.__name__ not in cloudpickle.list_registry_pickle_by_value():
             cloudpickle.register_pickle_by_value(module)
 

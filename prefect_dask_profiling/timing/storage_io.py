@@ -26,6 +26,11 @@ the graph it submitted) are not chunks.
 GDAL's statistics count one GET per *batch* of parallel range requests (its default
 ``GDAL_HTTP_MULTIRANGE=PARALLEL``; bytes are exact) and one per HTTP request otherwise.
 Nothing here raises into the worker: failures are counted and reported.
+
+Each reading also carries the process's **CPU** (all threads) and run-queue wait
+(:mod:`prefect_dask_profiling.timing.cpu`): two readings at a stage's
+boundaries give the stage's process CPU exactly, however short the stage, where the
+heartbeat's CPU percentages give a stage of a few seconds no evidence at all.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from dask.utils import key_split
 from distributed.diagnostics.plugin import WorkerPlugin
+
+from prefect_dask_profiling.timing.cpu import process_cpu
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -96,6 +103,8 @@ class WorkerCounters(TypedDict):
     errors: int
     shapes: dict[str, int]
     files: dict[str, int]
+    cpu_s: float
+    cpu_wait_s: float | None
 
 
 # -- GDAL through ctypes ----------------------------------------------------------------------
@@ -386,7 +395,9 @@ class StorageRequests(WorkerPlugin):
         except Exception:
             self.errors += 1
             gdal = None
+        cpu, wait = process_cpu()
         return {"pid": os.getpid(), "instance": self.instance, "time": time.time(),
+                "cpu_s": cpu, "cpu_wait_s": wait,
                 "gdal": gdal,
                 "s3fs": dict(self.s3fs) if self.s3fs is not None else None,  # type: ignore
                 "chunks": self.chunks, "decoded_bytes": self.decoded_bytes,
@@ -581,6 +592,24 @@ def _source_delta(before: SourceCounts | None, after: SourceCounts | None) -> So
             for k in set(after) | set(before)}
 
 
+def cpu_delta(start: WorkerCounters, end: WorkerCounters) -> dict[str, float]:
+    """A worker process's CPU between two readings of the same process (pure).
+
+    ``seconds`` between the readings, ``cpu_s`` (all threads: tasks, and the worker's own
+    event loop and communications) and ``cpu_wait_s`` (their run-queue wait, when the kernel
+    reports it). The whole process, not its task threads: thread pools start threads on
+    first use, and a task that secedes and rejoins ends another thread, whose CPU a
+    per-thread view would lose. Readings without CPU (an older plugin) give ``{}``.
+    """
+    if start.get("cpu_s") is None or end.get("cpu_s") is None:
+        return {}
+    out = {"seconds": max(end["time"] - start["time"], 0.0),
+           "cpu_s": max(end["cpu_s"] - start["cpu_s"], 0.0)}
+    if start.get("cpu_wait_s") is not None and end.get("cpu_wait_s") is not None:
+        out["cpu_wait_s"] = max(end["cpu_wait_s"] - start["cpu_wait_s"], 0.0)
+    return out
+
+
 def stage_deltas(stage: str, before: dict[str, WorkerCounters],
                  after: dict[str, WorkerCounters]) -> list[dict[str, Any]]:
     """The ``io`` rows of one stage: one per worker process seen at its end (pure).
@@ -588,18 +617,20 @@ def stage_deltas(stage: str, before: dict[str, WorkerCounters],
     A worker absent at the start counts from zero (it joined during the stage); a worker whose
     process changed (restarted), or whose plugin was registered again (another run on a
     shared cluster), is counted from zero too. GDAL columns are present only when
-    GDAL was loaded in that process, s3fs columns only when s3fs was.
+    GDAL was loaded in that process, s3fs columns only when s3fs was. The CPU columns
+    (:func:`cpu_delta`) only where both readings come from the same process.
     """
     rows = []
     for worker, end in sorted(after.items()):
         start = before.get(worker)
         if start is not None and not _same_counters(start, end):
             start = None
+        row: dict[str, Any] = {"stage": stage, "worker": worker}
+        if start is not None:
+            row.update(cpu_delta(start, end))
         start = start or {}
-        row: dict[str, Any] = {"stage": stage, "worker": worker,
-                               "chunks": end["chunks"] - start.get("chunks", 0),
-                               "decoded_bytes": end["decoded_bytes"]
-                               - start.get("decoded_bytes", 0)}
+        row.update({"chunks": end["chunks"] - start.get("chunks", 0),
+                    "decoded_bytes": end["decoded_bytes"] - start.get("decoded_bytes", 0)})
         for source in ("gdal", "s3fs"):
             delta = _source_delta(start.get(source), end.get(source))
             if delta is None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-__all__ = ["Incident", "PrefixRow", "Snapshot", "StageMemoryRow", "StageSpill", "TransferRow",
-           "WorkerAggregate"]
+__all__ = ["Incident", "PrefixRow", "Snapshot", "StageMemoryRow", "StageScheduler",
+           "StageSpill", "TransferRow", "WorkerAggregate"]
 
 
 class PrefixRow(TypedDict, total=False):
@@ -86,6 +86,19 @@ class StageSpill(TypedDict):
     disk_read_bytes: int
 
 
+class StageScheduler(TypedDict):
+    """The scheduler's event loop while one stage ran (stages that overlap share it).
+
+    ``loop_cpu_s`` is the loop thread's CPU, ``loop_wait_s`` its run-queue wait (``None``
+    where the kernel does not report it), ``seconds`` the sampled intervals in which the
+    stage ran (whole intervals: CPU per second of them is the loop's load).
+    """
+
+    loop_cpu_s: float
+    loop_wait_s: float | None
+    seconds: float
+
+
 class Incident(TypedDict):
     """A worker that left while tasks of the run were processing on it.
 
@@ -129,6 +142,7 @@ class Snapshot(TypedDict, total=False):
     timeline: list[tuple[float, int]]
     stage_memory: list[StageMemoryRow]
     stage_spill: dict[str, StageSpill]
+    stage_scheduler: dict[str, StageScheduler]
     incidents: list[Incident]
     incidents_dropped: int
     warnings: list[str]

@@ -288,7 +288,8 @@ def address_host(address: str) -> str:
 
 HOLDOUT_RUNS = {"holdout_sort": {"n": [400_000], "seeds": [1]},
                 "holdout_slow_files": {"n": [12], "seeds": [1, 2]},
-                "holdout_hot_partition": {"n": [50_000], "seeds": [1]}}
+                "holdout_hot_partition": {"n": [50_000], "seeds": [1]},
+                "holdout_slow_object": {"n": [40], "seeds": [1]}}
 
 
 @pytest.mark.parametrize("workload", sorted(HOLDOUT_RUNS))

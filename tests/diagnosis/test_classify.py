@@ -228,3 +228,121 @@ def test_cpu_from_samples_without_run_queue_wait_is_flagged():
     verdict = classify(s)
     assert verdict["primary"] == "io"
     assert any("CPU used, not CPU waited for" in d for d in verdict["disagreements"])
+
+
+# -- what the rules were not tuned on (issue 22) ---------------------------------------------
+
+
+def test_busy_threads_without_off_cpu_evidence_are_not_io():
+    # a short compute stage before the counters existed: busy threads and nothing else
+    verdict = classify({"tasks.busy_fraction": 0.93, "tasks.typical_s": 0.1})
+    assert verdict["primary"] == "undetermined"
+    assert "none of" in verdict["scores"]["io"]["gate"]
+
+
+def test_tiny_tasks_without_the_schedulers_load_are_not_scheduler_bound():
+    verdict = classify({"tasks.typical_s": 0.0002, "tasks.busy_fraction": 0.05})
+    assert verdict["primary"] != "scheduler"
+    assert "scheduler.loop_busy" in verdict["scores"]["scheduler"]["gate"]
+
+
+def waiting_straggler(**extra: float) -> dict:
+    """One task that waits on storage sets the wall; the other threads sat idle."""
+    return {"tasks.busy_fraction": 0.3, "tasks.longest_share": 0.9, "tasks.task_skew": 70.0,
+            "tasks.tail_fraction": 0.45, "monitor.cpu_per_busy_thread": 0.05,
+            "monitor.threads_per_worker": 2, "monitor.busy_process_cores": 0.05,
+            "monitor.cpu_imbalance": 1.6, "fine.cpu_fraction": 0.05,
+            "context.straggler": "task prefix read (longest task 70.0x its prefix's p95)",
+            **extra}
+
+
+def test_a_straggler_that_waits_is_io_and_says_straggler():
+    verdict = classify(waiting_straggler())
+    assert verdict["primary"] == "io", verdict["note"]
+    assert verdict["secondary"] == "straggler"
+    said = [d for d in verdict["disagreements"] if d.startswith("straggler-bound is also")]
+    assert said and "could remove about 70%" in said[0] and "io's about 86%" in said[0]
+    assert verdict["effects"]["io"] > verdict["effects"]["straggler"]
+
+
+def test_a_straggler_that_computes_stays_a_straggler():
+    verdict = classify(waiting_straggler(**{"monitor.cpu_per_busy_thread": 0.97,
+                                            "fine.cpu_fraction": 0.95}))
+    assert verdict["primary"] == "straggler", verdict["note"]
+    assert "monitor.cpu_per_busy_thread" in verdict["scores"]["io"]["gate"]
+
+
+def test_of_two_fitting_classes_the_larger_expected_effect_leads():
+    # transfer (threads receive 70% of the time) against the scheduler (20% overhead)
+    both = signals(PROTOTYPES["transfer"], PROTOTYPES["scheduler"],
+                   {"scheduler.overhead_ratio": 0.25, "tasks.busy_fraction": 0.2})
+    verdict = classify(both)
+    assert verdict["effects"]["transfer"] == pytest.approx(0.7)
+    assert verdict["effects"]["scheduler"] == pytest.approx(0.2)
+    assert verdict["primary"] == "transfer" and verdict["secondary"] == "scheduler"
+    # the same evidence with the scheduler's cost far larger: the scheduler leads
+    heavy = classify({**both, "scheduler.overhead_ratio": 9.0, "tasks.transfer_share": 0.35,
+                      "fine.network_share": 0.35})
+    assert heavy["primary"] == "scheduler" and heavy["secondary"] == "transfer"
+    assert any("transfer-bound is also supported" in d and "scheduler's about 80%" in d
+               for d in heavy["disagreements"])
+
+
+def test_a_class_without_an_effect_estimate_is_ranked_by_its_evidence():
+    verdict = classify(signals(PROTOTYPES["transfer"], PROTOTYPES["spill"]))
+    assert verdict["effects"]["spill"] is None
+    assert verdict["primary"] == "spill"  # 3 sources against transfer's 2, most specific
+
+
+@pytest.mark.parametrize(("klass", "extra", "effect"), [
+    ("io", {"tasks.busy_fraction": 0.9, "monitor.cpu_per_busy_thread": 0.2}, 0.72),
+    ("io", {"tasks.busy_fraction": 0.2, "tasks.longest_share": 0.8,
+            "fine.cpu_fraction": 0.5}, 0.4),
+    ("straggler", {"tasks.busy_fraction": 0.3, "tasks.longest_share": 0.8}, 0.7),
+    ("straggler", {"tasks.busy_fraction": 0.9, "tasks.tail_fraction": 0.25}, 0.25),
+    ("scheduler", {"scheduler.overhead_ratio": 3.0}, 0.75),
+    ("scheduler", {"scheduler.overhead_ratio": 3.0, "tasks.busy_fraction": 0.5}, 0.5),
+    ("transfer", {"tasks.transfer_share": 0.4}, 0.4),
+    ("spill", {"fine.disk_share": 0.3}, None),
+    ("compute", {"tasks.busy_fraction": 0.9}, None),
+    ("io", {"tasks.busy_fraction": 0.9}, None),
+])
+def test_expected_effect_is_the_share_of_the_wall_its_fix_could_remove(klass, extra, effect):
+    from prefect_dask_profiling.diagnosis.classify import expected_effect
+
+    value = expected_effect(klass, extra)
+    assert value == (None if effect is None else pytest.approx(effect))
+
+
+def test_storage_requests_are_a_distinct_source_for_io():
+    s = {"tasks.busy_fraction": 0.9, "monitor.cpu_per_busy_thread": 0.1,
+         "storage.fetched_share": 0.98}
+    verdict = classify(s)
+    assert verdict["primary"] == "io"
+    assert verdict["sources"] == ["process CPU", "storage requests", "task records"]
+    assert verdict["confidence"] == "high"
+    # fetched bytes alone do not make a stage io: the CPU still decides
+    busy = classify({**s, "monitor.cpu_per_busy_thread": 0.95})
+    assert busy["primary"] == "compute"
+
+
+def test_a_tiny_task_preempted_on_a_loaded_host_is_no_straggler():
+    from prefect_dask_profiling.diagnosis.signals import task_signals
+
+    # 2,000 tasks of 1 ms on two one-thread workers over 2 s; one was preempted for 20 ms
+    stream, t = [], 0.0
+    for i in range(2000):
+        d = 0.021 if i == 700 else 0.001
+        stream.append({"key": f"tiny-{i}", "worker": f"w{i % 2}",
+                       "startstops": [{"action": "compute", "start": t, "stop": t + d}]})
+        t += 0.002 if i % 2 else 0.0
+    batches = [{"start": 0.0, "end": t, "wall_s": t}]
+    out = task_signals(stream, batches, threads=2, workers=["w0", "w1"])
+    assert out["tasks.task_skew"] is None  # 20 ms of a 2 s wall is immaterial
+    assert out["tasks.longest_share"] == pytest.approx(0.021 / t)
+    # an outlier that sets a short batch's wall is skew
+    few = [{"key": f"tiny-{i}", "worker": f"w{i % 2}",
+            "startstops": [{"action": "compute", "start": 0.0,
+                            "stop": 0.05 if i == 0 else 0.001}]} for i in range(20)]
+    short = task_signals(few, [{"start": 0.0, "end": 0.06, "wall_s": 0.06}], 2, ["w0", "w1"])
+    assert short["tasks.task_skew"] >= 5

@@ -7,6 +7,7 @@ import gc
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 import tracemalloc
@@ -662,3 +663,26 @@ def test_memory_does_not_grow_with_task_count() -> None:
     assert sum(s.tasks for s in plugin.stats.values()) == 200_000
     assert len(plugin.stats) == 50
     assert plugin.internal_errors == 0
+
+
+def _spin(steps: int) -> int:
+    total = 0
+    for i in range(steps):
+        total = (total * 31 + i) % 1_000_003
+    return total
+
+
+def test_each_stage_gets_the_scheduler_loops_cpu_while_it_ran(client, run) -> None:
+    with stage("many"):
+        client.gather(client.map(inc_a, range(3000), pure=False))
+    with stage("few"):
+        client.gather(client.map(_spin, [2_000_000] * 4, pure=False))
+    record = collect(client, run)
+    many, few = record.scheduler["many"], record.scheduler["few"]
+    assert many["seconds"] > 0 and few["seconds"] > 0
+    assert many["loop_cpu_s"] > 0 and few["loop_cpu_s"] >= 0
+    # scheduling 3,000 tasks costs the loop more per second than 4 long ones
+    assert many["loop_cpu_s"] / many["seconds"] > few["loop_cpu_s"] / few["seconds"], \
+        record.scheduler
+    if sys.platform == "linux":
+        assert many["loop_wait_s"] is not None and many["loop_wait_s"] >= 0

@@ -132,6 +132,13 @@ def test_s3fs_requests_are_counted_on_the_worker_that_made_them(archive):
     assert mine["s3fs_head"] + mine["s3fs_list"] == sum(q.kind != "GET" for q in seen)
 
 
+def spin(steps: int) -> int:
+    total = 0
+    for i in range(steps):
+        total = (total * 31 + i) % 1_000_003
+    return total
+
+
 def test_workers_without_gdal_have_no_gdal_columns():
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
                       dashboard_address=":0") as cluster, Client(cluster) as client:
@@ -146,7 +153,40 @@ def test_workers_without_gdal_have_no_gdal_columns():
         stage_io_summary(io_frame(rows), "compute") or {})
 
 
+def test_a_stage_gets_its_worker_processes_cpu_and_run_queue_wait():
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        assert storage_io.install(client)
+        before = storage_io.io_counters(client)
+        busy = sorted(client.nthreads())[0]
+        client.submit(spin, 3_000_000, workers=[busy], pure=False).result()
+        rows = {r["worker"]: r for r in storage_io.stage_deltas(
+            "compute", before, storage_io.io_counters(client))}
+    idle = next(w for w in rows if w != busy)
+    spun = rows[busy]
+    assert spun["seconds"] > 0 and spun["cpu_s"] + spun["cpu_wait_s"] >= 0.5 * spun["seconds"]
+    assert rows[idle]["cpu_s"] < 0.5 * spun["cpu_s"], rows  # the other process idled
+    assert rows[idle]["cpu_wait_s"] >= 0
+
+
 # -- pure parts ----------------------------------------------------------------------------------
+
+
+def test_cpu_deltas_only_between_readings_of_one_process():
+    def reading(pid, cpu, wait, at):
+        return {"pid": pid, "instance": f"{pid}", "time": at, "gdal": None, "s3fs": None,
+                "chunks": 0, "decoded_bytes": 0, "errors": 0, "cpu_s": cpu, "cpu_wait_s": wait}
+
+    before = {"a": reading(1, 10.0, 2.0, 100.0), "b": reading(2, 10.0, None, 100.0)}
+    after = {"a": reading(1, 12.5, 2.5, 103.0), "b": reading(2, 11.0, None, 103.0),
+             "c": reading(3, 40.0, 1.0, 103.0)}
+    rows = {r["worker"]: r for r in storage_io.stage_deltas("s", before, after)}
+    assert rows["a"]["cpu_s"] == pytest.approx(2.5) and rows["a"]["cpu_wait_s"] == 0.5
+    assert rows["a"]["seconds"] == pytest.approx(3.0)
+    assert rows["b"]["cpu_s"] == 1.0 and "cpu_wait_s" not in rows["b"]  # no schedstat
+    assert "cpu_s" not in rows["c"]  # joined: its CPU since start is not this stage's
+    old = {k: v for k, v in before["a"].items() if not k.startswith("cpu")}
+    assert storage_io.cpu_delta(old, after["a"]) == {}  # an older plugin's reading
 
 
 def test_gdal_counts_split_listings_from_gets():
