@@ -1,16 +1,29 @@
 """A fleet-wide Parquet view of every run: ``<store>/fleet/pipeline=<name>/<run_id>.parquet``.
 
 One row per (run, stage, prefix), with the run's identity, status, utilisation,
-bottleneck and the stage's memory (peak bytes, headroom, spilled bytes, worker deaths), so
-that one call reads every run of every pipeline::
+bottleneck, the stage's memory (``stage_peak_bytes``, ``stage_headroom``,
+``stage_spilled_bytes``, ``stage_worker_deaths``) and the stage's storage requests
+(:data:`STORAGE_COLUMNS`, from the manifest's ``stages[].io``), so that one call reads every
+run of every pipeline::
 
     pandas.read_parquet("s3://bucket/prefix/fleet", storage_options={...})
+
+The storage columns are the stage's figures summed over its workers, GDAL's unless named
+s3fs: ``stage_requests`` (GET + HEAD + LIST), ``stage_get_requests``, ``stage_head_requests``,
+``stage_list_requests``, ``stage_bytes_fetched`` (downloaded), ``stage_chunks_read`` (chunks
+that fetched), ``stage_requests_per_chunk``, ``stage_bytes_per_chunk``,
+``stage_read_amplification`` (bytes fetched / bytes of decoded pixels),
+``stage_s3fs_requests`` and ``stage_s3fs_bytes``. A stage whose source was not loaded on any
+worker (or a run stored before storage requests were counted) has null there, never 0.
 
 Each run writes its own file (no read-modify-write, so concurrent runs never race); the
 folder name ``pipeline=<name>`` is Hive partitioning: readers get ``pipeline`` as a column
 and can skip other pipelines' files. Every file has the same explicit Arrow schema
-(:data:`SCHEMA`), so a run without a bottleneck (null) and one with (text) read together.
-The view is derived: ``dask-profiling fleet --rebuild`` writes it again from the stored runs.
+(:data:`COLUMNS`), so a run without a bottleneck (null) and one with (text) read
+together. Files written before a column existed lack it; pyarrow infers a dataset's schema
+from one file, so :func:`read_fleet` reads with :func:`dataset_schema` instead: old and new
+files read together, the old ones null in the new columns. The view is derived:
+``dask-profiling fleet --rebuild`` writes it again from the stored runs.
 """
 
 from __future__ import annotations
@@ -19,7 +32,7 @@ import io
 import logging
 import os
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import pandas as pd
 
@@ -27,12 +40,26 @@ from prefect_dask_profiling._util import validate_name
 from prefect_dask_profiling.store import layout
 from prefect_dask_profiling.store.runs import RunStore, StoreError
 
+if TYPE_CHECKING:
+    from pandas.api.extensions import ExtensionArray
+
 logger = logging.getLogger(__name__)
 
+# (column, key of the stage's ``io`` entry, Arrow type): GDAL's figures unless named s3fs
+STORAGE_COLUMNS: tuple[tuple[str, str, Literal["int64", "float64"]], ...] = (
+    ("stage_requests", "requests", "int64"), ("stage_get_requests", "get", "int64"),
+    ("stage_head_requests", "head", "int64"), ("stage_list_requests", "list", "int64"),
+    ("stage_bytes_fetched", "bytes", "int64"), ("stage_chunks_read", "chunks", "int64"),
+    ("stage_requests_per_chunk", "requests_per_chunk", "float64"),
+    ("stage_bytes_per_chunk", "bytes_per_chunk", "float64"),
+    ("stage_read_amplification", "read_amplification", "float64"),
+    ("stage_s3fs_requests", "s3fs_requests", "int64"),
+    ("stage_s3fs_bytes", "s3fs_bytes", "int64"),
+)
 COLUMNS = ["version", "run_id", "started", "status", "stage", "prefix", "tasks", "total_s",
            "p50_s", "p95_s", "gb_out", "share", "utilisation", "stage_utilisation",
            "bottleneck", "stage_peak_bytes", "stage_headroom", "stage_spilled_bytes",
-           "stage_worker_deaths"]
+           "stage_worker_deaths", *(column for column, _, _ in STORAGE_COLUMNS)]
 
 
 def _schema():
@@ -47,7 +74,20 @@ def _schema():
         ("stage_utilisation", pa.float64()), ("bottleneck", pa.string()),
         ("stage_peak_bytes", pa.float64()), ("stage_headroom", pa.float64()),
         ("stage_spilled_bytes", pa.float64()), ("stage_worker_deaths", pa.int64()),
+        *((column, pa.type_for_alias(kind)) for column, _, kind in STORAGE_COLUMNS),
     ])
+
+
+def dataset_schema():
+    """The Arrow schema of the whole view: every file's columns and the ``pipeline`` partition.
+
+    Pass it as ``schema=`` to ``pandas.read_parquet`` when the folder may hold files written
+    before a column existed: those read as null in it, where pyarrow's own inference (from
+    one file) could leave the column out of every row.
+    """
+    import pyarrow as pa
+
+    return _schema().append(pa.field("pipeline", pa.string()))
 
 
 def fleet_rows(manifest: dict[str, Any], tasks: pd.DataFrame) -> pd.DataFrame:
@@ -58,7 +98,9 @@ def fleet_rows(manifest: dict[str, Any], tasks: pd.DataFrame) -> pd.DataFrame:
     manifest
         The run's manifest (``run_id``, ``pipeline``, ``version``, ``status``, ``started``,
         ``utilisation``; ``stages[].diagnosis.primary`` when the stage was diagnosed, which
-        gives the row's ``bottleneck``; else a run-level ``bottleneck`` if any, else null).
+        gives the row's ``bottleneck``; else a run-level ``bottleneck`` if any, else null;
+        ``stages[].memory`` and ``stages[].io`` give the stage's memory and storage
+        columns, null where the entry or its key is absent).
     tasks
         The run's ``tasks`` table (``stage, prefix, tasks, total_s, p50_s, p95_s, gb_out``,
         ``share`` when present; a missing share is computed from ``total_s``).
@@ -98,10 +140,14 @@ def fleet_rows(manifest: dict[str, Any], tasks: pd.DataFrame) -> pd.DataFrame:
     by_stage = _stage_bottlenecks(manifest)
     run_level = _bottleneck(manifest)
     out["bottleneck"] = [by_stage.get(stage, run_level) for stage in out["stage"]]
-    memory = _stage_memory(manifest)
+    memory = _stage_entries(manifest, "memory")
     for column, key in (("stage_peak_bytes", "peak_bytes"), ("stage_headroom", "headroom"),
                         ("stage_spilled_bytes", "spilled_bytes")):
         out[column] = [_number(memory.get(stage, {}).get(key)) for stage in out["stage"]]
+    storage = _stage_entries(manifest, "io")
+    for column, key, kind in STORAGE_COLUMNS:
+        out[column] = _nullable([storage.get(stage, {}).get(key) for stage in out["stage"]],
+                                kind)
     deaths = _stage_deaths(manifest)
     out["stage_worker_deaths"] = [deaths.get(stage, 0) for stage in out["stage"]]
     return out[COLUMNS].reset_index(drop=True)
@@ -184,7 +230,11 @@ def rebuild_fleet(store: RunStore, pipeline: str | None = None) -> dict[str, Any
 
 
 def read_fleet(store: RunStore) -> pd.DataFrame:
-    """The whole fleet view as one DataFrame (empty, with the columns, when there is none)."""
+    """The whole fleet view as one DataFrame (empty, with the columns, when there is none).
+
+    Read with :func:`dataset_schema`, so files written before a column existed read
+    together with newer ones (null in that column).
+    """
     path = store._path(layout.fleet_dir())
     try:
         present = store.fs.exists(path)
@@ -192,7 +242,8 @@ def read_fleet(store: RunStore) -> pd.DataFrame:
         raise StoreError(f"could not reach {store.url}: {type(exc).__name__}: {exc}") from None
     if not present:
         return pd.DataFrame(columns=["pipeline", *COLUMNS])
-    frame = pd.read_parquet(path, filesystem=store.fs, partitioning="hive")
+    frame = pd.read_parquet(path, filesystem=store.fs, partitioning="hive",
+                            schema=dataset_schema())
     frame["pipeline"] = frame["pipeline"].astype(str)
     return frame
 
@@ -231,10 +282,20 @@ def _stage_bottlenecks(manifest: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def _stage_memory(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Each stage's stored memory entry (``stages[].memory``); old runs have none."""
-    return {str(info.get("name")): info["memory"] for info in manifest.get("stages") or []
-            if isinstance(info, dict) and isinstance(info.get("memory"), dict)}
+def _nullable(values: list[Any], kind: Literal["int64", "float64"]) -> ExtensionArray:
+    """``values`` as a column of ``kind`` in which a missing or non-numeric value is null
+    (``pd.NA`` for int64, NaN for float64; both null in Parquet), never 0. An array, not a
+    Series: it takes the rows' index, whatever the tasks table's was."""
+    numbers = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce")
+    return (numbers.round().astype("Int64") if kind == "int64"
+            else numbers.astype("float64")).array
+
+
+def _stage_entries(manifest: dict[str, Any], key: str) -> dict[str, dict[str, Any]]:
+    """Each stage's stored ``stages[].<key>`` entry (``memory``, ``io``) by stage name;
+    stages without one (old runs, no source) are left out."""
+    return {str(info.get("name")): info[key] for info in manifest.get("stages") or []
+            if isinstance(info, dict) and isinstance(info.get(key), dict)}
 
 
 def _stage_deaths(manifest: dict[str, Any]) -> dict[str, int]:

@@ -11,6 +11,14 @@ Metrics (all gauges, the run's values; labels in braces):
   memory while the stage ran; ``dask_profiling_stage_memory_headroom_ratio{pipeline,stage}``
   — min over workers of (limit - peak) / limit; ``dask_profiling_stage_spilled_bytes``
   ``{pipeline,stage}`` — bytes spilled to disk while it ran;
+* the stage's storage requests (the manifest's ``stages[].io``, summed over workers),
+  all ``{pipeline,stage}``: ``dask_profiling_stage_storage_requests`` — GDAL requests
+  (GET + HEAD + LIST); ``dask_profiling_stage_storage_requests_per_chunk``;
+  ``dask_profiling_stage_storage_bytes`` — bytes GDAL downloaded;
+  ``dask_profiling_stage_storage_bytes_per_chunk``;
+  ``dask_profiling_stage_read_amplification_ratio`` — bytes downloaded / bytes of decoded
+  pixels; ``dask_profiling_stage_s3fs_requests`` and ``dask_profiling_stage_s3fs_bytes``.
+  A stage whose source was not loaded on any worker has no sample (absent, not 0);
 * ``dask_profiling_run_worker_deaths{pipeline,kind}`` — workers that died with tasks on them
   (``kind``: ``suspected OOM`` or ``worker lost``; 0 for both when none did);
 * ``dask_profiling_regression{pipeline,stage,prefix,verdict}`` — 1 for each prefix judged
@@ -51,6 +59,23 @@ FLAGGED = ("regression", "drift", "improved")
 EXPORTED_STATUSES = ("healthy", "regressed", "failed", "unjudged")
 # Judged runs replayed for the open alert episodes of each pipeline (a few weeks of nights).
 ALERT_LOOKBACK_RUNS = 30
+# (key of the stage's ``io`` entry, gauge, help) of the per-stage storage gauges
+STORAGE_GAUGES = (
+    ("requests", "dask_profiling_stage_storage_requests", "GDAL storage requests (GET + HEAD "
+     "+ LIST) while the stage ran, latest run"),
+    ("requests_per_chunk", "dask_profiling_stage_storage_requests_per_chunk", "GDAL storage "
+     "requests per chunk read while the stage ran, latest run"),
+    ("bytes", "dask_profiling_stage_storage_bytes", "Bytes GDAL downloaded from storage "
+     "while the stage ran, latest run"),
+    ("bytes_per_chunk", "dask_profiling_stage_storage_bytes_per_chunk", "Bytes GDAL "
+     "downloaded per chunk read while the stage ran, latest run"),
+    ("read_amplification", "dask_profiling_stage_read_amplification_ratio", "Bytes GDAL "
+     "downloaded / bytes of decoded pixels while the stage ran, latest run"),
+    ("s3fs_requests", "dask_profiling_stage_s3fs_requests", "s3fs storage requests while "
+     "the stage ran, latest run"),
+    ("s3fs_bytes", "dask_profiling_stage_s3fs_bytes", "Bytes s3fs downloaded while the "
+     "stage ran, latest run"),
+)
 
 
 @dataclass
@@ -136,6 +161,8 @@ def build_registry(runs: list[LatestRun]) -> CollectorRegistry:
                      ["pipeline", "stage"])
     spilled = gauge("dask_profiling_stage_spilled_bytes", "Bytes spilled to disk while the "
                     "stage ran, latest run", ["pipeline", "stage"])
+    storage = {key: gauge(name, doc, ["pipeline", "stage"])
+               for key, name, doc in STORAGE_GAUGES}
     deaths = gauge("dask_profiling_run_worker_deaths", "Workers that died with tasks of the "
                    "latest run on them", ["pipeline", "kind"])
     flagged = gauge("dask_profiling_regression", "1 for a prefix judged regression or drift "
@@ -167,6 +194,7 @@ def build_registry(runs: list[LatestRun]) -> CollectorRegistry:
                 _set(peak, labels, memory.get("peak_bytes"))
                 _set(headroom, labels, memory.get("headroom"))
                 _set(spilled, labels, memory.get("spilled_bytes"))
+            _set_storage(storage, p, info)
         kinds = {"suspected OOM": 0, "worker lost": 0}
         for incident in m.get("incidents") or []:
             kind = str(incident.get("kind")) if isinstance(incident, dict) else "worker lost"
@@ -230,6 +258,17 @@ def _read_run(store: RunStore, pipeline: str, run_id: str) -> LatestRun:
     if "cumulative_ratio" in verdicts.columns:  # drift rows carry their cumulative ratio
         verdicts["ratio"] = verdicts["ratio"].fillna(verdicts["cumulative_ratio"])
     return LatestRun(pipeline, manifest, tasks, verdicts)
+
+
+def _set_storage(gauges: dict[str, Any], pipeline: str, info: Any) -> None:
+    """Set the storage gauges (by ``io`` key) of one manifest stage entry; a key absent from
+    its ``io`` (the source was not loaded), or no ``io`` at all (old runs), sets nothing."""
+    io = info.get("io") if isinstance(info, dict) else None
+    if not isinstance(io, dict):
+        return
+    labels = (pipeline, str(info.get("name")))
+    for key, gauge in gauges.items():
+        _set(gauge, labels, io.get(key))
 
 
 def _set(gauge: Any, labels: tuple, value: Any) -> None:

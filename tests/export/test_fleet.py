@@ -6,6 +6,8 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from s3_servers import boto_client, moto_server, reset_moto, s3_options
 from typer.testing import CliRunner
@@ -13,13 +15,17 @@ from typer.testing import CliRunner
 from prefect_dask_profiling.cli import app
 from prefect_dask_profiling.export.fleet import (
     COLUMNS,
+    STORAGE_COLUMNS,
+    dataset_schema,
     fleet_location,
     fleet_rows,
     read_fleet,
     rebuild_fleet,
+    to_parquet,
     write_fleet,
 )
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
+from prefect_dask_profiling.summary.io import io_frame, stage_io_summary
 
 T0 = datetime(2026, 11, 1, 2, 0, tzinfo=UTC)
 BUCKET = "fleet-bucket"
@@ -64,6 +70,75 @@ def test_rows_carry_the_run_and_a_nullable_bottleneck():
         fleet_rows({"run_id": "r", "pipeline": "p", "version": "v"}, tasks())
     with pytest.raises(ValueError, match="total_s"):
         fleet_rows(manifest("ndvi", "r1", 0), tasks().drop(columns="total_s"))
+
+
+def storage(stage: str, gdal: bool) -> dict:
+    """A stage's manifest ``io`` entry as a run stores it (``stage_io_summary`` of its io
+    table): GDAL and s3fs requests, or s3fs only (no GDAL columns: GDAL was not loaded)."""
+    row = {"stage": stage, "worker": "tcp://10.0.0.1:4001", "chunks": 40,
+           "decoded_bytes": 8_000_000, "s3fs_get": 3, "s3fs_head": 1, "s3fs_list": 1,
+           "s3fs_bytes": 2_048}
+    if gdal:
+        row |= {"gdal_get": 44, "gdal_head": 2, "gdal_list": 1, "gdal_bytes": 3_000_000}
+    return stage_io_summary(io_frame([row]), stage)
+
+
+def storage_of(rows: pd.DataFrame, stage: str) -> dict:
+    """The storage columns of ``stage``'s row, by ``io`` key (None where null)."""
+    row = rows.set_index("stage").loc[stage]
+    return {key: None if pd.isna(row[column]) else row[column]
+            for column, key, _ in STORAGE_COLUMNS}
+
+
+def test_rows_carry_each_stages_storage_requests_null_without_a_source():
+    read, s3fs_only = storage("read", gdal=True), storage("reduce", gdal=False)
+    assert set(s3fs_only) == {"s3fs_requests", "s3fs_bytes"}  # the producer leaves GDAL out
+    rows = fleet_rows(manifest("ndvi", "r1", 0, stages=[
+        {"name": "read", "io": read}, {"name": "reduce", "io": s3fs_only}]), tasks())
+    assert storage_of(rows, "read") == pytest.approx({k: read[k] for _, k, _ in STORAGE_COLUMNS})
+    assert storage_of(rows, "read")["requests"] == 47  # GET + HEAD + LIST
+    assert storage_of(rows, "reduce") == {k: s3fs_only.get(k) for _, k, _ in STORAGE_COLUMNS}
+    # in the file: typed, and null (not 0) where the source was absent
+    table = pq.read_table(pa.BufferReader(to_parquet(rows)))
+    assert table.schema.field("stage_requests").type == pa.int64()
+    assert table.schema.field("stage_read_amplification").type == pa.float64()
+    assert table.column("stage_get_requests").to_pylist() == [44, None]
+    assert table.column("stage_s3fs_bytes").to_pylist() == [2_048, 2_048]
+
+    # an old manifest (no stage entries, or entries without io) still exports: all null
+    storage_columns = [column for column, _, _ in STORAGE_COLUMNS]
+    for stages in ([], [{"name": "read", "io": None}, {"name": "reduce"}]):
+        old = fleet_rows(manifest("ndvi", "r1", 0, stages=stages), tasks())
+        assert old[storage_columns].isna().all().all()
+        assert pq.read_table(pa.BufferReader(to_parquet(old)),
+                             columns=storage_columns).to_pandas().isna().all().all()
+
+
+def test_files_without_the_storage_columns_read_with_newer_ones(tmp_path):
+    store = RunStore(str(tmp_path / "store"), spool_dir=tmp_path / "spool")
+    old_id = put(store, "ndvi", 0)
+    new_id = put(store, "ndvi", 1, stages=[{"name": "read", "io": storage("read", True)}])
+    # the older run's file as the fleet view wrote it before the storage columns existed;
+    # it sorts first, the file pyarrow would infer the dataset's schema from
+    rows = fleet_rows(store.read_manifest("ndvi", old_id), store.read_table("ndvi", old_id,
+                                                                            "tasks"))
+    new_columns = {c for c, _, _ in STORAGE_COLUMNS} | {"pipeline"}
+    old_schema = pa.schema([f for f in dataset_schema() if f.name not in new_columns])
+    old_file = tmp_path / f"store/fleet/pipeline=ndvi/{old_id}.parquet"
+    old_file.parent.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pandas(rows[old_schema.names], schema=old_schema,
+                                        preserve_index=False), old_file)
+    write_fleet(store, store.read_manifest("ndvi", new_id),
+                store.read_table("ndvi", new_id, "tasks"))
+
+    frame = read_fleet(store).set_index(["run_id", "stage"])
+    assert set(COLUMNS) - {"run_id", "stage"} <= set(frame.columns) and len(frame) == 4
+    assert frame.loc[(new_id, "read"), "stage_requests"] == 47
+    assert frame.loc[(new_id, "read"), "stage_read_amplification"] == pytest.approx(0.375)
+    assert frame.loc[old_id, "stage_requests"].isna().all()  # null, not 0
+    assert pd.isna(frame.loc[(new_id, "reduce"), "stage_requests"])  # no io entry: null
+    assert frame.loc[old_id, "total_s"].tolist() == [20.0, 10.0]
+    assert set(frame["pipeline"]) == {"ndvi"}
 
 
 def fill(store: RunStore) -> dict[str, list[str]]:

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from prefect_dask_profiling.cli import app
 from prefect_dask_profiling.export.prometheus import build_registry, exposition, latest_runs
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
+from prefect_dask_profiling.summary.io import io_frame, stage_io_summary
 
 T0 = datetime(2026, 11, 1, 2, 0, tzinfo=UTC)
 runner = CliRunner()
@@ -30,11 +31,13 @@ def tasks(scale: float = 1.0) -> pd.DataFrame:
 
 
 def put(store: RunStore, pipeline: str, night: int, scale: float = 1.0,
-        status: str = "healthy", verdicts: pd.DataFrame | None = None) -> str:
+        status: str = "healthy", verdicts: pd.DataFrame | None = None,
+        stages: list[dict] | None = None) -> str:
     run_id = new_run_id(T0 + timedelta(days=night))
     doc = {"version": "v7", "status": status, "state": "COMPLETED", "wall_s": 42.0,
            "started": (T0 + timedelta(days=night)).isoformat(),
-           "utilisation": {"run": 0.61, "stages": {"read": 0.8, "reduce": 0.25}}}
+           "utilisation": {"run": 0.61, "stages": {"read": 0.8, "reduce": 0.25}},
+           **({"stages": stages} if stages is not None else {})}
     tables = {"tasks": tasks(scale)}
     if verdicts is not None:
         tables["regression"] = verdicts
@@ -111,6 +114,53 @@ def test_registry_leaves_out_missing_values(store):
     text = exposition(build_registry(runs))
     assert "dask_profiling_run_utilisation_ratio{" not in text
     assert "dask_profiling_prefix_seconds{" in text
+
+
+# the storage gauges by ``io`` key, spelled out: a renamed metric breaks dashboards, and this
+STORAGE = {"requests": "dask_profiling_stage_storage_requests",
+           "requests_per_chunk": "dask_profiling_stage_storage_requests_per_chunk",
+           "bytes": "dask_profiling_stage_storage_bytes",
+           "bytes_per_chunk": "dask_profiling_stage_storage_bytes_per_chunk",
+           "read_amplification": "dask_profiling_stage_read_amplification_ratio",
+           "s3fs_requests": "dask_profiling_stage_s3fs_requests",
+           "s3fs_bytes": "dask_profiling_stage_s3fs_bytes"}
+
+
+def storage_io(rows: list[dict]) -> dict[str, dict]:
+    """Each stage's manifest ``io`` entry as a run stores it, from its io table rows."""
+    table = io_frame(rows)
+    return {stage: stage_io_summary(table, stage) for stage in table["stage"].unique()}
+
+
+def storage_samples(got: dict, pipeline: str, stage: str) -> dict[str, float]:
+    """The storage samples of one stage, by ``io`` key."""
+    labels = (("pipeline", pipeline), ("stage", stage))
+    return {key: got[(name, labels)] for key, name in STORAGE.items() if (name, labels) in got}
+
+
+def test_stage_storage_gauges_equal_the_manifest_and_are_absent_without_a_source(store):
+    gdal = storage_io([{"stage": "read", "worker": "w1", "chunks": 48, "decoded_bytes": 8e6,
+                        "gdal_get": 50, "gdal_head": 3, "gdal_list": 1, "gdal_bytes": 4e6,
+                        "s3fs_get": 2, "s3fs_head": 1, "s3fs_list": 1, "s3fs_bytes": 900}])
+    no_gdal = storage_io([{"stage": "reduce", "worker": "w1", "chunks": 0,
+                           "decoded_bytes": 0, "s3fs_get": 4, "s3fs_head": 0, "s3fs_list": 2,
+                           "s3fs_bytes": 1_500}])
+    put(store, "cog", 0, stages=[{"name": "read", "io": gdal["read"]},
+                                 {"name": "reduce", "io": no_gdal["reduce"]},
+                                 {"name": "write", "io": None}])
+    got = samples(exposition(build_registry(latest_runs(store))))
+
+    read = storage_samples(got, "cog", "read")
+    assert read == pytest.approx({key: gdal["read"][key] for key in STORAGE})
+    assert read["requests"] == 54 and read["read_amplification"] == 0.5
+    # GDAL not loaded: no GDAL series (not 0), the s3fs ones still there
+    assert storage_samples(got, "cog", "reduce") == {"s3fs_requests": 6, "s3fs_bytes": 1_500}
+    assert storage_samples(got, "cog", "write") == {}  # no source at all: no series
+    # runs stored before storage requests were counted (no stages[].io) still export
+    for pipeline in ("ndvi", "sar"):
+        assert not [k for k in got if k[0] in STORAGE.values()
+                    and ("pipeline", pipeline) in k[1]]
+        assert ("dask_profiling_run_wall_seconds", (("pipeline", pipeline),)) in got
 
 
 class Recorder(http.server.BaseHTTPRequestHandler):
