@@ -62,16 +62,17 @@ def stage_io_metrics(io: pd.DataFrame) -> pd.DataFrame:
     if has_source(io, "gdal"):
         for method in REQUEST_METHODS:
             out[method] = total[f"gdal_{method}"]
-        out["requests"] = out[list(REQUEST_METHODS)].sum(axis=1)
+        out["requests"] = out[list(REQUEST_METHODS)].sum(axis=1, min_count=1)
         out["bytes"] = total["gdal_bytes"]
-        out["chunks"] = total["chunks"]
+        out["chunks"] = total["chunks"].where(out["requests"].notna())  # no GDAL: absent
         chunks = total["chunks"].where(total["chunks"] > 0)
         out["requests_per_chunk"] = out["requests"] / chunks
         out["bytes_per_chunk"] = out["bytes"] / chunks
         decoded = total["decoded_bytes"].where(total["decoded_bytes"] > 0)
         out["read_amplification"] = out["bytes"] / decoded
     if has_source(io, "s3fs"):
-        out["s3fs_requests"] = total[[f"s3fs_{m}" for m in REQUEST_METHODS]].sum(axis=1)
+        out["s3fs_requests"] = total[[f"s3fs_{m}" for m in REQUEST_METHODS]].sum(
+            axis=1, min_count=1)
         out["s3fs_bytes"] = total["s3fs_bytes"]
     out = out.replace([np.inf, -np.inf], np.nan)
     return out.rename_axis("stage")

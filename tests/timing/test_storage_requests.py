@@ -215,6 +215,16 @@ def test_stage_deltas_count_a_restarted_worker_from_zero():
     assert metrics.loc["read", "read_amplification"] == pytest.approx(0.1)
 
 
+def test_a_stage_on_workers_without_gdal_has_no_gdal_metrics_beside_one_with():
+    rows = [{"stage": "read", "worker": "a", "chunks": 4, "decoded_bytes": 400, "gdal_get": 8,
+             "gdal_head": 1, "gdal_list": 0, "gdal_bytes": 80},
+            {"stage": "reduce", "worker": "b", "chunks": 0, "decoded_bytes": 0}]
+    metrics = stage_io_metrics(io_frame(rows))
+    assert metrics.loc["read", "requests"] == 9 and metrics.loc["read", "chunks"] == 4
+    assert metrics.loc["reduce", ["requests", "get", "chunks", "bytes"]].isna().all()
+    assert stage_io_summary(io_frame(rows), "reduce") is None  # absent, never zero
+
+
 def test_effective_options_never_record_secret_values():
     options = storage_io.effective_options(
         {"AWS_SECRET_ACCESS_KEY": "s3cr3t", "AWS_ACCESS_KEY_ID": "AKIA", "HOME": "/root",
