@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from prefect_dask_profiling._util import ship_by_value
 from prefect_dask_profiling.bench import calibrate as calibration
+from prefect_dask_profiling.timing import cpu
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -25,26 +26,11 @@ def scheduler_probe(dask_scheduler) -> dict[str, Any]:
     """Event-loop thread CPU, tick count and total tick duration (runs on the scheduler)."""
     import time
 
-    return {"time": time.time(), "loop_cpu": time.thread_time(), "loop_wait": _thread_wait(),
+    loop_cpu, loop_wait = cpu.thread_cpu()
+    return {"time": time.time(), "loop_cpu": loop_cpu, "loop_wait": loop_wait,
             "ticks": int(getattr(dask_scheduler, "_tick_counter", 0)),
             "tick_total": float(dask_scheduler.digests_total.get("tick-duration", 0.0)),
             "tick_interval": float(getattr(dask_scheduler, "_tick_interval", 0.02))}
-
-
-def _thread_wait() -> float | None:
-    """Seconds this thread waited in the run queue (Linux schedstat), else ``None``.
-
-    On a shared host a busy event loop waits for a core as much as it runs: CPU plus
-    this wait is the time it wanted.
-    """
-    import os
-    import threading
-
-    try:
-        with open(f"/proc/{os.getpid()}/task/{threading.get_native_id()}/schedstat") as fh:
-            return int(fh.read().split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def fine_metrics(dask_scheduler) -> dict[Any, float]:
@@ -133,33 +119,17 @@ def _task_thread_schedstat(dask_worker) -> dict[int, tuple[float, float]]:
 
 
 def _schedstat() -> tuple[float, float, float] | None:
-    """(monotonic s, CPU s, run-queue wait s) summed over this process's threads (Linux).
-
-    CPU plus run-queue wait is the CPU the process *wanted*: on a shared host the wait is
-    CPU stolen by neighbours, which thread-cpu alone would hide.
-    """
-    import os
+    """(monotonic s, CPU s, run-queue wait s) of this process, where the kernel reports the
+    wait (Linux); else ``None``. CPU plus the wait is the CPU the process *wanted*."""
     import time
 
-    cpu = wait = 0
-    base = f"/proc/{os.getpid()}/task"
-    try:
-        for tid in os.listdir(base):
-            try:
-                with open(f"{base}/{tid}/schedstat") as fh:
-                    a, b, _ = fh.read().split()
-            except (OSError, ValueError):
-                continue
-            cpu += int(a)
-            wait += int(b)
-    except OSError:
-        return None
-    return time.monotonic(), cpu / 1e9, wait / 1e9
+    used, wait = cpu.process_cpu()
+    return None if wait is None else (time.monotonic(), used, wait)
 
 
 def by_value() -> None:
     """Ship this module (and the calibration) by value: workers need not have the package."""
-    ship_by_value(calibration.__name__, __name__)
+    ship_by_value(calibration.__name__, cpu.__name__, __name__)
 
 
 def settled_fine_metrics(client: Client) -> dict[Any, float]:
