@@ -1,5 +1,7 @@
 """Real clusters for the bench tests: ``dask scheduler`` / ``dask worker`` subprocesses on
-127.0.0.1, and the netns cluster (workers as separate network hosts behind rate-limited links).
+127.0.0.1, and the netns cluster (workers as separate network hosts behind rate-limited links)
+with what its workers need from this host: an S3 server on its host-side address, and a relay
+to the Prefect API.
 
 Every process started here is stopped by the context manager that started it (by its own
 pid), also when the test fails.
@@ -134,26 +136,78 @@ def netns_cluster(workers: int = 2, nthreads: int = 1, rate: str = "100mbit") ->
                        timeout=120, check=False)
 
 
+def address_host(address: str) -> str:
+    """The host of a ``tcp://host:port`` address: the netns scheduler's host-side address,
+    which every worker namespace reaches (services for the workers bind to it)."""
+    return address.split("://", 1)[1].rsplit(":", 1)[0]
+
+
 @contextlib.contextmanager
 def moto_on(host: str, size: int) -> Iterator[str]:
     """A moto S3 server bound to ``host`` with one object of ``size`` bytes.
 
-    Yields ``endpoint,bucket,key`` (the bench's S3 workload spec). Bind it to a netns
+    Yields ``endpoint,bench,blob`` (the bench's S3 workload spec). Bind it to a netns
     cluster's host-side address so that workers read it across their links.
     """
-    import botocore.session
-    from moto.server import ThreadedMotoServer
+    from s3_servers import boto_client, moto_server
 
-    server = ThreadedMotoServer(ip_address=host, port=0, verbose=False)
-    server.start()
-    try:
-        _, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        s3 = botocore.session.get_session().create_client(
-            "s3", endpoint_url=endpoint, region_name="us-east-1",
-            aws_access_key_id="testing", aws_secret_access_key="testing")
+    with moto_server(host=host) as endpoint:
+        s3 = boto_client(endpoint)
         s3.create_bucket(Bucket="bench")
         s3.put_object(Bucket="bench", Key="blob", Body=os.urandom(size))
         yield f"{endpoint},bench,blob"
-    finally:
-        server.stop()
+
+
+@contextlib.contextmanager
+def prefect_api_on(host: str) -> Iterator[str]:
+    """This process's Prefect API, reachable on ``host`` through a relay
+    (:class:`s3_servers.TcpRelay`).
+
+    Yields the relayed API URL, which this process's Prefect settings point at meanwhile: a
+    flow run hands its settings to the tasks it submits, so Prefect tasks on the netns
+    workers report to the API through the relay (they cannot reach 127.0.0.1).
+    """
+    from urllib.parse import urlsplit
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from s3_servers import TcpRelay
+
+    api = urlsplit(PREFECT_API_URL.value())
+    if api.hostname is None or api.port is None:
+        raise RuntimeError(f"no Prefect API server to relay to (PREFECT_API_URL={api.geturl()!r})")
+    with TcpRelay((api.hostname, api.port), host) as relay:
+        url = api._replace(netloc=f"{host}:{relay.port}").geturl()
+        with temporary_settings({PREFECT_API_URL: url}):
+            try:
+                yield url
+            finally:
+                drain_prefect_services()
+
+
+def drain_prefect_services(timeout: float = 10.0) -> None:
+    """Send what this process's Prefect log and event workers hold, and stop them.
+
+    Called while the relay they may point at is still up: a worker made during the relay's
+    life keeps its URL, and would retry a dead relay at exit (or for the session's next
+    test). Stopped workers are made again, with the settings of the time, on next use.
+    """
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for service in (APILogWorker, EventsWorker):
+        service.drain_all(timeout=timeout, at_exit=False)
+
+
+def print_verdict(title: str, verdict: dict) -> None:
+    """A classifier verdict with its evidence rows and disagreements, one line each.
+
+    ``verdict`` is a bench summary's ``bottleneck`` or a stored stage ``diagnosis``: printed
+    before a test asserts on it, so that a failure explains itself.
+    """
+    print(f"VERDICT {title}: {verdict['primary']} / {verdict['secondary']} / "
+          f"{verdict['confidence']}: {verdict['note']}")
+    for e in verdict["signals"]:
+        print(f"  SIGNAL {e['signal']} [{e['source']}] = {e['value']:.4g} {e['op']} "
+              f"{e['threshold']:g}: {'yes' if e['supports'] else 'no'}")
+    for line in verdict["disagreements"]:
+        print(f"  DISAGREE {line}")

@@ -1,9 +1,12 @@
-"""Real S3 servers for tests: moto in-process, SeaweedFS's ``weed`` binary, and dead endpoints.
+"""Real S3 servers for tests: moto in-process, SeaweedFS's ``weed`` binary, dead endpoints, and
+proxies and a TCP relay to put in front of them.
 
-Everything binds to 127.0.0.1 and is stopped by its context manager. Reusable by any test file::
+Everything binds to 127.0.0.1 (moto also to another local address) and is stopped by its
+context manager. Reusable by any test file::
 
     with moto_server() as endpoint: ...
     with SilentServer() as endpoint: ...          # accepts TCP, never answers
+    with TcpRelay(("127.0.0.1", port), host) as relay: relay.endpoint
     with seaweedfs(tmp_path) as weed: weed.endpoint, weed.shell("s3.bucket.list")
 """
 
@@ -19,7 +22,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,14 +92,15 @@ def http_post(url: str, body: bytes = b"") -> None:
 
 
 @contextlib.contextmanager
-def moto_server(port: int = 0) -> Iterator[str]:
-    """A ThreadedMotoServer on ``port`` (default: a free one); yields its endpoint.
+def moto_server(port: int = 0, host: str = "127.0.0.1") -> Iterator[str]:
+    """A ThreadedMotoServer on ``host``:``port`` (default: a free port); yields its endpoint.
 
-    Giving the port of an endpoint that was down brings "the same store" back up.
+    Giving the port of an endpoint that was down brings "the same store" back up. ``host``
+    is another local address for clients outside this host's loopback (the netns workers).
     """
     from moto.server import ThreadedMotoServer
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server = ThreadedMotoServer(ip_address=host, port=port, verbose=False)
     server.start()
     try:
         host, port = server.get_host_and_port()
@@ -139,6 +143,20 @@ def restricted_moto_user(endpoint: str, bucket: str) -> tuple[str, str]:
     return user["AccessKeyId"], user["SecretAccessKey"]
 
 
+def accept_until(listener: socket.socket, stop: threading.Event,
+                 handle: Callable[[socket.socket], object]) -> None:
+    """Hand every connection ``listener`` accepts to ``handle`` until ``stop`` is set.
+
+    ``listener`` needs a timeout (0.2 s here), so that ``stop`` is seen while nobody connects.
+    """
+    while not stop.is_set():
+        try:
+            conn, _ = listener.accept()
+        except (TimeoutError, OSError):
+            continue
+        handle(conn)
+
+
 class SilentServer:
     """A TCP server that accepts connections and never answers (a half-dead endpoint)."""
 
@@ -154,12 +172,8 @@ class SilentServer:
         self.endpoint = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
 
     def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except (TimeoutError, OSError):
-                continue
-            self._conns.append(conn)  # keep it open, read nothing, say nothing
+        # keep each connection open, read nothing, say nothing
+        accept_until(self._sock, self._stop, self._conns.append)
 
     def __enter__(self) -> str:
         self._thread.start()
@@ -171,6 +185,73 @@ class SilentServer:
         for conn in self._conns:
             conn.close()
         self._sock.close()
+
+
+class TcpRelay:
+    """Relays every TCP connection to ``host``:<a free port> on to ``target``.
+
+    Bytes pass unchanged in both directions, unless a subclass changes that
+    (:meth:`_relay`). Bound to another local address, it makes a service that listens on
+    127.0.0.1 reachable from clients with loopbacks of their own (the netns workers).
+    Every connection is closed when the relay stops.
+    """
+
+    def __init__(self, target: tuple[str, int], host: str = "127.0.0.1") -> None:
+        self.target = target
+        self._listener = socket.create_server((host, 0))
+        self._listener.settimeout(0.2)
+        self.port = int(self._listener.getsockname()[1])
+        self.endpoint = f"http://{host}:{self.port}"
+        self._stop = threading.Event()
+        self._open: list[socket.socket] = []
+        self._threads: list[threading.Thread] = []
+
+    def __enter__(self) -> TcpRelay:
+        self._spawn(self._accept)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for sock in self._open:  # shutdown: wakes the threads blocked in recv()
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        for thread in self._threads:
+            thread.join(5)
+        self._listener.close()
+        for sock in self._open:
+            sock.close()
+
+    def _spawn(self, target, *args) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _accept(self) -> None:
+        accept_until(self._listener, self._stop, lambda client: self._spawn(self._connect, client))
+
+    def _connect(self, client: socket.socket) -> None:
+        try:
+            upstream = socket.create_connection(self.target, timeout=10)
+        except OSError:
+            client.close()
+            return
+        upstream.settimeout(None)
+        self._open += [client, upstream]
+        self._relay(client, upstream)
+
+    def _relay(self, client: socket.socket, upstream: socket.socket) -> None:
+        """Copy each way until its sender ends (runs in the connection's own thread)."""
+        self._spawn(_pipe, client, upstream)
+        _pipe(upstream, client)
+
+
+def _pipe(source: socket.socket, sink: socket.socket) -> None:
+    """Copy ``source`` to ``sink`` until ``source`` ends; then end ``sink``'s writing side."""
+    with contextlib.suppress(OSError):
+        while data := source.recv(65536):
+            sink.sendall(data)
+    with contextlib.suppress(OSError):
+        sink.shutdown(socket.SHUT_WR)
 
 
 # ---------------------------------------------------------------------- SeaweedFS

@@ -15,7 +15,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from bench_fixtures import netns_cluster, netns_unavailable, subprocess_cluster
+from bench_fixtures import (
+    address_host,
+    netns_cluster,
+    netns_unavailable,
+    print_verdict,
+    subprocess_cluster,
+)
 from typer.testing import CliRunner
 
 from prefect_dask_profiling.bench.config import BenchConfig
@@ -45,13 +51,7 @@ def run(tmp_path: Path, workload: str, **kwargs) -> dict:
 def assert_verdict(summary: dict, klass: str, min_sources: int = 3,
                    confidences: tuple[str, ...] = ("high", "medium")) -> None:
     b = summary["bottleneck"]
-    print(f"VERDICT {summary['config']['workload']} ({summary['side']}): {b['primary']} / "
-          f"{b['secondary']} / {b['confidence']}")
-    for e in b["signals"]:
-        print(f"  SIGNAL {e['signal']} [{e['source']}] = {e['value']:.4g} {e['op']} "
-              f"{e['threshold']:g}: {'yes' if e['supports'] else 'no'}")
-    for d in b["disagreements"]:
-        print(f"  DISAGREE {d}")
+    print_verdict(f"{summary['config']['workload']} ({summary['side']})", b)
     print("  ALL " + ", ".join(f"{k}={v:.3g}" for k, v in sorted(summary["signals"].items())
                               if isinstance(v, float)))
     assert b["primary"] == klass, b["note"]
@@ -277,10 +277,6 @@ def test_io_bound_reading_real_s3_across_slow_links(tmp_path, monkeypatch):
     assert signals["host.external_mb"] >= 4  # the object's bytes came from outside Dask
     assert signals["transfer.mb_moved"] < 1  # and not between workers
     assert s["remote"]["bottleneck"]["scores"]["transfer"]["gate"]
-
-
-def address_host(address: str) -> str:
-    return address.split("://", 1)[1].rsplit(":", 1)[0]
 
 
 # -- holdout: not used to set any threshold ---------------------------------------------------

@@ -16,6 +16,7 @@ import pytest
 from run_records import record_stages, spooled
 from s3_servers import (
     SilentServer,
+    TcpRelay,
     boto_client,
     closed_endpoint,
     moto_server,
@@ -181,54 +182,17 @@ def test_delivery_without_the_lock_compares_bytes(tmp_path):
 
 
 # ---------------------------------------------------------------------- lost answers
-class LosingProxy:
+class LosingProxy(TcpRelay):
     """A TCP proxy to ``127.0.0.1:<port>`` that forwards everything, except that it swallows
     the answer to the first request whose first line contains ``needle`` and closes the
     connection — the request did reach the server (a lost answer, not a lost request)."""
 
     def __init__(self, port: int, needle: bytes) -> None:
-        self.port, self.needle = port, needle
+        super().__init__(("127.0.0.1", port))
+        self.needle = needle
         self.lost = threading.Event()
-        self._sock = socket.socket()
-        self._sock.bind(("127.0.0.1", 0))
-        self._sock.listen(16)
-        self._sock.settimeout(0.2)
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self._open: list[socket.socket] = []
-        self.endpoint = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
 
-    def __enter__(self) -> LosingProxy:
-        self._spawn(self._accept)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for sock in self._open:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        for thread in self._threads:
-            thread.join(5)
-        self._sock.close()
-
-    def _spawn(self, target, *args) -> None:
-        thread = threading.Thread(target=target, args=args, daemon=True)
-        self._threads.append(thread)
-        thread.start()
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                client, _ = self._sock.accept()
-            except (TimeoutError, OSError):
-                continue
-            self._spawn(self._relay, client)
-
-    def _relay(self, client: socket.socket) -> None:
-        upstream = socket.create_connection(("127.0.0.1", self.port))
-        self._open += [client, upstream]
+    def _relay(self, client: socket.socket, upstream: socket.socket) -> None:
         drop = threading.Event()
 
         def forward() -> None:
