@@ -24,8 +24,13 @@ DASK = str(Path(sys.executable).with_name("dask"))
 
 
 def _env() -> dict[str, str]:
+    """This environment, with the venv's ``dask`` first on PATH and the project's top-level
+    packages (``flows``, ``tasks``, the test helpers) importable by the processes started."""
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    root = Path(__file__).resolve().parent.parent
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(root), str(root / "tests"), env.get("PYTHONPATH")) if p)
     return env
 
 

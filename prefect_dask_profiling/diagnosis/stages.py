@@ -267,9 +267,10 @@ def _process_cpu(record, stage: str, nthreads: dict[str, int], compute_s: float,
     """Process-CPU signals: from the workers' counters at the stage's boundaries, else
     from the system-monitor samples in its window.
 
-    The counters give each worker process's CPU and run-queue wait between the stage's
-    opening and closing, however short the stage; CPU *wanted* (used + waited for) per busy
-    thread then tells a CPU-bound stage on a loaded host from one that waits. Samples carry
+    The counters give each worker process's CPU and its task threads' run-queue wait
+    between the stage's opening and closing, however short the stage; CPU *wanted* (used +
+    the tasks' wait for a core) per busy thread then tells a CPU-bound stage on a loaded
+    host from one that waits. Samples carry
     CPU used only (``monitor.cpu_wait_measured = 0``).
     """
     io = record.io
@@ -284,8 +285,9 @@ def _process_cpu(record, stage: str, nthreads: dict[str, int], compute_s: float,
     per_worker = rows.groupby("worker")
     cpu = {str(w): float(g["cpu_s"].sum()) for w, g in per_worker}
     wanted = None
-    if "cpu_wait_s" in rows.columns and rows["cpu_wait_s"].notna().all():
-        wanted = {str(w): float(g["cpu_s"].sum() + g["cpu_wait_s"].sum()) for w, g in per_worker}
+    if "task_wait_s" in rows.columns and rows["task_wait_s"].notna().all():
+        wanted = {str(w): float(g["cpu_s"].sum() + g["task_wait_s"].sum())
+                  for w, g in per_worker}
     seconds = float(per_worker["seconds"].sum().max())
     out = monitor_signals(cpu, nthreads, compute_s, seconds, wanted)
     out["monitor.cpu_wait_measured"] = 1.0 if wanted is not None else 0.0

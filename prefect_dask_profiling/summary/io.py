@@ -5,7 +5,7 @@ and worker process). :func:`stage_io_metrics` is the pure per-stage view the reg
 judge and the tables use: ``requests_per_chunk`` doubling is a regression signal before the
 stage's time moves. Columns of a source (``gdal_*``, ``s3fs_*``) exist only when that source
 was loaded on some worker: absent, never zero. The rows also carry the worker process's CPU
-over the stage (``cpu_s``, ``cpu_wait_s``, ``seconds``), read by the same counters, for the
+over the stage (``cpu_s``, ``task_wait_s``, ``seconds``), read by the same counters, for the
 diagnosis.
 """
 

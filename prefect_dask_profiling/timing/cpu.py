@@ -35,6 +35,19 @@ def thread_cpu() -> CpuTimes:
     return times if times is not None else (time.thread_time(), None)
 
 
+def threads_wait(thread_ids: list[int]) -> dict[int, float]:
+    """Run-queue wait seconds of some threads of this process, by native id (Linux only).
+
+    Threads that have exited are left out; ``{}`` where the kernel does not report them.
+    """
+    out = {}
+    for tid in thread_ids:
+        times = _schedstat(f"/proc/{os.getpid()}/task/{tid}/schedstat")
+        if times is not None:
+            out[int(tid)] = times[1]
+    return out
+
+
 def process_cpu() -> CpuTimes:
     """This process's CPU seconds (all threads) and their run-queue wait (``None`` off Linux).
 

@@ -27,9 +27,9 @@ GDAL's statistics count one GET per *batch* of parallel range requests (its defa
 ``GDAL_HTTP_MULTIRANGE=PARALLEL``; bytes are exact) and one per HTTP request otherwise.
 Nothing here raises into the worker: failures are counted and reported.
 
-Each reading also carries the process's **CPU** (all threads) and run-queue wait
-(:mod:`prefect_dask_profiling.timing.cpu`): two readings at a stage's
-boundaries give the stage's process CPU exactly, however short the stage, where the
+Each reading also carries the process's **CPU** (all threads) and the run-queue wait of
+the threads that run tasks (:mod:`prefect_dask_profiling.timing.cpu`): two readings at a
+stage's boundaries give the stage's process CPU exactly, however short the stage, where the
 heartbeat's CPU percentages give a stage of a few seconds no evidence at all.
 """
 
@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from dask.utils import key_split
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from prefect_dask_profiling.timing.cpu import process_cpu
+from prefect_dask_profiling.timing.cpu import process_cpu, threads_wait
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -104,7 +104,7 @@ class WorkerCounters(TypedDict):
     shapes: dict[str, int]
     files: dict[str, int]
     cpu_s: float
-    cpu_wait_s: float | None
+    task_waits: dict[int, float] | None
 
 
 # -- GDAL through ctypes ----------------------------------------------------------------------
@@ -397,11 +397,23 @@ class StorageRequests(WorkerPlugin):
             gdal = None
         cpu, wait = process_cpu()
         return {"pid": os.getpid(), "instance": self.instance, "time": time.time(),
-                "cpu_s": cpu, "cpu_wait_s": wait,
+                "cpu_s": cpu, "task_waits": None if wait is None else self._task_waits(),
                 "gdal": gdal,
                 "s3fs": dict(self.s3fs) if self.s3fs is not None else None,  # type: ignore
                 "chunks": self.chunks, "decoded_bytes": self.decoded_bytes,
                 "errors": self.errors, "shapes": dict(self.shapes), "files": files}
+
+
+    def _task_waits(self) -> dict[int, float]:
+        """Run-queue wait of the threads that run tasks now, by thread id (none yet: {})."""
+        try:
+            executors = getattr(self.worker, "executors", None) or {}
+            return threads_wait([t.native_id for e in executors.values()
+                                 for t in list(getattr(e, "_threads", ()) or ())
+                                 if t.native_id is not None])
+        except Exception:
+            self.errors += 1
+            return {}
 
 
 def _read_counters(dask_worker: Any) -> WorkerCounters | None:
@@ -595,18 +607,23 @@ def _source_delta(before: SourceCounts | None, after: SourceCounts | None) -> So
 def cpu_delta(start: WorkerCounters, end: WorkerCounters) -> dict[str, float]:
     """A worker process's CPU between two readings of the same process (pure).
 
-    ``seconds`` between the readings, ``cpu_s`` (all threads: tasks, and the worker's own
-    event loop and communications) and ``cpu_wait_s`` (their run-queue wait, when the kernel
-    reports it). The whole process, not its task threads: thread pools start threads on
-    first use, and a task that secedes and rejoins ends another thread, whose CPU a
-    per-thread view would lose. Readings without CPU (an older plugin) give ``{}``.
+    ``seconds`` between the readings; ``cpu_s``, the CPU of all its threads (tasks, and the
+    worker's own event loop and communications: exited threads included); ``task_wait_s``,
+    the run-queue wait of the threads running tasks at the end (Linux): their change since
+    the start, or all of it for a thread started since (thread pools start threads on first
+    use, and a task that secedes hands its place to a new one). Only the task threads'
+    wait: on a loaded host the event loop and the worker's other threads wake many times a
+    second and wait for a core each time, which says nothing about what the tasks wanted.
+    Readings without CPU (an older plugin) give ``{}``.
     """
     if start.get("cpu_s") is None or end.get("cpu_s") is None:
         return {}
     out = {"seconds": max(end["time"] - start["time"], 0.0),
            "cpu_s": max(end["cpu_s"] - start["cpu_s"], 0.0)}
-    if start.get("cpu_wait_s") is not None and end.get("cpu_wait_s") is not None:
-        out["cpu_wait_s"] = max(end["cpu_wait_s"] - start["cpu_wait_s"], 0.0)
+    before, after = start.get("task_waits") or {}, end.get("task_waits")
+    if after is not None:  # None: the kernel does not report waits (not Linux)
+        out["task_wait_s"] = sum(max(wait - before.get(tid, 0.0), 0.0)
+                                 for tid, wait in after.items())
     return out
 
 

@@ -164,28 +164,32 @@ def test_a_stage_gets_its_worker_processes_cpu_and_run_queue_wait():
             "compute", before, storage_io.io_counters(client))}
     idle = next(w for w in rows if w != busy)
     spun = rows[busy]
-    assert spun["seconds"] > 0 and spun["cpu_s"] + spun["cpu_wait_s"] >= 0.5 * spun["seconds"]
+    assert spun["seconds"] > 0 and spun["cpu_s"] + spun["task_wait_s"] >= 0.5 * spun["seconds"]
     assert rows[idle]["cpu_s"] < 0.5 * spun["cpu_s"], rows  # the other process idled
-    assert rows[idle]["cpu_wait_s"] >= 0
+    assert rows[idle]["task_wait_s"] >= 0
 
 
 # -- pure parts ----------------------------------------------------------------------------------
 
 
 def test_cpu_deltas_only_between_readings_of_one_process():
-    def reading(pid, cpu, wait, at):
+    def reading(pid, cpu, waits, at):
         return {"pid": pid, "instance": f"{pid}", "time": at, "gdal": None, "s3fs": None,
-                "chunks": 0, "decoded_bytes": 0, "errors": 0, "cpu_s": cpu, "cpu_wait_s": wait}
+                "chunks": 0, "decoded_bytes": 0, "errors": 0, "cpu_s": cpu,
+                "task_waits": waits}
 
-    before = {"a": reading(1, 10.0, 2.0, 100.0), "b": reading(2, 10.0, None, 100.0)}
-    after = {"a": reading(1, 12.5, 2.5, 103.0), "b": reading(2, 11.0, None, 103.0),
-             "c": reading(3, 40.0, 1.0, 103.0)}
+    # thread 7 ran tasks throughout; 8 started during the stage; 6 left the pool (seceded)
+    before = {"a": reading(1, 10.0, {6: 5.0, 7: 2.0}, 100.0), "b": reading(2, 10.0, None, 100.0),
+              "d": reading(4, 1.0, {}, 100.0)}
+    after = {"a": reading(1, 12.5, {7: 2.5, 8: 0.25}, 103.0), "b": reading(2, 11.0, None, 103.0),
+             "c": reading(3, 40.0, {9: 1.0}, 103.0), "d": reading(4, 1.5, {}, 103.0)}
     rows = {r["worker"]: r for r in storage_io.stage_deltas("s", before, after)}
-    assert rows["a"]["cpu_s"] == pytest.approx(2.5) and rows["a"]["cpu_wait_s"] == 0.5
-    assert rows["a"]["seconds"] == pytest.approx(3.0)
-    assert rows["b"]["cpu_s"] == 1.0 and "cpu_wait_s" not in rows["b"]  # no schedstat
+    assert rows["a"]["cpu_s"] == pytest.approx(2.5) and rows["a"]["seconds"] == 3.0
+    assert rows["a"]["task_wait_s"] == pytest.approx(0.75)  # 0.5 + a new thread's 0.25
+    assert rows["b"]["cpu_s"] == 1.0 and "task_wait_s" not in rows["b"]  # no schedstat
     assert "cpu_s" not in rows["c"]  # joined: its CPU since start is not this stage's
-    old = {k: v for k, v in before["a"].items() if not k.startswith("cpu")}
+    assert rows["d"]["task_wait_s"] == 0  # no task ran there: no task thread waited
+    old = {k: v for k, v in before["a"].items() if k not in ("cpu_s", "task_waits")}
     assert storage_io.cpu_delta(old, after["a"]) == {}  # an older plugin's reading
 
 
