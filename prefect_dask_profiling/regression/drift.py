@@ -238,9 +238,9 @@ def load_series(store: RunStore, pipeline: str, version: str, *,
     if len(ids) > max_runs:
         ids = ids[:keep_first] + ids[-(max_runs - keep_first):]
     frames, runs, started = [], [], []
-    with store.remembering_reads():  # the tables are checked against the manifests read here
-        manifests = store.read_manifests(pipeline, ids)
+    with store.remembering_reads():  # one wave reads the tables with their manifests
         tables = store.read_tables(pipeline, ids, "tasks")
+        manifests = store.read_manifests(pipeline, ids)
     for run_id in ids:
         table = tables[run_id]
         if isinstance(table, StoreError):

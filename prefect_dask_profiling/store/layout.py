@@ -108,6 +108,14 @@ def month_key(partition: str) -> str:
     return partition.replace("-", "")
 
 
+def partition_start(run_id: str) -> str:
+    """A name no run id of ``run_id``'s partition sorts before: ``202602`` for
+    ``20260216T020000Z-3faee9``; ``run_id`` itself when it has no timestamp. A listing of
+    run folders from there covers the whole month of ``run_id`` (and what follows)."""
+    partition = index_partition(run_id)
+    return run_id if partition == UNDATED else month_key(partition)
+
+
 def is_partition(name: str) -> bool:
     """Whether ``name`` is an index partition folder (``YYYY-MM`` or ``undated``)."""
     return name == UNDATED or bool(_MONTH.fullmatch(name))
