@@ -315,8 +315,7 @@ class StoreAccess:
         or ``file``); ``{}`` when there is none."""
         if self.kind == "s3":
             files, folders = self._s3_list(rel, folders=True)
-            below = f"{rel}/"
-            out = {path[len(below):]: info for path, info in files.items()}
+            out = {path.rpartition("/")[2]: info for path, info in files.items()}
             out.update({name: {"type": "directory"} for name in folders})
             return out
         self._check_reachable()

@@ -66,7 +66,12 @@ def run_file(pipeline: str, run_id: str, name: str) -> str:
 
 def table_file(pipeline: str, run_id: str, table: str) -> str:
     """``runs/<pipeline>/<run_id>/<table>.csv``."""
-    return run_file(pipeline, run_id, f"{validate_name(table, 'table name')}.csv")
+    return run_file(pipeline, run_id, table_name(table))
+
+
+def table_name(table: str) -> str:
+    """``<table>.csv``: a table's file name in its run's folder (and in the manifest)."""
+    return f"{validate_name(table, 'table name')}.csv"
 
 
 def manifest_file(pipeline: str, run_id: str) -> str:

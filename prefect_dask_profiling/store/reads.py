@@ -34,7 +34,7 @@ from prefect_dask_profiling.store.manifest import (
     parse_manifest,
     sha256,
 )
-from prefect_dask_profiling.store.tables import decode_table
+from prefect_dask_profiling.store.tables import TOTALS_COLUMNS, decode_table, decode_totals
 
 logger = logging.getLogger(__name__)
 
@@ -307,6 +307,59 @@ class Reading(StoreAccess):
         """
         validate_name(name, "table name")
         _check_run_ids(run_ids)
+        out, unread = self._remembered_tables(pipeline, run_ids, name)
+        known, reads = self._manifest_reads(pipeline, unread)
+        found = self._read_many({**reads, **self._table_reads(pipeline, unread, name)})
+        manifests = self._manifests(pipeline, unread, known, found, copies=False)
+        out.update(self._checked_tables(pipeline, unread, name, manifests, found))
+        return {run_id: out[run_id] for run_id in run_ids}
+
+    def read_totals(self, pipeline: str, run_ids: list[str]
+                    ) -> dict[str, pd.DataFrame | StoreError]:
+        """Each run's tasks per prefix: the ``stage, prefix, tasks, total_s`` columns of its
+        tasks table, all a drift series reads of a run.
+
+        From the ``totals`` its manifest carries: one request per run (none when the
+        manifest is remembered), where its manifest and its table would be two. A run stored
+        before manifests carried them is read from its table, checked as by
+        :meth:`read_tables`, in a second wave; so is one whose totals are malformed (with a
+        warning naming the manifest).
+
+        Returns
+        -------
+        dict
+            Each run id's totals, or the ``StoreError`` reading its manifest (or its table)
+            raised.
+        """
+        _check_run_ids(run_ids)
+        known, reads = self._manifest_reads(pipeline, run_ids)
+        manifests = self._manifests(pipeline, run_ids, known, self._read_many(reads),
+                                    copies=False)
+        out: dict[str, pd.DataFrame | StoreError] = {}
+        older = []
+        for run_id, manifest in manifests.items():
+            if isinstance(manifest, StoreError):
+                out[run_id] = manifest
+                continue
+            try:
+                out[run_id] = decode_totals(manifest["totals"], self.location(
+                    layout.manifest_file(pipeline, run_id)))
+            except KeyError:  # stored before manifests carried the totals
+                older.append(run_id)
+            except DamagedRecord as exc:
+                logger.warning("run %s of pipeline %s: %s; reading its tasks table instead",
+                               run_id, pipeline, exc)
+                older.append(run_id)
+        tables, unread = self._remembered_tables(pipeline, older, "tasks")
+        found = self._read_many(self._table_reads(pipeline, unread, "tasks"))
+        tables.update(self._checked_tables(pipeline, unread, "tasks", manifests, found))
+        for run_id, table in tables.items():
+            out[run_id] = table if isinstance(table, StoreError) else table[TOTALS_COLUMNS]
+        return {run_id: out[run_id] for run_id in run_ids}
+
+    def _remembered_tables(self, pipeline: str, run_ids: list[str], name: str
+                           ) -> tuple[dict[str, pd.DataFrame | StoreError], list[str]]:
+        """Copies of the remembered tables ``name`` of ``run_ids``, and the runs to read."""
         out: dict[str, pd.DataFrame | StoreError] = {}
         unread = []
         for run_id in run_ids:
@@ -315,12 +368,22 @@ class Reading(StoreAccess):
                 out[run_id] = remembered.copy()
             else:
                 unread.append(run_id)
-        tables = {layout.table_file(pipeline, run_id, name): run_id for run_id in unread}
-        known, reads = self._manifest_reads(pipeline, unread)
-        found = self._read_many({**reads, **{rel: f"table {name!r} of run {run_id!r}"
-                                            for rel, run_id in tables.items()}})
-        manifests = self._manifests(pipeline, unread, known, found)
-        for rel, run_id in tables.items():
+        return out, unread
+
+    def _table_reads(self, pipeline: str, run_ids: list[str], name: str) -> dict[str, str]:
+        """``{path: what it is}`` of the tables ``name`` of ``run_ids``."""
+        return {layout.table_file(pipeline, run_id, name): f"table {name!r} of run {run_id!r}"
+                for run_id in run_ids}
+
+    def _checked_tables(self, pipeline: str, run_ids: list[str], name: str,
+                        manifests: dict[str, Manifest | StoreError],
+                        found: dict[str, bytes | StoreError]
+                        ) -> dict[str, pd.DataFrame | StoreError]:
+        """Each run's table ``name`` from what a batch read ``found``, checked against its
+        manifest (and remembered), or the ``StoreError`` :meth:`read_table` would raise."""
+        out: dict[str, pd.DataFrame | StoreError] = {}
+        for run_id in run_ids:
+            rel = layout.table_file(pipeline, run_id, name)
             try:
                 manifest = _or_raise(manifests[run_id])
                 self._table_entry(pipeline, run_id, name, manifest)
@@ -330,7 +393,7 @@ class Reading(StoreAccess):
                 continue
             self.memory.put(("table", pipeline, run_id, name), table)
             out[run_id] = table.copy() if self.memory.active else table
-        return {run_id: out[run_id] for run_id in run_ids}
+        return out
 
     def read_manifests(self, pipeline: str, run_ids: list[str]
                        ) -> dict[str, Manifest | StoreError]:
@@ -355,13 +418,15 @@ class Reading(StoreAccess):
         return known, reads
 
     def _manifests(self, pipeline: str, run_ids: list[str], known: dict[str, Manifest],
-                   found: dict[str, bytes | StoreError]) -> dict[str, Manifest | StoreError]:
-        """Each run id's manifest: a copy of the ``known`` one, or parsed from what a batch
-        read ``found`` (and remembered)."""
+                   found: dict[str, bytes | StoreError], copies: bool = True
+                   ) -> dict[str, Manifest | StoreError]:
+        """Each run id's manifest: the ``known`` one, or parsed from what a batch read
+        ``found`` (and remembered). ``copies``: never the remembered objects themselves (for
+        manifests handed to callers)."""
         out: dict[str, Manifest | StoreError] = {}
         for run_id in run_ids:
             if run_id in known:
-                out[run_id] = copy.deepcopy(known[run_id])
+                out[run_id] = copy.deepcopy(known[run_id]) if copies else known[run_id]
                 continue
             rel = layout.manifest_file(pipeline, run_id)
             try:
@@ -371,7 +436,7 @@ class Reading(StoreAccess):
                 out[run_id] = exc
                 continue
             self.memory.put(("manifest", pipeline, run_id), doc)
-            out[run_id] = copy.deepcopy(doc) if self.memory.active else doc
+            out[run_id] = copy.deepcopy(doc) if copies and self.memory.active else doc
         return out
 
     def _table_entry(self, pipeline: str, run_id: str, name: str, manifest: Manifest) -> str:

@@ -12,8 +12,6 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pandas as pd
-import pytest
-from s3_servers import boto_client, moto_server, reset_moto, s3_options
 
 from prefect_dask_profiling.regression.baseline import load_baseline
 from prefect_dask_profiling.regression.drift import load_series
@@ -59,21 +57,6 @@ def judged(store: RunStore, latest: str) -> tuple[list[str], pd.DataFrame, pd.Da
     series, _ = load_series(store, PIPE, VERSION, exclude_run_id=latest, max_runs=12,
                             keep_first=3)
     return base.runs, verdicts, series
-
-
-@pytest.fixture(scope="module")
-def moto():
-    with moto_server() as endpoint:
-        yield endpoint
-
-
-@pytest.fixture(params=["local", "s3"])
-def store(request, tmp_path, moto) -> RunStore:
-    if request.param == "local":
-        return RunStore(str(tmp_path / "store"), spool_dir=tmp_path / "spool")
-    reset_moto(moto)
-    boto_client(moto).create_bucket(Bucket=BUCKET)
-    return RunStore(f"s3://{BUCKET}/root", s3_options(moto), spool_dir=tmp_path / "spool")
 
 
 def test_markers_are_partitioned_by_month_of_the_run_id():
