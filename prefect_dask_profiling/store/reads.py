@@ -203,12 +203,14 @@ class Reading(StoreAccess):
             cover = self._list_run_folders(pipeline, lo, hi)
             self.memory.put(("folders", pipeline), (*covers, cover))
             names = cover[2]
-        return {n for n in names if lo <= n and (hi is None or n <= hi)}
+        return {n for n in names if lo <= n and (hi is None or n <= hi)
+                and layout.valid_names(n)}
 
     def _list_run_folders(self, pipeline: str, lo: str, hi: str | None
-                          ) -> tuple[str, str | None, frozenset[str]]:
+                          ) -> tuple[str, str | None, tuple[str, ...]]:
         """One listing of the run folders of ``pipeline`` covering ``lo``..``hi``: the names it
-        covers from and to (``None``: no end), and the valid folder names it found.
+        covers from and to (``None``: no end), and the folder names it found (unchecked:
+        only those of a window are checked, not 100,000 of a local store).
 
         On S3 one listing from the start of ``lo``'s month partition on (``StartAfter``),
         stopped past ``hi``: the folders of a window's months, not of the whole history.
@@ -218,7 +220,7 @@ class Reading(StoreAccess):
         if self.kind == "s3":
             start = layout.partition_start(lo)
             _, names = self._s3_list(rel, folders=True, start_after=start, stop=hi)
-            return start, hi, frozenset(n for n in names if layout.valid_names(n))
+            return start, hi, tuple(names)
         if self._local:  # names only: no stat, no path handling per folder
             self._check_reachable()
             try:
@@ -229,7 +231,7 @@ class Reading(StoreAccess):
                 raise self._failure(exc, f"could not list {self.location(rel)}") from None
         else:
             names = self._children(rel)
-        return "", None, frozenset(n for n in names if layout.valid_names(n))
+        return "", None, tuple(names)
 
     def _list_all_runs(self, pipeline: str) -> list[dict]:
         """Every run of ``pipeline``, newest first (see :meth:`list_runs`)."""
