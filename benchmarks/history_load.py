@@ -1,17 +1,19 @@
 """How long judging a night reads its history, with many stored runs (local folder or S3).
 
 Stores ``--runs`` runs of one pipeline (two versions; a few regressed and failed runs; one run
-every 8 hours up to 16 February 2026, so 10,000 runs span 9 years of monthly index
-partitions, and the newest 57 runs two of them), then times what a
-night's judgement reads: ``load_baseline`` and ``load_series`` (the drift series) inside one
-``remembering_reads`` block, as ``finish_run`` does, and a full regression check. Each attempt
-opens the store anew (a new night: nothing remembered); its S3 client is created before the
-timing (``finish_run``'s store has written the night's provisional record with it by then),
-in a time printed apart. On S3 (a moto server started in this process, on 127.0.0.1) it also
-counts the HTTP requests, split into listings and reads; the runs are put into that server's
-backend directly (the same keys and bytes ``write_run`` would PUT, without 30,000 HTTP round
-trips of setup), and kept out of the garbage collector (a real server's objects are not in
-the client's process).
+every 8 hours up to 16 February 2026, so 10,000 runs span 9 years of monthly index partitions
+and the newest 57 runs two of them), then times what a night's judgement reads:
+``load_baseline`` and ``load_series`` (the drift series) inside one ``remembering_reads``
+block, as ``finish_run`` does, and a full regression check.
+
+Each attempt opens the store anew (a new night: nothing remembered). Its S3 client is
+created before the timing, in a time printed apart: ``finish_run``'s store has written the
+night's provisional record with it by then. Each figure is split into the store's listings,
+its reads and the rest (parsing and pandas). On S3 (a moto server started in this process,
+on 127.0.0.1) it also counts the HTTP requests, split into listings and reads. The runs are
+put into that server's backend directly (the same keys and bytes ``write_run`` would PUT,
+without 30,000 HTTP round trips of setup) and kept out of the garbage collector (a real
+server's objects are not in the client's process).
 
 ``--layout`` says which version of the store wrote the history:
 
@@ -145,6 +147,37 @@ class Requests:
         return ", ".join(f"{n} {kind}" for kind, n in sorted(self.counts.items())) or "none"
 
 
+class Breakdown:
+    """Where one store's time goes: its listings and its reads, timed around the store's
+    primitive calls (present in this version and in the ones before); the rest of a night's
+    history load is parsing the files and pandas."""
+
+    LISTINGS = ("_find", "_listing", "_run_folders")
+
+    def __init__(self, store: RunStore) -> None:
+        self.seconds: Counter = Counter()
+        for name in self.LISTINGS:
+            self._time(store, name, "listing")
+        self._time(store, "_read_many", "reading")
+
+    def _time(self, store: RunStore, name: str, kind: str) -> None:
+        call = getattr(store, name)
+
+        def timed(*args: object, **kwargs: object) -> object:
+            t0 = time.perf_counter()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                self.seconds[kind] += time.perf_counter() - t0
+
+        setattr(store, name, timed)
+
+    def text(self, total: float) -> str:
+        listing, reading = self.seconds["listing"], self.seconds["reading"]
+        return (f"listing {listing:.3f} s, reading {reading:.3f} s, the rest "
+                f"{total - listing - reading:.3f} s")
+
+
 @contextlib.contextmanager
 def open_store(backend: str, tmp: str) -> Iterator[tuple[RunStore, dict]]:
     """An empty store on ``backend``, and the options to open it again."""
@@ -180,15 +213,17 @@ def open_client(store: RunStore) -> float:
 
 def judge_once(store: RunStore, latest: str, n: int) -> tuple[float, float, str]:
     """Baseline + drift series of the newest run, as ``finish_run`` reads them."""
+    breakdown = Breakdown(store)
     t0 = time.perf_counter()
     with store.remembering_reads():
         base = load_baseline(store, PIPELINE, "1.3", n=n, exclude_run_id=latest)
         series, _ = load_series(store, PIPELINE, "1.3", exclude_run_id=latest)
     loaded = time.perf_counter() - t0
+    spent = breakdown.text(loaded)
     verdicts = detect_regressions(base.history, store.read_table(PIPELINE, latest))
     regressions = int((verdicts["verdict"] == "regression").sum())
-    text = (f"{len(base.runs)} baseline runs, {series['run_id'].nunique()} series runs, "
-            f"{regressions} regression(s)")
+    text = (f"{spent}; {len(base.runs)} baseline runs, {series['run_id'].nunique()} series "
+            f"runs, {regressions} regression(s)")
     return loaded, time.perf_counter() - t0, text
 
 
