@@ -212,12 +212,13 @@ def open_client(store: RunStore) -> float:
 
 
 def judge_once(store: RunStore, latest: str, n: int) -> tuple[float, float, str]:
-    """Baseline + drift series of the newest run, as ``finish_run`` reads them."""
+    """Drift series + baseline of the newest run, as ``finish_run`` reads them (in the
+    order of ``regression.judge.load_history``)."""
     breakdown = Breakdown(store)
     t0 = time.perf_counter()
     with store.remembering_reads():
-        base = load_baseline(store, PIPELINE, "1.3", n=n, exclude_run_id=latest)
         series, _ = load_series(store, PIPELINE, "1.3", exclude_run_id=latest)
+        base = load_baseline(store, PIPELINE, "1.3", n=n, exclude_run_id=latest)
     loaded = time.perf_counter() - t0
     spent = breakdown.text(loaded)
     verdicts = detect_regressions(base.history, store.read_table(PIPELINE, latest))

@@ -18,6 +18,8 @@ import pytest
 from s3_servers import boto_client, record_calls, reset_moto, s3_options
 
 from prefect_dask_profiling.regression.drift import detect_drift, load_series
+from prefect_dask_profiling.regression.judge import load_history
+from prefect_dask_profiling.regression.rule import Rules
 from prefect_dask_profiling.store import layout
 from prefect_dask_profiling.store.errors import DamagedRecord
 from prefect_dask_profiling.store.manifest import dump
@@ -44,10 +46,10 @@ def tasks(night: int) -> pd.DataFrame:
         "gb_out": [1.0, 0.0, 0.5]})
 
 
-def put(store: RunStore, night: int, status: str = "healthy") -> str:
-    run_id = new_run_id(T0 + timedelta(days=night))
+def put(store: RunStore, night: int, status: str = "healthy", start: datetime = T0) -> str:
+    run_id = new_run_id(start + timedelta(days=night))
     doc = {"version": VERSION, "status": status, "state": "COMPLETED",
-           "started": (T0 + timedelta(days=night)).isoformat()}
+           "started": (start + timedelta(days=night)).isoformat()}
     result = store.write_run(PIPE, run_id, {"tasks": tasks(night)}, doc)
     assert not result.spooled, result.warnings
     return run_id
@@ -173,14 +175,23 @@ def test_malformed_totals_are_read_from_the_table_with_a_warning(store, moto, ca
                for m in caplog.messages), caplog.messages
 
 
-def test_listings_send_one_request_each_and_windows_reuse_the_run_folders(moto, tmp_path):
+def s3_store(moto: str, tmp_path) -> RunStore:
     reset_moto(moto)
     boto_client(moto).create_bucket(Bucket=BUCKET)
-    store = RunStore(f"s3://{BUCKET}/root", s3_options(moto), spool_dir=tmp_path / "spool")
-    ids = [put(store, night) for night in range(NIGHTS)]  # 20 January to 2 February
-    lists = record_calls(store, "ListObjectsV2", lambda params: (
+    return RunStore(f"s3://{BUCKET}/root", s3_options(moto), spool_dir=tmp_path / "spool")
+
+
+def record_listings(store: RunStore) -> list[tuple[str, str]]:
+    """``(prefix, start-after)`` below the root of every listing the store sends from now."""
+    return record_calls(store, "ListObjectsV2", lambda params: (
         params["query_string"]["prefix"].removeprefix("root/"),
         params["query_string"].get("start-after", "").removeprefix("root/")))
+
+
+def test_listings_send_one_request_each_and_windows_reuse_the_run_folders(moto, tmp_path):
+    store = s3_store(moto, tmp_path)
+    ids = [put(store, night) for night in range(NIGHTS)]  # 20 January to 2 February
+    lists = record_listings(store)
     heads = record_calls(store, "HeadObject")
     assert store.accepted(PIPE, VERSION) == []  # an empty folder: one listing, no HEAD
     assert lists == [(f"{layout.accepted_dir(PIPE, VERSION)}/", "")] and heads == []
@@ -205,3 +216,19 @@ def test_listings_send_one_request_each_and_windows_reuse_the_run_folders(moto, 
         assert len(listed(newest=1)) == 3
         assert store.list_runs(PIPE, VERSION, newest=1)[0]["run_id"] == late
     assert [r["run_id"] for r in store.list_runs(PIPE, VERSION, oldest=2)] == ids[1::-1]
+
+
+def test_judging_a_night_lists_the_run_folders_once(moto, tmp_path):
+    """The drift series is read first: its newest runs hold the baseline's (here 16 healthy
+    runs in February, the series back to 1 January), so the baseline lists nothing."""
+    store = s3_store(moto, tmp_path)
+    start = datetime(2026, 1, 1, 2, tzinfo=UTC)
+    ids = [put(store, night, start=start) for night in range(50)]
+    lists = record_listings(store)
+    with store.remembering_reads():
+        history = load_history(store, PIPE, VERSION, Rules(), run_id=new_run_id())
+    assert history.baseline.runs == ids[-8:] and len(history.series["run_id"].unique()) == 50
+    folders = f"{layout.pipeline_runs(PIPE)}/"
+    assert [after for prefix, after in lists if prefix == folders] == [f"{folders}202601"]
+    index = [listed for listed in lists if listed[0].startswith(layout.INDEX)]
+    assert len(index) == len(set(index)) == 3  # the version, then its two months
