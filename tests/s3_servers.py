@@ -8,6 +8,7 @@ context manager. Reusable by any test file::
     with SilentServer() as endpoint: ...          # accepts TCP, never answers
     with TcpRelay(("127.0.0.1", port), host) as relay: relay.endpoint
     with seaweedfs(tmp_path) as weed: weed.endpoint, weed.shell("s3.bucket.list")
+    gets = record_calls(store, "GetObject")        # the GETs a RunStore sends from now on
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from processes import stop_process_group
 
@@ -79,6 +81,19 @@ def boto_client(endpoint: str, service: str = "s3", key: str = KEY, secret: str 
     return botocore.session.get_session().create_client(
         service, endpoint_url=endpoint, region_name="us-east-1",
         aws_access_key_id=key, aws_secret_access_key=secret)
+
+
+def record_calls(store, operation: str,
+                 what: Callable[[dict], Any] = lambda params: params.get("url_path", "")
+                 ) -> list:
+    """Observe (not replace) the S3 requests ``operation`` (``GetObject``, ``ListObjectsV2``,
+    ...) that a ``RunStore``'s client sends: ``what`` of each request's parameters (its URL
+    path; ``params["query_string"]`` holds a listing's ``prefix`` and ``start-after``)."""
+    calls: list = []
+    store.fs.connect()
+    store.fs.s3.meta.events.register(f"before-call.s3.{operation}",
+                                     lambda params, **kw: calls.append(what(params)))
+    return calls
 
 
 def http_post(url: str, body: bytes = b"") -> None:

@@ -214,7 +214,10 @@ def load_series(store: RunStore, pipeline: str, version: str, *,
         ``run_id, started, stage, prefix, tasks, total_s`` of the runs with status healthy or
         regressed, from the newest accepted run (or the version's first run) on, oldest
         first; and a note naming where the series starts. Unreadable runs are skipped with a
-        warning; a store that cannot be listed raises :class:`HistoryUnavailable`.
+        warning; a store that cannot be listed raises :class:`HistoryUnavailable`. Each run
+        costs one read, its manifest, which carries its totals per prefix
+        (:meth:`~prefect_dask_profiling.store.runs.RunStore.read_totals`; runs stored before
+        manifests carried them cost their tasks table too).
     """
     for name, value in (("max_runs", max_runs), ("keep_first", keep_first)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -238,11 +241,11 @@ def load_series(store: RunStore, pipeline: str, version: str, *,
     if len(ids) > max_runs:
         ids = ids[:keep_first] + ids[-(max_runs - keep_first):]
     frames, runs, started = [], [], []
-    with store.remembering_reads():  # the tables are checked against the manifests read here
+    with store.remembering_reads():  # the manifests read for the totals give the start times
+        totals = store.read_totals(pipeline, ids)
         manifests = store.read_manifests(pipeline, ids)
-        tables = store.read_tables(pipeline, ids, "tasks")
     for run_id in ids:
-        table = tables[run_id]
+        table = totals[run_id]
         if isinstance(table, StoreError):
             logger.warning("drift series of %s: skipping run %s: %s", pipeline, run_id, table)
             continue
@@ -261,8 +264,7 @@ def load_series(store: RunStore, pipeline: str, version: str, *,
     out = pd.concat(frames, ignore_index=True)
     out["run_id"] = np.repeat(np.array(runs, dtype=object), lengths)
     out["started"] = np.repeat(np.array(started, dtype=object), lengths)
-    first = ["run_id", "started", "stage", "prefix", "tasks", "total_s"]
-    return out[[*first, *[c for c in out.columns if c not in first]]], note
+    return out[["run_id", "started", "stage", "prefix", "tasks", "total_s"]], note
 
 
 def merge_drift(verdicts: pd.DataFrame, drift: pd.DataFrame) -> pd.DataFrame:

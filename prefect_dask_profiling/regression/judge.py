@@ -295,7 +295,7 @@ class Judgement:
 def load_history(store: RunStore, pipeline: str, version: str, rules: Rules, *,
                  run_id: str, before: str | None = None,
                  acks_until: str | None = None) -> History:
-    """Read what ``run_id`` is judged against: baseline, drift series, baseline manifests.
+    """Read what ``run_id`` is judged against: drift series, baseline, baseline manifests.
 
     Parameters
     ----------
@@ -320,15 +320,17 @@ def load_history(store: RunStore, pipeline: str, version: str, rules: Rules, *,
     HistoryUnavailable
         When the history cannot be listed, or none of the runs it needs can be read.
     """
-    baseline = load_baseline(store, pipeline, version, n=rules.regression.history,
-                             exclude_run_id=run_id, before=before)
-    warnings = [f"baseline: skipped run {r}: {why}" for r, why in baseline.skipped]
+    # The series first: its newest runs hold the baseline's (healthy runs are series runs,
+    # and it reads more of them), so inside remembering_reads the baseline lists nothing.
     if rules.drift.enabled:
         series, note = drift_rule.load_series(store, pipeline, version, exclude_run_id=run_id,
                                               before=before, max_runs=rules.drift.max_runs,
                                               keep_first=rules.drift.start_nights)
     else:
         series, note = drift_rule.empty_series(), "drift is switched off"
+    baseline = load_baseline(store, pipeline, version, n=rules.regression.history,
+                             exclude_run_id=run_id, before=before)
+    warnings = [f"baseline: skipped run {r}: {why}" for r, why in baseline.skipped]
     manifests = []
     for run, doc in store.read_manifests(pipeline, list(baseline.runs)).items():
         if isinstance(doc, StoreError):

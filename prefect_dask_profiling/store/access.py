@@ -20,6 +20,7 @@ import math
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from prefect_dask_profiling._util import validate_name
 from prefect_dask_profiling.store import layout, s3
@@ -292,6 +293,8 @@ class StoreAccess:
 
     def _children(self, rel: str) -> list[str]:
         """Names directly below folder ``rel`` (one listing; ``[]`` when there is none)."""
+        if self.kind == "s3":
+            return list(self._listing(rel))
         self._check_reachable()
         base = self.fs._strip_protocol(self._path(rel)).rstrip("/") + "/"
         try:
@@ -307,8 +310,34 @@ class StoreAccess:
                 names.append(path[len(base):])
         return [n for n in names if n and "/" not in n]
 
+    def _listing(self, rel: str) -> dict[str, dict]:
+        """Entries directly below folder ``rel`` with their info (``type`` is ``directory``
+        or ``file``); ``{}`` when there is none."""
+        if self.kind == "s3":
+            files, folders = self._s3_list(rel, folders=True)
+            out = {path.rpartition("/")[2]: info for path, info in files.items()}
+            out.update({name: {"type": "directory"} for name in folders})
+            return out
+        self._check_reachable()
+        base = self.fs._strip_protocol(self._path(rel)).rstrip("/") + "/"
+        try:
+            found = self.fs.ls(self._path(rel), detail=True, **self._kw)
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
+        except Exception as exc:
+            raise self._failure(exc, f"could not list {self.location(rel)}") from None
+        out = {}
+        for info in found:
+            path = self.fs._strip_protocol(info["name"]).rstrip("/")
+            name = path[len(base):] if path.startswith(base) else ""
+            if name and "/" not in name:
+                out[name] = info
+        return out
+
     def _find(self, rel: str) -> dict[str, dict]:
         """Files below ``rel`` as ``{path relative to the root: info}``."""
+        if self.kind == "s3":
+            return self._s3_list(rel, folders=False)[0]
         base = self._path(rel)
         self._check_reachable()
         try:
@@ -326,6 +355,61 @@ class StoreAccess:
                 out[path[len(root):]] = info
         return out
 
+
+    def _s3_list(self, rel: str, *, folders: bool, start_after: str | None = None,
+                 stop: str | None = None) -> tuple[dict[str, dict], list[str]]:
+        """One paged S3 listing below folder ``rel``: ``({path relative to the root: info},
+        [folder names])``, in key order; ``({}, [])`` when there is nothing (or no bucket).
+
+        One ``list_objects_v2`` request per 1,000 keys and nothing else: s3fs's ``find`` and
+        ``ls`` send a HEAD and a second listing for an empty folder (an accepted-runs folder
+        is empty in most stores, and listed every night).
+
+        Parameters
+        ----------
+        rel
+            The folder, relative to the root.
+        folders
+            List with the delimiter ``/``: the files and folders directly below ``rel``.
+            Otherwise every file below it, and no folders.
+        start_after
+            Only names (relative to ``rel``) after this one (S3's ``StartAfter``).
+        stop
+            Ask for no page after one that reached past this name: the caller needs the
+            names up to it only.
+        """
+        self._check_reachable()
+        bucket, _, key = self._path(rel).partition("/")
+        prefix = f"{key}/" if key else ""
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+        if folders:
+            kwargs["Delimiter"] = "/"
+        if start_after is not None:
+            kwargs["StartAfter"] = prefix + start_after
+        files: dict[str, dict] = {}
+        names: list[str] = []
+        below = f"{rel}/" if rel else ""
+        try:
+            while True:
+                page = self.fs.call_s3("list_objects_v2", **kwargs, **self._kw)
+                last = ""
+                for item in page.get("Contents") or []:
+                    name = item["Key"][len(prefix):]
+                    last = max(last, name)
+                    if name and not name.endswith("/"):  # not a folder placeholder
+                        files[below + name] = {**item, "name": f"{bucket}/{item['Key']}",
+                                               "size": item["Size"], "type": "file"}
+                for common in page.get("CommonPrefixes") or []:
+                    name = common["Prefix"][len(prefix):].rstrip("/")
+                    last = max(last, name)
+                    names.append(name)
+                if not page.get("IsTruncated") or (stop is not None and last > stop):
+                    return files, sorted(names)
+                kwargs["ContinuationToken"] = page["NextContinuationToken"]
+        except FileNotFoundError:
+            return {}, []
+        except Exception as exc:
+            raise self._failure(exc, f"could not list {self.location(rel)}") from None
 
 def unreachable(exc: BaseException | None) -> bool:
     """Whether ``exc`` (or its cause) says the endpoint did not answer, not that it refused."""

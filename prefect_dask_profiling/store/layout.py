@@ -66,7 +66,12 @@ def run_file(pipeline: str, run_id: str, name: str) -> str:
 
 def table_file(pipeline: str, run_id: str, table: str) -> str:
     """``runs/<pipeline>/<run_id>/<table>.csv``."""
-    return run_file(pipeline, run_id, f"{validate_name(table, 'table name')}.csv")
+    return run_file(pipeline, run_id, table_name(table))
+
+
+def table_name(table: str) -> str:
+    """``<table>.csv``: a table's file name in its run's folder (and in the manifest)."""
+    return f"{validate_name(table, 'table name')}.csv"
 
 
 def manifest_file(pipeline: str, run_id: str) -> str:
@@ -106,6 +111,14 @@ def index_partition(run_id: str) -> str:
 def month_key(partition: str) -> str:
     """The run-id prefix a dated partition's runs start with (``2026-12`` -> ``202612``)."""
     return partition.replace("-", "")
+
+
+def partition_start(run_id: str) -> str:
+    """A name no run id of ``run_id``'s partition sorts before: ``202602`` for
+    ``20260216T020000Z-3faee9``; ``run_id`` itself when it has no timestamp. A listing of
+    run folders from there covers the whole month of ``run_id`` (and what follows)."""
+    partition = index_partition(run_id)
+    return run_id if partition == UNDATED else month_key(partition)
 
 
 def is_partition(name: str) -> bool:

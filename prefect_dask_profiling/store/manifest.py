@@ -16,7 +16,9 @@ import pandas as pd
 
 from prefect_dask_profiling._util import json_clean, validate_name
 from prefect_dask_profiling.environment import environment as environment  # re-exported
+from prefect_dask_profiling.store import layout
 from prefect_dask_profiling.store.errors import DamagedRecord
+from prefect_dask_profiling.store.tables import totals_of
 
 SCHEMA_VERSION = 1
 # Index statuses. ``unjudged``: the run is stored but its verdict could not be computed.
@@ -38,7 +40,8 @@ class FileEntry(TypedDict):
 class Manifest(TypedDict, total=False):
     """The manifest document of one stored run (``manifest.json``, plain JSON).
 
-    ``files`` is added by the store when the run is written; steps of the run's end may add
+    ``files`` and ``totals`` (the tasks table's totals per prefix, absent in runs stored
+    before them) are added by the store when the run is written; steps of the run's end may add
     further keys (``finish_seconds``, ``spool_delivery``, ...), which readers ignore.
     """
 
@@ -48,6 +51,7 @@ class Manifest(TypedDict, total=False):
     version: Required[str]
     status: Required[str]
     files: dict[str, FileEntry]
+    totals: dict[str, list]
     state: str
     regressed: bool
     unjudged_reason: str | None
@@ -183,7 +187,10 @@ def dump(doc: Any) -> bytes:
 
 def complete_manifest(pipeline: str, run_id: str, manifest: dict[str, Any],
                       files: dict[str, bytes]) -> Manifest:
-    """``manifest`` with its defaults filled in and ``files`` (size and sha256 of each).
+    """``manifest`` with its defaults filled in, ``files`` (size and sha256 of each) and
+    ``totals`` (the tasks table's stage, prefix, tasks and total_s, which is all a drift
+    series reads of the run: one request per run instead of two; see
+    :func:`~prefect_dask_profiling.store.tables.totals_of`).
 
     ``ValueError`` when it names another run or pipeline, another schema, or an unknown
     status.
@@ -204,6 +211,12 @@ def complete_manifest(pipeline: str, run_id: str, manifest: dict[str, Any],
     doc.setdefault("warnings", [])
     doc["files"] = {name: {"size": len(data), "sha256": sha256(data)}
                     for name, data in files.items()}
+    tasks = files.get(layout.table_name("tasks"))
+    totals = totals_of(tasks) if tasks is not None else None
+    if totals is None:
+        doc.pop("totals", None)  # readers of the history read tasks.csv
+    else:
+        doc["totals"] = totals
     return cast(Manifest, json_clean(doc))
 
 

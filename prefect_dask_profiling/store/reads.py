@@ -34,7 +34,7 @@ from prefect_dask_profiling.store.manifest import (
     parse_manifest,
     sha256,
 )
-from prefect_dask_profiling.store.tables import decode_table
+from prefect_dask_profiling.store.tables import TOTALS_COLUMNS, decode_table, decode_totals
 
 logger = logging.getLogger(__name__)
 
@@ -193,13 +193,35 @@ class Reading(StoreAccess):
     def _run_folders(self, pipeline: str, lo: str, hi: str | None) -> set[str]:
         """Run folders of ``pipeline`` named ``lo <= name <= hi`` (``hi=None``: no bound).
 
-        On S3 one listing from ``lo`` on (``StartAfter``), stopped past ``hi``: the folders
-        of a window, not of the whole history. Elsewhere one listing, filtered.
+        Inside :meth:`remembering_reads` a listing answers every later window it covers: the
+        baseline's newest runs and the drift series' mostly share their months.
+        """
+        covers = self.memory.get(("folders", pipeline)) or ()
+        names = next((found for start, end, found in covers if start <= lo
+                      and (end is None or (hi is not None and hi <= end))), None)
+        if names is None:
+            cover = self._list_run_folders(pipeline, lo, hi)
+            self.memory.put(("folders", pipeline), (*covers, cover))
+            names = cover[2]
+        return {n for n in names if lo <= n and (hi is None or n <= hi)
+                and layout.valid_names(n)}
+
+    def _list_run_folders(self, pipeline: str, lo: str, hi: str | None
+                          ) -> tuple[str, str | None, tuple[str, ...]]:
+        """One listing of the run folders of ``pipeline`` covering ``lo``..``hi``: the names it
+        covers from and to (``None``: no end), and the folder names it found (unchecked:
+        only those of a window are checked, not 100,000 of a local store).
+
+        On S3 one listing from the start of ``lo``'s month partition on (``StartAfter``),
+        stopped past ``hi``: the folders of a window's months, not of the whole history.
+        Elsewhere one listing of every folder, names only.
         """
         rel = layout.pipeline_runs(pipeline)
         if self.kind == "s3":
-            names = self._s3_folders(rel, lo, hi)
-        elif self._local:  # names only: no stat, no path handling per folder
+            start = layout.partition_start(lo)
+            _, names = self._s3_list(rel, folders=True, start_after=start, stop=hi)
+            return start, hi, tuple(names)
+        if self._local:  # names only: no stat, no path handling per folder
             self._check_reachable()
             try:
                 names = os.listdir(self._path(rel))
@@ -209,27 +231,7 @@ class Reading(StoreAccess):
                 raise self._failure(exc, f"could not list {self.location(rel)}") from None
         else:
             names = self._children(rel)
-        return {n for n in names if lo <= n and (hi is None or n <= hi)
-                and layout.valid_names(n)}
-
-    def _s3_folders(self, rel: str, lo: str, hi: str | None) -> list[str]:
-        """Folder names below ``rel`` from ``lo`` on (one paged S3 listing, stopped past ``hi``)."""
-        self._check_reachable()
-        bucket, _, key = self._path(rel).partition("/")
-        prefix = key.rstrip("/") + "/"
-        kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "Delimiter": "/",
-                                  "StartAfter": prefix + lo}
-        names: list[str] = []
-        try:
-            while True:
-                page = self.fs.call_s3("list_objects_v2", **kwargs, **self._kw)
-                names.extend(p["Prefix"][len(prefix):].rstrip("/")
-                             for p in page.get("CommonPrefixes") or [])
-                if not page.get("IsTruncated") or (hi is not None and names and names[-1] > hi):
-                    return names
-                kwargs["ContinuationToken"] = page["NextContinuationToken"]
-        except Exception as exc:
-            raise self._failure(exc, f"could not list {self.location(rel)}") from None
+        return "", None, tuple(names)
 
     def _list_all_runs(self, pipeline: str) -> list[dict]:
         """Every run of ``pipeline``, newest first (see :meth:`list_runs`)."""
@@ -248,25 +250,6 @@ class Reading(StoreAccess):
             if entry is not None:
                 runs[run_id] = entry
         return sorted(runs.values(), key=lambda r: r["run_id"], reverse=True)
-
-    def _listing(self, rel: str) -> dict[str, dict]:
-        """Entries directly below folder ``rel`` with their info (``type`` is ``directory``
-        or ``file``); ``{}`` when there is none."""
-        self._check_reachable()
-        base = self.fs._strip_protocol(self._path(rel)).rstrip("/") + "/"
-        try:
-            found = self.fs.ls(self._path(rel), detail=True, **self._kw)
-        except (FileNotFoundError, NotADirectoryError):
-            return {}
-        except Exception as exc:
-            raise self._failure(exc, f"could not list {self.location(rel)}") from None
-        out = {}
-        for info in found:
-            path = self.fs._strip_protocol(info["name"]).rstrip("/")
-            name = path[len(base):] if path.startswith(base) else ""
-            if name and "/" not in name:
-                out[name] = info
-        return out
 
     def _unindexed(self, pipeline: str, run_id: str) -> dict | None:
         """A run folder without index marker: its entry from its manifest (marker repaired),
@@ -315,9 +298,9 @@ class Reading(StoreAccess):
 
     def read_tables(self, pipeline: str, run_ids: list[str], name: str = "tasks"
                     ) -> dict[str, pd.DataFrame | StoreError]:
-        """:meth:`read_table` of several runs at once: their manifests in one wave of
-        requests, then their tables in another (concurrent on S3, where reading a history
-        one file after the other costs a round trip each).
+        """:meth:`read_table` of several runs at once: their manifests and tables in one wave
+        of requests (concurrent on S3, where reading a history one file after the other
+        costs a round trip each); the tables are checked against the manifests afterwards.
 
         Returns
         -------
@@ -325,64 +308,138 @@ class Reading(StoreAccess):
             Each run id's table, or the ``StoreError`` :meth:`read_table` would have raised.
         """
         validate_name(name, "table name")
-        manifests = self.read_manifests(pipeline, run_ids)
+        _check_run_ids(run_ids)
+        out, unread = self._remembered_tables(pipeline, run_ids, name)
+        known, reads = self._manifest_reads(pipeline, unread)
+        found = self._read_many({**reads, **self._table_reads(pipeline, unread, name)})
+        manifests = self._manifests(pipeline, unread, known, found, copies=False)
+        out.update(self._checked_tables(pipeline, unread, name, manifests, found))
+        return {run_id: out[run_id] for run_id in run_ids}
+
+    def read_totals(self, pipeline: str, run_ids: list[str]
+                    ) -> dict[str, pd.DataFrame | StoreError]:
+        """Each run's tasks per prefix: the ``stage, prefix, tasks, total_s`` columns of its
+        tasks table, all a drift series reads of a run.
+
+        From the ``totals`` its manifest carries: one request per run (none when the
+        manifest is remembered), where its manifest and its table would be two. A run stored
+        before manifests carried them is read from its table, checked as by
+        :meth:`read_tables`, in a second wave; so is one whose totals are malformed (with a
+        warning naming the manifest).
+
+        Returns
+        -------
+        dict
+            Each run id's totals, or the ``StoreError`` reading its manifest (or its table)
+            raised.
+        """
+        _check_run_ids(run_ids)
+        known, reads = self._manifest_reads(pipeline, run_ids)
+        manifests = self._manifests(pipeline, run_ids, known, self._read_many(reads),
+                                    copies=False)
         out: dict[str, pd.DataFrame | StoreError] = {}
-        wanted: dict[str, tuple[str, Manifest]] = {}
+        older = []
         for run_id, manifest in manifests.items():
-            remembered = self.memory.get(("table", pipeline, run_id, name))
             if isinstance(manifest, StoreError):
                 out[run_id] = manifest
-            elif remembered is not None:
+                continue
+            try:
+                out[run_id] = decode_totals(manifest["totals"], self.location(
+                    layout.manifest_file(pipeline, run_id)))
+            except KeyError:  # stored before manifests carried the totals
+                older.append(run_id)
+            except DamagedRecord as exc:
+                logger.warning("run %s of pipeline %s: %s; reading its tasks table instead",
+                               run_id, pipeline, exc)
+                older.append(run_id)
+        tables, unread = self._remembered_tables(pipeline, older, "tasks")
+        found = self._read_many(self._table_reads(pipeline, unread, "tasks"))
+        tables.update(self._checked_tables(pipeline, unread, "tasks", manifests, found))
+        for run_id, table in tables.items():
+            out[run_id] = table if isinstance(table, StoreError) else table[TOTALS_COLUMNS]
+        return {run_id: out[run_id] for run_id in run_ids}
+
+    def _remembered_tables(self, pipeline: str, run_ids: list[str], name: str
+                           ) -> tuple[dict[str, pd.DataFrame | StoreError], list[str]]:
+        """Copies of the remembered tables ``name`` of ``run_ids``, and the runs to read."""
+        out: dict[str, pd.DataFrame | StoreError] = {}
+        unread = []
+        for run_id in run_ids:
+            remembered = self.memory.get(("table", pipeline, run_id, name))
+            if remembered is not None:
                 out[run_id] = remembered.copy()
             else:
-                try:
-                    wanted[run_id] = (self._table_entry(pipeline, run_id, name, manifest),
-                                      manifest)
-                except StoreError as exc:
-                    out[run_id] = exc
-        found = self._read_many({rel: f"table {name!r} of run {run_id!r}"
-                                 for run_id, (rel, _) in wanted.items()})
-        for run_id, (rel, manifest) in wanted.items():
+                unread.append(run_id)
+        return out, unread
+
+    def _table_reads(self, pipeline: str, run_ids: list[str], name: str) -> dict[str, str]:
+        """``{path: what it is}`` of the tables ``name`` of ``run_ids``."""
+        return {layout.table_file(pipeline, run_id, name): f"table {name!r} of run {run_id!r}"
+                for run_id in run_ids}
+
+    def _checked_tables(self, pipeline: str, run_ids: list[str], name: str,
+                        manifests: dict[str, Manifest | StoreError],
+                        found: dict[str, bytes | StoreError]
+                        ) -> dict[str, pd.DataFrame | StoreError]:
+        """Each run's table ``name`` from what a batch read ``found``, checked against its
+        manifest (and remembered), or the ``StoreError`` :meth:`read_table` would raise."""
+        out: dict[str, pd.DataFrame | StoreError] = {}
+        for run_id in run_ids:
+            rel = layout.table_file(pipeline, run_id, name)
             try:
-                data = found[rel]
-                if isinstance(data, StoreError):
-                    raise data
-                table = self._check_table(rel, name, data, manifest)
+                manifest = _or_raise(manifests[run_id])
+                self._table_entry(pipeline, run_id, name, manifest)
+                table = self._check_table(rel, name, _or_raise(found[rel]), manifest)
             except StoreError as exc:
                 out[run_id] = exc
                 continue
             self.memory.put(("table", pipeline, run_id, name), table)
             out[run_id] = table.copy() if self.memory.active else table
-        return {run_id: out[run_id] for run_id in run_ids}
+        return out
 
     def read_manifests(self, pipeline: str, run_ids: list[str]
                        ) -> dict[str, Manifest | StoreError]:
         """:meth:`read_manifest` of several runs at once (one wave of requests): each run id's
         manifest, or the ``StoreError`` :meth:`read_manifest` would have raised."""
-        if isinstance(run_ids, str):
-            raise InvalidInput(f"run_ids must be a list of run ids, got the string {run_ids!r}")
-        out: dict[str, Manifest | StoreError] = {}
-        wanted = {}
+        _check_run_ids(run_ids)
+        known, reads = self._manifest_reads(pipeline, run_ids)
+        return self._manifests(pipeline, run_ids, known, self._read_many(reads))
+
+    def _manifest_reads(self, pipeline: str, run_ids: list[str]
+                        ) -> tuple[dict[str, Manifest], dict[str, str]]:
+        """The remembered manifests of ``run_ids`` (by run id), and ``{path: what it is}`` of
+        the others, to read."""
+        known, reads = {}, {}
         for run_id in run_ids:
             remembered = self.memory.get(("manifest", pipeline, run_id))
             if remembered is not None:
-                out[run_id] = copy.deepcopy(remembered)
+                known[run_id] = remembered
             else:
-                wanted[layout.manifest_file(pipeline, run_id)] = run_id
-        found = self._read_many({rel: f"run {run_id!r} of pipeline {pipeline!r}"
-                                 for rel, run_id in wanted.items()})
-        for rel, run_id in wanted.items():
+                reads[layout.manifest_file(pipeline, run_id)] = (f"run {run_id!r} of pipeline "
+                                                                 f"{pipeline!r}")
+        return known, reads
+
+    def _manifests(self, pipeline: str, run_ids: list[str], known: dict[str, Manifest],
+                   found: dict[str, bytes | StoreError], copies: bool = True
+                   ) -> dict[str, Manifest | StoreError]:
+        """Each run id's manifest: the ``known`` one, or parsed from what a batch read
+        ``found`` (and remembered). ``copies``: never the remembered objects themselves (for
+        manifests handed to callers)."""
+        out: dict[str, Manifest | StoreError] = {}
+        for run_id in run_ids:
+            if run_id in known:
+                out[run_id] = copy.deepcopy(known[run_id]) if copies else known[run_id]
+                continue
+            rel = layout.manifest_file(pipeline, run_id)
             try:
-                data = found[rel]
-                if isinstance(data, StoreError):
-                    raise data
-                doc = parse_manifest(data, pipeline, run_id, self.location(rel))
+                doc = parse_manifest(_or_raise(found[rel]), pipeline, run_id,
+                                     self.location(rel))
             except StoreError as exc:
                 out[run_id] = exc
                 continue
             self.memory.put(("manifest", pipeline, run_id), doc)
-            out[run_id] = copy.deepcopy(doc) if self.memory.active else doc
-        return {run_id: out[run_id] for run_id in run_ids}
+            out[run_id] = copy.deepcopy(doc) if copies and self.memory.active else doc
+        return out
 
     def _table_entry(self, pipeline: str, run_id: str, name: str, manifest: Manifest) -> str:
         """The table's path, if the manifest lists it."""
@@ -478,6 +535,13 @@ def _add_markers(runs: dict[str, dict], found: dict[str, dict],
         if previous is None or previous["status"] in _PROVISIONAL_STATUSES:
             runs[entry.run_id] = {"run_id": entry.run_id, "version": entry.version,
                                   "status": entry.status}
+
+
+def _check_run_ids(run_ids: list[str]) -> None:
+    """``InvalidInput`` for a string where a list of run ids belongs (it would be read as
+    one run id per character)."""
+    if isinstance(run_ids, str):
+        raise InvalidInput(f"run_ids must be a list of run ids, got the string {run_ids!r}")
 
 
 def _or_raise(found: Any) -> Any:

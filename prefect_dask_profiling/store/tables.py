@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import math
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -12,6 +14,9 @@ from prefect_dask_profiling.store.errors import DamagedRecord
 from prefect_dask_profiling.store.layout import MANIFEST
 
 TASKS_COLUMNS = ["stage", "prefix", "tasks", "total_s", "p50_s", "p95_s", "gb_out"]
+# The columns of a run's tasks table its manifest repeats as ``totals``: what reading a
+# history (the drift series) needs of each run, so that it costs one request per run.
+TOTALS_COLUMNS = ["stage", "prefix", "tasks", "total_s"]
 # Columns read back as text whatever they hold (a stage named "1" stays "1").
 NAME_COLUMNS = ("stage", "prefix", "alert", "alert_reason", "worker", "host", "source",
                 "destination", "scope", "verdict", "cause")
@@ -70,6 +75,44 @@ def check_tasks(frame: pd.DataFrame, where: str) -> None:
     if not finite.all():
         column = numbers[int(np.argmin(finite))]
         raise DamagedRecord(f"{where} has missing or infinite values in column {column}")
+
+
+def totals_of(data: bytes) -> dict[str, list] | None:
+    """The ``totals`` a manifest carries for the tasks table stored as ``data``: its
+    :data:`TOTALS_COLUMNS` as lists, the values :func:`decode_table` reads back from ``data``.
+
+    ``None`` when JSON would not give back the same table: an empty or damaged one, or one
+    with a missing stage or prefix (read back as ``NaN``). Readers then read the table.
+    """
+    try:
+        frame = decode_table(data, "tasks", "tasks.csv")[TOTALS_COLUMNS]
+    except DamagedRecord:
+        return None
+    if frame.empty or frame[["stage", "prefix"]].isna().to_numpy().any():
+        return None
+    return {column: frame[column].tolist() for column in TOTALS_COLUMNS}
+
+
+def decode_totals(totals: Any, where: str) -> pd.DataFrame:
+    """The :data:`TOTALS_COLUMNS` of a run's tasks table from the ``totals`` its manifest
+    at ``where`` carries (:func:`totals_of`), as :func:`decode_table` would give them.
+
+    ``DamagedRecord`` naming ``where`` unless ``totals`` holds a list per column, all of the
+    same non-zero length, text names and finite numbers.
+    """
+    columns = [totals.get(c) for c in TOTALS_COLUMNS] if isinstance(totals, dict) else []
+    if not columns or not all(isinstance(c, list) and c for c in columns) \
+            or len({len(c) for c in columns}) != 1:
+        raise DamagedRecord(f"{where} has malformed totals (not one list per column of "
+                            f"{', '.join(TOTALS_COLUMNS)}, all of one length)")
+    names, numbers = columns[:2], columns[2:]
+    if not all(isinstance(v, str) for c in names for v in c) or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+            for c in numbers for v in c):
+        raise DamagedRecord(f"{where} has totals that are not names and finite numbers")
+    return pd.DataFrame({"stage": pd.Series(names[0], dtype=str),
+                         "prefix": pd.Series(names[1], dtype=str),
+                         "tasks": pd.Series(numbers[0]), "total_s": pd.Series(numbers[1])})
 
 
 def first_line(exc: BaseException) -> str:
