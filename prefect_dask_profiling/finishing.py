@@ -10,10 +10,11 @@ Used by the Prefect session (:mod:`prefect_dask_profiling.prefect.session`), by 
    spool, lifecycle rule, per-stage diagnosis, the history, **the judgement** (the one
    :func:`~prefect_dask_profiling.regression.judge.judge`), trend... A step that raises
    leaves the others done; its failure becomes a warning in the manifest and in the logs.
-   The trend page is a *view* drawn from what the run stores: with
-   :attr:`FinishSettings.views_in_background` it is drawn and stored by a background
-   thread (:attr:`FinishResult.trend_pending`), so the run's last steps and the caller's
-   artifacts do not wait for Bokeh;
+   The trend page and the run's rows of the fleet view are *views* drawn from what the run
+   stores: with :attr:`FinishSettings.views_in_background` one background thread draws and
+   stores them once the run is complete (:attr:`FinishResult.views_pending`), so neither
+   the flow nor its artifacts wait for Bokeh or Parquet: the artifacts link the trend page
+   where it is being written;
 4. **complete** the stored run: the judgement's tables, the final manifest (with the rules
    that judged the run) and the fleet view's rows. A run whose history could not be read or
    whose judgement could not be made keeps status ``unjudged``: it stays out of every
@@ -48,7 +49,7 @@ from prefect_dask_profiling.store.manifest import (
     environment,
 )
 from prefect_dask_profiling.summary import RunRecord, summarise, utilisation
-from prefect_dask_profiling.summary.io import stage_io_summary
+from prefect_dask_profiling.summary.io import stage_io_summaries
 from prefect_dask_profiling.summary.memory import stage_memory_info
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("prefect_dask_profiling")
 
 UNJUDGED = "unjudged"
+TREND_FILE = "trend.html"
 VERDICT_COLUMNS = ["stage", "prefix", "verdict", "cause", "baseline_s", "latest_s", "delta_s",
                    "ratio", "robust_z", "tasks_ratio", "share", "n_history"]
 
@@ -83,9 +85,10 @@ class FinishSettings:
         Whether the caller fails the flow on a regression: the stored state then says
         ``FAILED``.
     views_in_background
-        Draw and store the trend page in a background thread
-        (:attr:`FinishResult.trend_pending`) instead of with the run's files; the manifest
-        then does not list it, and its failure is logged, not in the manifest.
+        Draw and store the views (trend page, fleet rows) in a background thread once the
+        run is complete (:attr:`FinishResult.views_pending`) instead of with the run's
+        files; the manifest then does not list them, and their failures are logged, not in
+        the manifest (both can be drawn again: ``dask-profiling fleet --rebuild``).
     """
 
     threshold: float = RegressionRule.threshold
@@ -117,11 +120,12 @@ class FinishResult:
         The run counts as regressed (the judgement's outcome).
     diagnoses
         The bottleneck verdict of each stage.
-    fleet_location
-        Where the run's rows of the fleet view were written, if they were.
-    trend_pending
-        The trend page being drawn in the background (``views_in_background``): resolves to
-        ``(location or None, warnings)``; :meth:`wait_trend` waits for it.
+    trend_location, fleet_location
+        Where the trend page and the run's rows of the fleet view are written (being
+        written, while :attr:`views_pending`).
+    views_pending
+        The views being drawn and stored in the background (``views_in_background``);
+        :meth:`wait_views` waits for them.
     """
 
     run_id: str
@@ -139,14 +143,12 @@ class FinishResult:
     judgement: Judgement | None = None
     diagnoses: dict[str, Diagnosis] = field(default_factory=dict)
     fleet_location: str | None = None
-    trend_pending: Future[tuple[str | None, list[str]]] | None = None
+    views_pending: Future[list[str]] | None = None
 
-    def wait_trend(self) -> tuple[str | None, list[str]]:
-        """Where the trend page is stored (None when it is not) and what went wrong, once
-        it is; at once when it was stored with the run's files."""
-        if self.trend_pending is None:
-            return self.trend_location, []
-        return self.trend_pending.result()
+    def wait_views(self, timeout: float | None = None) -> list[str]:
+        """Wait for the views drawn in the background; what went wrong (``[]`` at once when
+        they were stored with the run's files)."""
+        return [] if self.views_pending is None else self.views_pending.result(timeout)
 
     @property
     def judged(self) -> bool:
@@ -187,7 +189,8 @@ class RunEnd:
     manifest_extra: dict[str, Any] = field(default_factory=dict)
     manifest: dict[str, Any] | None = None
     fleet_location: str | None = None
-    trend_pending: Future[tuple[str | None, list[str]]] | None = None
+    # views drawn after the run is complete (views_in_background): (name, job -> warnings)
+    views: list[tuple[str, Callable[[], list[str]]]] = field(default_factory=list)
     step_seconds: dict[str, float] = field(default_factory=dict)
     flagged_reports: Callable[[set[str]], list[str]] | None = None
 
@@ -270,18 +273,21 @@ def _judge(end: RunEnd) -> None:
 
 
 def _trend(end: RunEnd) -> None:
-    """The trend page, with the run's files or (``views_in_background``) in a thread."""
+    """The trend page, with the run's files or (``views_in_background``) as a view."""
     if end.history is None or end.summary is None or end.judgement is None:
         return
     draw = functools.partial(_trend_page, end.history.baseline.history, end.summary,
                              end.judgement.verdicts,
                              f"{end.ctx.pipeline} {end.ctx.version}: total seconds per prefix")
     if not end.settings.views_in_background:
-        end.files["trend.html"] = draw()
+        end.files[TREND_FILE] = draw()
         return
     store, pipeline, run_id = end.store, end.ctx.pipeline, end.ctx.run_id
-    end.trend_pending = _in_background(
-        functools.partial(_store_view, store, pipeline, run_id, "trend.html", draw))
+
+    def view() -> list[str]:
+        return store.write_view(pipeline, run_id, TREND_FILE, draw()).warnings
+
+    end.views.append((TREND_FILE, view))
 
 
 def _trend_page(history: pd.DataFrame, summary: pd.DataFrame, verdicts: pd.DataFrame,
@@ -291,16 +297,17 @@ def _trend_page(history: pd.DataFrame, summary: pd.DataFrame, verdicts: pd.DataF
     return trend_html(history, summary, verdicts, title=title).encode()
 
 
-def _store_view(store: RunStore, pipeline: str, run_id: str, name: str,
-                draw: Callable[[], bytes]) -> tuple[str | None, list[str]]:
-    """Draw a view and store it; never raises: a failure is a warning."""
-    try:
-        result = store.write_view(pipeline, run_id, name, draw())
-    except Exception as exc:
-        message = f"{name} not stored: {type(exc).__name__}: {exc}"
-        logger.warning("dask-profiling: %s", message, exc_info=True)
-        return None, [message]
-    return result.location, list(result.warnings)
+def _draw_views(views: list[tuple[str, Callable[[], list[str]]]]) -> list[str]:
+    """Draw and store each view; never raises: a failure is a warning (logged, returned)."""
+    warnings: list[str] = []
+    for name, view in views:
+        try:
+            warnings.extend(view())
+        except Exception as exc:
+            message = f"{name} not stored: {type(exc).__name__}: {exc}"
+            logger.warning("dask-profiling: %s", message, exc_info=True)
+            warnings.append(message)
+    return warnings
 
 
 def _in_background(job: Callable[[], Any]) -> Future:
@@ -354,12 +361,24 @@ def _flagged_reports(end: RunEnd) -> None:
 
 def _fleet(end: RunEnd) -> None:
     """Write the run's rows of the fleet-wide Parquet view (``<store>/fleet/``), from the
-    final manifest before it is written, so a failure here reaches the manifest."""
-    from prefect_dask_profiling.export.fleet import write_fleet
+    final manifest: before it is written, so a failure here reaches the manifest, or
+    (``views_in_background``) as a view."""
+    from prefect_dask_profiling.export.fleet import fleet_location, write_fleet
 
     tasks = end.tables.get("tasks")
-    if end.manifest is not None and tasks is not None:
+    if end.manifest is None or tasks is None:
+        return
+    if not end.settings.views_in_background:
         end.fleet_location = write_fleet(end.store, end.manifest, tasks)
+        return
+    store, manifest = end.store, end.manifest
+
+    def view() -> list[str]:
+        write_fleet(store, manifest, tasks)
+        return []
+
+    end.views.append(("fleet view", view))
+    end.fleet_location = fleet_location(store, end.ctx.pipeline, end.ctx.run_id)
 
 
 # The steps after the record is stored, in order. Each one is isolated: add new ones here.
@@ -438,6 +457,7 @@ def finish_run(store: RunStore, record: RunRecord, ctx: RunContext, stages: list
         _run_step(end, name, step)
     final_warnings, location = _complete(end)
     location = location or first.location
+    pending = _in_background(functools.partial(_draw_views, end.views)) if end.views else None
     for w in final_warnings:
         logger.warning("dask-profiling: %s", w)
     judgement = end.judgement
@@ -449,8 +469,9 @@ def finish_run(store: RunStore, record: RunRecord, ctx: RunContext, stages: list
         else pd.DataFrame(columns=VERDICT_COLUMNS),
         manifest=end.manifest, location=location, regressed=end.regressed,
         warnings=[*end.warnings, *first.warnings, *final_warnings],
-        trend_location=_join(location, "trend.html") if "trend.html" in end.files else None,
-        trend_pending=end.trend_pending,
+        trend_location=_join(location, TREND_FILE) if TREND_FILE in end.files or any(
+            name == TREND_FILE for name, _ in end.views) else None,
+        views_pending=pending,
         judgement=judgement, diagnoses=end.diagnoses, fleet_location=end.fleet_location)
 
 
@@ -555,19 +576,20 @@ def _stage_totals(stages: list[StageInfo], record: RunRecord, util: pd.DataFrame
     """Fill each stage's task count, task seconds and wall; add stages only the record knows."""
     by_name = {s.name: s for s in stages}
     memory = stage_memory_info(record)
+    io = stage_io_summaries(record.io)
     for name in record.stages:
         if name not in by_name:
             by_name[name] = StageInfo(name=name)
             stages.append(by_name[name])
     for info in stages:
-        t = record.tasks[record.tasks["stage"] == info.name]
+        t = record.stage_rows("tasks", info.name)
         info.tasks = int(t["tasks"].sum())
         info.task_s = float(t["compute_s"].sum())
         info.wall_s = float(util.loc[info.name, "wall_s"]) if info.name in util.index else 0.0
         info.memory = dict(memory[info.name]) if info.name in memory else info.memory
         if info.tasks == 0 and info.note is None:
             info.note = "no tasks ran in this stage"
-        info.io = stage_io_summary(record.io, info.name)
+        info.io = io.get(info.name)
 
 
 def _or_empty(frame: pd.DataFrame | None, columns: list[str] | None = None) -> pd.DataFrame:

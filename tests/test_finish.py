@@ -165,3 +165,37 @@ def test_a_run_delivered_from_the_spool_gets_its_fleet_file(inproc_client, tmp_p
     assert second.manifest["spool_delivery"]["pipelines"] == {first.run_id: "nightly"}
     fleet = pd.read_parquet(blocked / "fleet")
     assert set(fleet["run_id"]) == {first.run_id, second.run_id}
+
+
+def test_views_drawn_in_the_background_are_stored_after_the_run(inproc_client, tmp_path):
+    store = RunStore(str(tmp_path))
+    ctx = RunContext(run_id=new_run_id(), pipeline="nightly", version="1")
+    result = finish_run(store, record_of(inproc_client), ctx, [],
+                        FinishSettings(views_in_background=True))
+    assert result.views_pending is not None
+    assert result.wait_views(timeout=60) == []
+    # linked where they are written, before they are: the same places
+    assert result.trend_location == str(tmp_path / "runs" / "nightly" / ctx.run_id / "trend.html")
+    assert (tmp_path / "runs" / "nightly" / ctx.run_id / "trend.html").read_text().startswith(
+        "<!DOCTYPE html>")
+    assert pd.read_parquet(result.fleet_location)["run_id"].unique().tolist() == [ctx.run_id]
+    manifest = store.read_manifest("nightly", ctx.run_id)
+    assert manifest["status"] == "healthy" and "trend.html" not in manifest["files"]
+
+
+def test_a_view_that_fails_in_the_background_is_a_warning(inproc_client, tmp_path,
+                                                          monkeypatch):
+    import prefect_dask_profiling.export.fleet as fleet
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(fleet, "write_fleet", broken)
+    store = RunStore(str(tmp_path))
+    ctx = RunContext(run_id=new_run_id(), pipeline="nightly", version="1")
+    result = finish_run(store, record_of(inproc_client), ctx, [],
+                        FinishSettings(views_in_background=True))
+    warnings = result.wait_views(timeout=60)
+    assert warnings == ["fleet view not stored: OSError: disk full"]
+    assert store.read_manifest("nightly", ctx.run_id)["status"] == "healthy"  # run unharmed
+    assert (tmp_path / "runs" / "nightly" / ctx.run_id / "trend.html").exists()  # the other

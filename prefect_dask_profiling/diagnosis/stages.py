@@ -46,6 +46,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from prefect_dask_profiling.diagnosis.classify import check_classes, classify
@@ -128,7 +129,7 @@ def stage_signals(record, stage: str) -> dict[str, Any]:
     ValueError
         When the record has no task of ``stage`` (naming the stages it has).
     """
-    tasks = record.tasks[record.tasks["stage"] == stage]
+    tasks = record.stage_rows("tasks", stage)
     if tasks.empty:
         known = ", ".join(map(str, record.stages)) or "none"
         raise ValueError(f"stage {stage!r} has no tasks in this run (stages: {known})")
@@ -226,12 +227,16 @@ def _median(tasks) -> float | None:
 
 def _middle_p50(tasks, weight: str) -> float | None:
     """The p50 of the prefix in which half of ``weight`` (summed in p50 order) is reached."""
-    t = tasks.dropna(subset=["p50_s", weight]).sort_values("p50_s")
-    total = float(t[weight].sum())
-    if t.empty or total <= 0:
+    p50 = tasks["p50_s"].to_numpy(dtype=float, na_value=np.nan)
+    w = tasks[weight].to_numpy(dtype=float, na_value=np.nan)
+    keep = ~(np.isnan(p50) | np.isnan(w))
+    p50, w = p50[keep], w[keep]
+    order = np.argsort(p50, kind="stable")
+    total = float(w.sum())
+    if not len(p50) or total <= 0:
         return None
-    reached = t[weight].cumsum() >= total / 2
-    return float(t["p50_s"][reached].iloc[0])
+    reached = np.cumsum(w[order]) >= total / 2
+    return float(p50[order][np.argmax(reached)])
 
 
 def _task_skew(tasks, wall: float) -> tuple[float | None, str | None]:
@@ -243,15 +248,15 @@ def _task_skew(tasks, wall: float) -> tuple[float | None, str | None]:
     stage nothing.
     """
     best: tuple[float | None, str | None] = (None, None)
-    for _, row in tasks.iterrows():
-        n, p95, longest = row.get("tasks"), row.get("p95_s"), row.get("max_s")
+    for prefix, n, p95, longest in zip(tasks["prefix"], tasks["tasks"], tasks["p95_s"],
+                                       tasks["max_s"], strict=True):
         if not (n == n and p95 == p95 and longest == longest):  # NaN
             continue
         if n < MIN_SKEW_TASKS or p95 < 0.001 or longest < MIN_STRAGGLER_SHARE * wall:
             continue
         r = float(longest) / float(p95)
         if best[0] is None or r > best[0]:
-            best = (r, str(row["prefix"]))
+            best = (r, str(prefix))
     return best
 
 
@@ -276,7 +281,7 @@ def _process_cpu(record, stage: str, nthreads: dict[str, int], compute_s: float,
     io = record.io
     rows = None
     if io is not None and not io.empty and "cpu_s" in io.columns:
-        rows = io[io["stage"] == stage].dropna(subset=["cpu_s"])
+        rows = record.stage_rows("io", stage).dropna(subset=["cpu_s"])
     if rows is None or rows.empty:
         out = monitor_signals(sampled_cpu_seconds(record.samples, window), nthreads,
                               compute_s, window[1] - window[0])
@@ -321,7 +326,7 @@ def _fetched_bytes(record, stage: str) -> float | None:
     columns = [c for c in ("gdal_bytes", "s3fs_bytes") if c in io.columns]
     if not columns:
         return None
-    rows = io[io["stage"] == stage]
+    rows = record.stage_rows("io", stage)
     if rows.empty:
         return None
     return float(rows[columns].apply(pd.to_numeric, errors="coerce").fillna(0).to_numpy().sum())

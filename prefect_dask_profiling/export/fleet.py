@@ -164,8 +164,12 @@ def to_parquet(rows: pd.DataFrame) -> bytes:
     return buffer.getvalue()
 
 
-def fleet_location(store: RunStore, pipeline: str | None = None) -> str:
-    """Where the fleet view (or one pipeline's partition) is: a path or URL."""
+def fleet_location(store: RunStore, pipeline: str | None = None,
+                   run_id: str | None = None) -> str:
+    """Where the fleet view (or one pipeline's partition, or one run's file) is: a path or
+    URL."""
+    if run_id is not None and pipeline is not None:
+        return store.location(layout.fleet_file(pipeline, run_id))
     return store.location(layout.fleet_dir(pipeline))
 
 
@@ -194,7 +198,7 @@ def write_fleet(store: RunStore, manifest: dict[str, Any], tasks: pd.DataFrame) 
         raise StoreError(f"could not write the fleet view of run {run_id} to "
                          f"{fleet_location(store, pipeline)}: {type(exc).__name__}: "
                          f"{exc}") from None
-    return store.location(layout.fleet_file(pipeline, run_id))
+    return fleet_location(store, pipeline, run_id)
 
 
 def rebuild_fleet(store: RunStore, pipeline: str | None = None) -> dict[str, Any]:

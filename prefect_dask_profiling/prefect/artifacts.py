@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -131,19 +131,12 @@ def regression_rows(result: FinishResult) -> list[dict[str, Any]]:
 
 
 def publish(result: FinishResult, links: dict[str, str],
-            trend_location: str | Callable[[], str | None] | None = None) -> list[str]:
+            trend_location: str | None = None) -> list[str]:
     """Create the run's artifacts in the current flow run; return warnings, never raise.
 
     The artifacts are one group: built here, then posted together through the flow run's
     client, concurrently (one round trip of wall time instead of one per artifact; the
     Prefect API has no bulk endpoint for artifacts).
-
-    Parameters
-    ----------
-    trend_location
-        Link to the trend page, or a function that waits for the page being stored in the
-        background and returns its link (None when it was not stored): the artifacts that
-        link it wait for it in their own threads while the others are posted.
     """
     import httpx
     from prefect.artifacts import LinkArtifact, MarkdownArtifact, TableArtifact
@@ -152,46 +145,38 @@ def publish(result: FinishResult, links: dict[str, str],
 
     key = artifact_key(result.pipeline)
     task_run_id, flow_run_id = get_task_and_flow_run_ids()
-    trend = trend_location if callable(trend_location) else lambda: trend_location
-
-    def request(artifact: Any) -> ArtifactCreate:
-        return ArtifactCreate(type=artifact.type, key=artifact.key,
-                              description=artifact.description, task_run_id=task_run_id,
-                              flow_run_id=flow_run_id, data=artifact.format(_sync=True))
-
-    def markdown() -> ArtifactCreate:
-        return request(MarkdownArtifact(
-            markdown=run_markdown(result, links, trend()), key=f"{key}-run",
-            description=f"Utilisation, stages and reports of run {result.run_id}"))
-
-    def trend_link() -> ArtifactCreate | None:
-        link = trend()
-        return None if not link else request(LinkArtifact(
-            link=link, link_text=f"{result.pipeline} trend", key=f"{key}-trend",
+    artifacts = [
+        TableArtifact(table=table_rows(result.summary, SUMMARY_ARTIFACT_COLUMNS),
+                      key=f"{key}-summary",
+                      description=f"Per-prefix task summary of run {result.run_id}"),
+        MarkdownArtifact(markdown=run_markdown(result, links, trend_location), key=f"{key}-run",
+                         description=f"Utilisation, stages and reports of run {result.run_id}"),
+        TableArtifact(table=regression_rows(result), key=f"{key}-regression",
+                      description=f"Regression check of run {result.run_id}"),
+    ]
+    if trend_location:
+        artifacts.append(LinkArtifact(
+            link=trend_location, link_text=f"{result.pipeline} trend", key=f"{key}-trend",
             description=f"Total seconds per prefix over the baseline, run {result.run_id}"))
-
-    ready = [request(TableArtifact(table=table_rows(result.summary, SUMMARY_ARTIFACT_COLUMNS),
-                                   key=f"{key}-summary",
-                                   description=f"Per-prefix task summary of run {result.run_id}")),
-             request(TableArtifact(table=regression_rows(result), key=f"{key}-regression",
-                                   description=f"Regression check of run {result.run_id}"))]
-    ready += [request(LinkArtifact(
-        link=link, link_text=f"{result.pipeline} {stage_name} report",
-        key=artifact_key(key, "report", stage_name),
-        description=f"Dask performance report of stage {stage_name}, run {result.run_id}"))
-        for stage_name, link in links.items()]
-    builders: list[ArtifactCreate | Callable[[], ArtifactCreate | None]] = [
-        *ready, markdown, trend_link]
+    for stage_name, link in links.items():
+        artifacts.append(LinkArtifact(
+            link=link, link_text=f"{result.pipeline} {stage_name} report",
+            key=artifact_key(key, "report", stage_name),
+            description=f"Dask performance report of stage {stage_name}, run {result.run_id}"))
+    requests = [ArtifactCreate(type=a.type, key=a.key, description=a.description,
+                               task_run_id=task_run_id, flow_run_id=flow_run_id,
+                               data=a.format(_sync=True))
+                for a in artifacts]
     warnings = []
     # The run's client retries a lost API for about a minute per request; artifacts are
     # not worth that: one retry, and a transport failure is reported once for the group.
     with _few_retries(), _run_client() as client, ThreadPoolExecutor(
-            max_workers=min(8, len(builders)),
+            max_workers=min(8, len(requests)),
             thread_name_prefix="dask-profiling-artifacts") as pool:
         # each thread runs in a copy of this context: Prefect's settings (the API URL,
         # the retries) and run context live in context variables
-        futures = [pool.submit(contextvars.copy_context().run, _post, client, build)
-                   for build in builders]
+        futures = [pool.submit(contextvars.copy_context().run, client.create_artifact,
+                               artifact=r) for r in requests]
         errors = [f.exception() for f in futures]
     failed = [e for e in errors if e is not None]
     if failed and all(isinstance(e, _NoClient) for e in failed):
@@ -203,14 +188,6 @@ def publish(result: FinishResult, links: dict[str, str],
         warnings.append(f"artifact not created: {lost[0]!r}")
         warnings.append(f"{len(lost)} artifact(s) not created: the Prefect API did not answer")
     return warnings
-
-
-def _post(client: Any, build: Any) -> None:
-    """Create one artifact, built first when it is a function (it may wait for the trend
-    page)."""
-    artifact = build() if callable(build) else build
-    if artifact is not None:
-        client.create_artifact(artifact=artifact)
 
 
 class _NoClient(Exception):

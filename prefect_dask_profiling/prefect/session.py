@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import threading
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
@@ -41,6 +39,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("prefect_dask_profiling")
 
 MAX_LINK_SECONDS = 7 * 24 * 3600
+# the longest the runner's exit waits for the run's views (a few store writes, each bounded by
+# the store's own timeout, and one Bokeh page)
+VIEWS_TIMEOUT_S = 120.0
 FORGOT_FINISH = ("finish() was never called in the flow body: summaries were stored from the "
                  "task runner's exit, but no artifacts were published and no regression verdict "
                  "was applied; decorate the flow function with @profiled or call finish() at "
@@ -123,8 +124,10 @@ class Session:
         return session
 
     def close(self) -> None:
-        """Remove the plugin and the task-stream recorder we caused (before client close)."""
+        """Remove the plugin and the task-stream recorder we caused (before client close);
+        wait for the run's views (trend page, fleet rows) still being stored."""
         self.wait_reports()
+        self._wait_views()
         if self._report_pool is not None:
             self._report_pool.shutdown(wait=True)
             self._report_pool = None
@@ -542,7 +545,7 @@ class Session:
             _run_log(logging.WARNING, f"dask-profiling: run {result.run_id} stored unjudged: "
                      f"{result.manifest.get('unjudged_reason')}")
         links = self._report_links(self.stages)
-        trend = _Once(lambda: self._stored_trend(result))  # drawn in the background
+        trend = self._link(result.trend_location)  # where it is being written
         if publish:
             from prefect_dask_profiling.prefect.artifacts import publish as publish_artifacts
 
@@ -553,18 +556,23 @@ class Session:
         # only a published finish (in the flow body) can fail the flow; the runner's exit
         # path runs after the flow's state is final
         _, event_warnings = emit_detection_events(
-            result, links, trend(),
+            result, links, trend,
             fail_on_regression=publish and options.on_regression == "fail")
         for w in event_warnings:
             logger.warning("dask-profiling: %s", w)
         return result
 
-    def _stored_trend(self, result: FinishResult) -> str | None:
-        """The trend page's link once it is stored (logging why, when it is not)."""
-        location, warnings = result.wait_trend()
-        for w in warnings:
-            _run_log(logging.WARNING, f"dask-profiling: {w}")
-        return self._link(location)
+    def _wait_views(self) -> None:
+        """Wait for the views the finished run draws in the background; log what failed
+        (the run and its artifacts are stored: a view can be drawn again)."""
+        if self.result is None:
+            return
+        try:
+            for w in self.result.wait_views(timeout=VIEWS_TIMEOUT_S):
+                _run_log(logging.WARNING, f"dask-profiling: {w}")
+        except Exception as exc:
+            _run_log(logging.WARNING, f"dask-profiling: the run's views were not stored "
+                     f"within {VIEWS_TIMEOUT_S:.0f} s: {exc!r}")
 
     def _link(self, location: str | None) -> str | None:
         """A presigned link to a stored file on S3 (as for reports), else its location."""
@@ -591,23 +599,6 @@ class Session:
                 logger.debug("presign failed: %r", exc)
             links[info.name] = link or location
         return links
-
-
-class _Once:
-    """Calls ``fn`` the first time it is called, from any thread; returns that answer."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self._fn = fn
-        self._lock = threading.Lock()
-        self._done = False
-        self._value: Any = None
-
-    def __call__(self) -> Any:
-        with self._lock:
-            if not self._done:
-                self._value = self._fn()
-                self._done = True
-            return self._value
 
 
 def _local_work_text(info: StageInfo) -> str | None:

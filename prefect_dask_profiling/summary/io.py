@@ -80,17 +80,19 @@ def stage_io_metrics(io: pd.DataFrame) -> pd.DataFrame:
 
 def stage_io_summary(io: pd.DataFrame, stage: str) -> dict[str, Any] | None:
     """One stage's metrics as plain JSON values (for the manifest's stage entry), or None."""
-    metrics = stage_io_metrics(io)
-    if stage not in metrics.index:
-        return None
-    row = metrics.loc[stage]
-    out = {}
-    for name, value in row.items():
-        if pd.isna(value):
-            continue
-        out[name] = round(float(value), 3) if isinstance(value, float) and not float(
-            value).is_integer() else int(value)
-    return out or None
+    return stage_io_summaries(io).get(stage)
+
+
+def stage_io_summaries(io: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    """:func:`stage_io_summary` of every stage that has one, from one pass over the table."""
+    out: dict[str, dict[str, Any]] = {}
+    for stage, row in stage_io_metrics(io).iterrows():
+        values = {name: round(float(value), 3) if isinstance(value, float) and not float(
+            value).is_integer() else int(value) for name, value in row.items()
+            if not pd.isna(value)}
+        if values:
+            out[str(stage)] = values
+    return out
 
 
 def io_text(io: dict[str, Any] | None) -> str:

@@ -57,10 +57,10 @@ def stage_memory(record: RunRecord) -> pd.DataFrame:
     memory = record.memory
     stages = list(dict.fromkeys([*record.stages, *memory["stage"].astype(str)]))
     for stage in stages:
-        m = memory[memory["stage"] == stage]
+        m = record.stage_rows("memory", stage)
         limits = m["memory_limit"][m["memory_limit"] > 0]
         spill = record.spill.get(stage, {})
-        largest, prefix = _largest_result(record.tasks, stage)
+        largest, prefix = _largest_result(record.stage_rows("tasks", stage))
         rows.append({
             "stage": stage, "workers": int(m["worker"].nunique()),
             "memory_limit": int(limits.min()) if not limits.empty else 0,
@@ -85,10 +85,11 @@ def stage_memory_info(record: RunRecord) -> dict[str, StageMemory]:
     return out
 
 
-def _largest_result(tasks: pd.DataFrame, stage: str) -> tuple[int, str | None]:
+def _largest_result(tasks: pd.DataFrame) -> tuple[int, str | None]:
+    """The largest single result among one stage's tasks and its prefix."""
     if "max_nbytes" not in tasks.columns:
         return 0, None
-    t = tasks[tasks["stage"] == stage].dropna(subset=["max_nbytes"])
+    t = tasks.dropna(subset=["max_nbytes"])
     if t.empty or t["max_nbytes"].max() <= 0:
         return 0, None
     row = t.loc[t["max_nbytes"].idxmax()]

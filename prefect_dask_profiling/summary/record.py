@@ -83,6 +83,9 @@ class RunRecord:
     spill: dict[str, dict[str, int]] = field(default_factory=dict)
     incidents: list[dict[str, Any]] = field(default_factory=list)
     scheduler: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # (frame, {stage: rows}) per table name: each table split by stage once (stage_rows)
+    _split: dict[str, tuple[pd.DataFrame, dict[str, pd.DataFrame]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def from_snapshot(cls, snap: Snapshot, workers: int = 0,
@@ -125,9 +128,25 @@ class RunRecord:
 
     # -- windows -------------------------------------------------------------------------
 
+    def stage_rows(self, table: str, stage: str) -> pd.DataFrame:
+        """The rows of one stage in table ``table`` (``"tasks"``, ``"io"``, ``"memory"``...).
+
+        Each table is split by stage once (a boolean filter per stage costs a pass over
+        every column, per stage and per caller), and again when the attribute is given
+        another frame; tables are not changed in place once the record is built.
+        """
+        frame = getattr(self, table)
+        cached = self._split.get(table)
+        if cached is None or cached[0] is not frame:
+            groups = ({str(k): g for k, g in frame.groupby("stage", sort=False)}
+                      if "stage" in frame.columns and not frame.empty else {})
+            cached = self._split[table] = (frame, groups)
+        rows = cached[1].get(str(stage))
+        return rows if rows is not None else frame.iloc[0:0]
+
     def window(self, stage: str | None = None) -> tuple[float, float] | None:
         """First compute start and last compute stop (of one stage, or of the run)."""
-        t = self.tasks if stage is None else self.tasks[self.tasks["stage"] == stage]
+        t = self.tasks if stage is None else self.stage_rows("tasks", stage)
         t = t.dropna(subset=["first_start", "last_stop"])
         if t.empty:
             return None

@@ -107,7 +107,7 @@ def utilisation(record: RunRecord) -> pd.DataFrame:
     for scope in ["run", *record.stages]:
         stage = None if scope == "run" else scope
         window = record.window(stage)
-        t = record.tasks if stage is None else record.tasks[record.tasks["stage"] == stage]
+        t = record.tasks if stage is None else record.stage_rows("tasks", stage)
         task_s = float(t["compute_s"].sum())
         if window is None:
             rows.append({"scope": scope, "task_s": task_s, "wall_s": 0.0, "thread_s": 0.0,

@@ -207,3 +207,15 @@ def test_task_frame_dtypes(two_stage) -> None:
     tasks = two_stage[0].tasks
     for column in ("tasks", "compute_s", "p50_s", "first_start"):
         assert pd.api.types.is_numeric_dtype(tasks[column]), column
+
+
+def test_stage_rows_split_once_and_follow_a_replaced_table(two_stage) -> None:
+    record, _ = two_stage
+    read = record.stage_rows("tasks", "read")
+    assert set(read["stage"]) == {"read"} and len(read) == (record.tasks["stage"] == "read").sum()
+    assert record.stage_rows("tasks", "read") is read  # split once
+    assert record.stage_rows("tasks", "nope").empty
+    assert list(record.stage_rows("tasks", "nope").columns) == list(record.tasks.columns)
+    record.tasks = record.tasks[record.tasks["stage"] != "read"]  # another frame: split again
+    assert record.stage_rows("tasks", "read").empty
+    assert record.stage_rows("io", "read").empty  # an empty table has no stage rows
