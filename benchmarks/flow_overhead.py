@@ -174,7 +174,7 @@ def instrument(phases: Phases) -> None:
         session,
     )
     from prefect_dask_profiling.store import runs
-    from prefect_dask_profiling.timing import plugin
+    from prefect_dask_profiling.timing import plugin, storage_io
 
     cls = session.Session
     targets = [
@@ -183,7 +183,9 @@ def instrument(phases: Phases) -> None:
         (plugin, "install", "  plugin registration"),
         (cls, "preflight", "  preflight (worker loadability)"),
         (cls, "stage_opened", "stage opened (total)"),
+        (cls, "_boundary_reads", "  boundary reads (at once)"),
         (reports, "open_window", "  report window open"),
+        (storage_io, "io_counters", "  workers' storage counters"),
         (cls, "stage_closed", "stage closed (total)"),
         (plugin, "snapshot", "  plugin snapshot (stage ends + collect)"),
         (cls, "_store_report", "  stage report render+upload"),
@@ -198,7 +200,8 @@ def instrument(phases: Phases) -> None:
         (finishing, "_summarise", "    summarise"),
         (runs.RunStore, "write_run", "    store write (record)"),
         (runs.RunStore, "complete_run", "    store write (complete)"),
-        (artifacts, "publish", "  artifacts"),
+        (artifacts.Posting, "__init__", "  artifacts: posting started"),
+        (artifacts.Posting, "wait", "  artifacts: waited for"),
         (cls, "_report_links", "  report links (presign)"),
         (cls, "finish", "finish() (total)"),
         (cls, "close", "shutdown (plugin uninstall, stream release)"),
@@ -342,7 +345,7 @@ def print_breakdown(phases: Phases, runs: int, plain_wall: float) -> None:
 
 
 _ORDER = ["runner __enter__", "plugin registration", "preflight", "stage opened",
-          "report window", "stage closed", "plugin snapshot", "stage report", "report render",
+          "boundary reads", "report window", "storage counters", "stage closed", "plugin snapshot", "stage report", "report render",
           "data copied", "HTML drawn", "report upload", "wait for", "finish()", "collect",
           "environment", "finish_run",
           "summarise", "store write (record)", "step:", "store write (complete)", "artifacts",

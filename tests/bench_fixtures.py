@@ -175,6 +175,7 @@ def prefect_api_on(host: str) -> Iterator[str]:
     from urllib.parse import urlsplit
 
     from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect_server import drain_prefect_services
     from s3_servers import TcpRelay
 
     api = urlsplit(PREFECT_API_URL.value())
@@ -187,20 +188,6 @@ def prefect_api_on(host: str) -> Iterator[str]:
                 yield url
             finally:
                 drain_prefect_services()
-
-
-def drain_prefect_services(timeout: float = 10.0) -> None:
-    """Send what this process's Prefect log and event workers hold, and stop them.
-
-    Called while the relay they may point at is still up: a worker made during the relay's
-    life keeps its URL, and would retry a dead relay at exit (or for the session's next
-    test). Stopped workers are made again, with the settings of the time, on next use.
-    """
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
-
-    for service in (APILogWorker, EventsWorker):
-        service.drain_all(timeout=timeout, at_exit=False)
 
 
 def print_verdict(title: str, verdict: dict) -> None:

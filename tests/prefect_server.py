@@ -125,7 +125,13 @@ def running_server(port: int | None = None, home: str | os.PathLike | None = Non
 
 @contextlib.contextmanager
 def use_server(server: PrefectServer) -> Iterator[None]:
-    """Point this process (settings and environment) at ``server``."""
+    """Point this process (settings and environment) at ``server``.
+
+    On the way out, this process's Prefect log and event workers send what they hold to
+    ``server`` and stop (:func:`drain_prefect_services`): else a worker made meanwhile keeps
+    the server's URL after it stopped, and the session's next tests' events queue behind
+    its retries of a dead API.
+    """
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     saved = {k: os.environ.get(k) for k in ("PREFECT_API_URL",
@@ -134,10 +140,27 @@ def use_server(server: PrefectServer) -> Iterator[None]:
     os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     try:
         with temporary_settings({PREFECT_API_URL: server.api_url}):
-            yield
+            try:
+                yield
+            finally:
+                drain_prefect_services()
     finally:
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def drain_prefect_services(timeout: float = 10.0) -> None:
+    """Send what this process's Prefect log and event workers hold, and stop them.
+
+    Called while the server (or relay) they may point at is still up: a worker made during
+    its life keeps its URL, and would retry a dead API at exit (or for the session's next
+    test). Stopped workers are made again, with the settings of the time, on next use.
+    """
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for service in (APILogWorker, EventsWorker):
+        service.drain_all(timeout=timeout, at_exit=False)

@@ -5,7 +5,8 @@ Created in the flow run, keys lowercase with dashes derived from the pipeline na
 (table, also when everything is ok), ``<pipeline>-report-<stage>`` (link per stage) and
 ``<pipeline>-trend`` (link to the stored trend page, presigned on S3).
 Values are JSON-clean (no NaN/inf, no numpy scalars). A failure to create an artifact is
-a warning: the summaries are already stored by then.
+a warning: the reports are stored before their links are posted, the summaries before the
+run's other artifacts.
 """
 
 from __future__ import annotations
@@ -130,21 +131,24 @@ def regression_rows(result: FinishResult) -> list[dict[str, Any]]:
     return table_rows(frame, [*VERDICT_ARTIFACT_COLUMNS, "why"])
 
 
-def publish(result: FinishResult, links: dict[str, str],
-            trend_location: str | None = None) -> list[str]:
-    """Create the run's artifacts in the current flow run; return warnings, never raise.
+def report_link_artifacts(pipeline: str, run_id: str, links: dict[str, str]) -> list[Any]:
+    """One link artifact per stage report (``<pipeline>-report-<stage>``)."""
+    from prefect.artifacts import LinkArtifact
 
-    The artifacts are one group: built here, then posted together through the flow run's
-    client, concurrently (one round trip of wall time instead of one per artifact; the
-    Prefect API has no bulk endpoint for artifacts).
-    """
-    import httpx
+    key = artifact_key(pipeline)
+    return [LinkArtifact(link=link, link_text=f"{pipeline} {stage_name} report",
+                         key=artifact_key(key, "report", stage_name),
+                         description=f"Dask performance report of stage {stage_name}, "
+                                     f"run {run_id}")
+            for stage_name, link in links.items()]
+
+
+def run_artifacts(result: FinishResult, links: dict[str, str],
+                  trend_location: str | None = None) -> list[Any]:
+    """The judged run's artifacts: summary table, run markdown, regression table, trend."""
     from prefect.artifacts import LinkArtifact, MarkdownArtifact, TableArtifact
-    from prefect.client.schemas.actions import ArtifactCreate
-    from prefect.utilities.context import get_task_and_flow_run_ids
 
     key = artifact_key(result.pipeline)
-    task_run_id, flow_run_id = get_task_and_flow_run_ids()
     artifacts = [
         TableArtifact(table=table_rows(result.summary, SUMMARY_ARTIFACT_COLUMNS),
                       key=f"{key}-summary",
@@ -158,32 +162,74 @@ def publish(result: FinishResult, links: dict[str, str],
         artifacts.append(LinkArtifact(
             link=trend_location, link_text=f"{result.pipeline} trend", key=f"{key}-trend",
             description=f"Total seconds per prefix over the baseline, run {result.run_id}"))
-    for stage_name, link in links.items():
-        artifacts.append(LinkArtifact(
-            link=link, link_text=f"{result.pipeline} {stage_name} report",
-            key=artifact_key(key, "report", stage_name),
-            description=f"Dask performance report of stage {stage_name}, run {result.run_id}"))
-    requests = [ArtifactCreate(type=a.type, key=a.key, description=a.description,
-                               task_run_id=task_run_id, flow_run_id=flow_run_id,
-                               data=a.format(_sync=True))
-                for a in artifacts]
-    warnings = []
-    # The run's client retries a lost API for about a minute per request; artifacts are
-    # not worth that: one retry, and a transport failure is reported once for the group.
-    with _few_retries(), _run_client() as client, ThreadPoolExecutor(
-            max_workers=min(8, len(requests)),
-            thread_name_prefix="dask-profiling-artifacts") as pool:
-        # each thread runs in a copy of this context: Prefect's settings (the API URL,
-        # the retries) and run context live in context variables
-        futures = [pool.submit(contextvars.copy_context().run, client.create_artifact,
-                               artifact=r) for r in requests]
-        errors = [f.exception() for f in futures]
-    failed = [e for e in errors if e is not None]
+    return artifacts
+
+
+def publish(result: FinishResult, links: dict[str, str],
+            trend_location: str | None = None) -> list[str]:
+    """Create the run's artifacts in the current flow run; return warnings, never raise."""
+    return post([*run_artifacts(result, links, trend_location),
+                 *report_link_artifacts(result.pipeline, result.run_id, links)]).wait()
+
+
+class Posting:
+    """Artifacts being created in the current flow run, concurrently, in the background.
+
+    The Prefect API has no bulk endpoint for artifacts: each is one request, posted from
+    its own thread through the flow run's client (one round trip of wall time instead of
+    one per artifact). Started by :func:`post`, so a caller can go on with other work (the
+    session posts the report links while the run is judged); :meth:`wait` joins them and
+    returns the warnings, never raising.
+    """
+
+    def __init__(self, artifacts: list[Any]) -> None:
+        from prefect.client.schemas.actions import ArtifactCreate
+        from prefect.utilities.context import get_task_and_flow_run_ids
+
+        task_run_id, flow_run_id = get_task_and_flow_run_ids()
+        requests = [ArtifactCreate(type=a.type, key=a.key, description=a.description,
+                                   task_run_id=task_run_id, flow_run_id=flow_run_id,
+                                   data=a.format(_sync=True))
+                    for a in artifacts]
+        self._exit = contextlib.ExitStack()
+        self._futures = []
+        if not requests:
+            return
+        # The run's client retries a lost API for about a minute per request; artifacts
+        # are not worth that: one retry, and a transport failure is reported once for the
+        # group. Each thread runs in a copy of this context: Prefect's settings (the API
+        # URL, the retries) and run context live in context variables.
+        with _few_retries():
+            context = contextvars.copy_context()
+            client = self._exit.enter_context(_run_client())
+        pool = ThreadPoolExecutor(max_workers=min(8, len(requests)),
+                                  thread_name_prefix="dask-profiling-artifacts")
+        self._exit.callback(pool.shutdown)
+        self._futures = [pool.submit(context.copy().run, client.create_artifact, artifact=r)
+                         for r in requests]
+
+    def wait(self) -> list[str]:
+        """Wait for every artifact; the warnings of those not created."""
+        try:
+            errors = [f.exception() for f in self._futures]
+        finally:
+            self._exit.close()
+        return _post_warnings([e for e in errors if e is not None])
+
+
+def post(artifacts: list[Any]) -> Posting:
+    """Start creating ``artifacts`` in the current flow run (see :class:`Posting`)."""
+    return Posting(artifacts)
+
+
+def _post_warnings(failed: list[BaseException]) -> list[str]:
+    import httpx
+
     if failed and all(isinstance(e, _NoClient) for e in failed):
         failed = [failed[0].__cause__ or failed[0]] * len(failed)
     lost = [e for e in failed if isinstance(e, httpx.TransportError)]
-    for exc in [e for e in failed if not isinstance(e, httpx.TransportError)]:
-        warnings.append(f"artifact not created: {exc!r}")
+    warnings = [f"artifact not created: {exc!r}"
+                for exc in failed if not isinstance(exc, httpx.TransportError)]
     if lost:
         warnings.append(f"artifact not created: {lost[0]!r}")
         warnings.append(f"{len(lost)} artifact(s) not created: the Prefect API did not answer")

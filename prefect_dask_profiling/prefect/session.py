@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
@@ -20,7 +21,7 @@ import distributed
 from prefect_dask_profiling._util import validate_name
 from prefect_dask_profiling.environment import environment
 from prefect_dask_profiling.finishing import FinishResult, FinishSettings, finish_run
-from prefect_dask_profiling.prefect import reports
+from prefect_dask_profiling.prefect import artifacts, reports
 from prefect_dask_profiling.regression.verdict import RegressionDetected
 from prefect_dask_profiling.stage import (
     LocalWorkWatch,
@@ -101,6 +102,7 @@ class Session:
         self._store = None
         self._store_url: str | None = None
         self._report_pool: ThreadPoolExecutor | None = None
+        self._boundary_pool: ThreadPoolExecutor | None = None
         self._pending_reports: list[Future] = []
         # auto mode: short stages whose report is rendered only if they regress
         self._deferred: list[tuple[StageInfo, reports.ReportWindow, reports.WindowEnd]] = []
@@ -131,6 +133,9 @@ class Session:
         if self._report_pool is not None:
             self._report_pool.shutdown(wait=True)
             self._report_pool = None
+        if self._boundary_pool is not None:
+            self._boundary_pool.shutdown(wait=True)
+            self._boundary_pool = None
         if self.storage_counted and self.scope == "cluster":
             # on a shared cluster (scope "run") it stays: another run may be counting with it
             storage_io.uninstall(self.client)
@@ -242,31 +247,52 @@ class Session:
                 since.add(name)
         self._opened_since.setdefault(name, set())
         window = self._first_window.get(name)
+        reads = {}
         if window is None and self.options.stage_reports:
-            try:
-                window = reports.open_window(self.client)
-                self._installed_stream |= window.installed_stream
-                self._first_window[name] = window
-            except Exception as exc:
-                self.warnings.append(f"stage {name!r}: report not started: {exc!r}")
+            reads["window"] = lambda: reports.open_window(self.client)
+        if self.storage_counted:
+            reads["io"] = lambda: storage_io.io_counters(self.client)
+        got = self._boundary_reads(reads)
+        if isinstance(got.get("window"), BaseException):
+            self.warnings.append(f"stage {name!r}: report not started: {got['window']!r}")
+        elif "window" in got:
+            window = got["window"]
+            self._installed_stream |= window.installed_stream
+            self._first_window[name] = window
         local = LocalWorkWatch()
         local.register()
         opened = OpenStage(name=name, window=window, local=local,
-                           io_before=self._io_counters(name))
+                           io_before=self._io_counters(name, got.get("io")))
         self.open_stages[name] = opened
         return opened
 
-    def _io_counters(self, name: str) -> dict[str, Any] | None:
-        """The workers' storage counters now (None when not counted or unreadable)."""
-        if not self.storage_counted:
-            return None
-        try:
-            return storage_io.io_counters(self.client)
-        except Exception as exc:
-            self.warnings.append(f"stage {name!r}: storage requests not read: {exc!r}")
-            return None
+    def _boundary_reads(self, reads: dict[str, Callable[[], Any]]) -> dict[str, Any]:
+        """Run a stage boundary's reads from the scheduler and the workers at once.
 
-    def _record_io(self, name: str, token: OpenStage) -> None:
+        Each read is a round trip through the scheduler (and, for the workers' counters, to
+        every worker); concurrently, a boundary costs the slowest of them, not their sum.
+        A read that raised gives its exception as its value.
+        """
+        if len(reads) < 2:
+            return {key: _outcome(read) for key, read in reads.items()}
+        if self._boundary_pool is None:
+            self._boundary_pool = ThreadPoolExecutor(
+                max_workers=3, thread_name_prefix="dask-profiling-boundary")
+        futures = {key: self._boundary_pool.submit(_outcome, read)
+                   for key, read in reads.items()}
+        return {key: future.result() for key, future in futures.items()}
+
+    def _io_counters(self, name: str, read: Any) -> dict[str, Any] | None:
+        """The workers' storage counters read at a boundary (None when not counted or
+        unreadable: said in a warning)."""
+        if read is None:
+            return None
+        if isinstance(read, BaseException):
+            self.warnings.append(f"stage {name!r}: storage requests not read: {read!r}")
+            return None
+        return read
+
+    def _record_io(self, name: str, token: OpenStage, read: Any) -> None:
         """The stage's storage requests: the counters' change per worker since it opened.
 
         Counts are per process, so a stage open while another runs (nested, or from
@@ -274,7 +300,7 @@ class Session:
         """
         if token.io_before is None:
             return
-        after = self._io_counters(name)
+        after = self._io_counters(name, read)
         if after is None:
             return
         rows = storage_io.stage_deltas(name, token.io_before, after)
@@ -301,7 +327,13 @@ class Session:
         if token.futures:
             with self.client.as_current():
                 distributed.wait(token.futures)
-        self._record_io(name, token)
+        reads = {"snapshot": lambda: plugin.snapshot(self.client, self.plugin_name)}
+        if token.io_before is not None:
+            reads["io"] = lambda: storage_io.io_counters(self.client)
+        if token.window is not None:
+            reads["end"] = lambda: reports.close_window(self.client)
+        got = self._boundary_reads(reads)
+        self._record_io(name, token, got.get("io"))
         info = self._stage_by_name.get(name)
         if info is None:
             info = self._stage_by_name[name] = StageInfo(name=name)
@@ -312,12 +344,12 @@ class Session:
             self._count_local_work(info, token.local)
         if token.alignment is not None:
             info.chunks_vs_blocks = token.alignment
-        try:
-            self.last_snapshot = plugin.snapshot(self.client, self.plugin_name)
-        except Exception as exc:
-            self.warnings.append(f"stage {name!r}: snapshot failed: {exc!r}")
+        if isinstance(got["snapshot"], BaseException):
+            self.warnings.append(f"stage {name!r}: snapshot failed: {got['snapshot']!r}")
+        else:
+            self.last_snapshot = got["snapshot"]
         if token.window is not None:
-            self._submit_report(info, token.window, failed=error is not None)
+            self._submit_report(info, token.window, got["end"], failed=error is not None)
 
     def _count_local_work(self, info: StageInfo, watch: LocalWorkWatch) -> None:
         """Add the Dask work that ran on local threads in this window to the stage's entry,
@@ -350,7 +382,7 @@ class Session:
         return text
 
     def _submit_report(self, info: StageInfo, window: reports.ReportWindow,
-                       failed: bool = False) -> None:
+                       end: reports.WindowEnd | BaseException, failed: bool = False) -> None:
         """Mark the stage's end now; render and store its report while the next stage runs.
 
         Rendering takes the scheduler about half a second per report (Bokeh), which would
@@ -361,10 +393,8 @@ class Session:
         (``failed``) keeps only its window marks; :meth:`render_flagged` renders it if the
         stage regressed.
         """
-        try:
-            end = reports.close_window(self.client)
-        except Exception as exc:
-            self._set_note(info, f"report not rendered: {exc!r}")
+        if isinstance(end, BaseException):
+            self._set_note(info, f"report not rendered: {end!r}")
             return
         self._span_notes[info.name] = self._span_note(info)
         self._deferred = [d for d in self._deferred if d[0] is not info]  # superseded
@@ -536,9 +566,18 @@ class Session:
             raster = storage_io.raster_fingerprint(self.client)
             if raster is not None:
                 env["raster"] = raster
-        result = finish_run(self.store, record, self.ctx, self.stages, settings, state=state,
-                            error=error, env=env, warnings=warnings,
-                            flagged_reports=self.render_flagged if self._deferred else None)
+        # the stored reports' links are posted while the run is judged (auto mode: a
+        # flagged stage's report is drawn after the judgement, its link posted with the rest)
+        early_links = self._report_links(self.stages) if publish else {}
+        links_posting = self._post_links(early_links)
+        try:
+            result = finish_run(self.store, record, self.ctx, self.stages, settings,
+                                state=state, error=error, env=env, warnings=warnings,
+                                flagged_reports=self.render_flagged if self._deferred else None)
+        except BaseException:
+            for w in self._wait_links(links_posting):
+                logger.warning("dask-profiling: %s", w)
+            raise
         for w in result.warnings:
             _run_log(logging.WARNING, f"dask-profiling: {w}")
         if not result.judged:
@@ -547,9 +586,11 @@ class Session:
         links = self._report_links(self.stages)
         trend = self._link(result.trend_location)  # where it is being written
         if publish:
-            from prefect_dask_profiling.prefect.artifacts import publish as publish_artifacts
-
-            for w in publish_artifacts(result, links, trend_location=trend):
+            late = {k: v for k, v in links.items() if k not in early_links}  # auto: flagged
+            posting = artifacts.post([*artifacts.run_artifacts(result, links, trend),
+                                      *artifacts.report_link_artifacts(
+                                          result.pipeline, result.run_id, late)])
+            for w in [*posting.wait(), *self._wait_links(links_posting)]:
                 logger.warning("dask-profiling: %s", w)
         from prefect_dask_profiling.prefect.events import emit_detection_events
 
@@ -561,6 +602,22 @@ class Session:
         for w in event_warnings:
             logger.warning("dask-profiling: %s", w)
         return result
+
+    def _post_links(self, links: dict[str, str]) -> artifacts.Posting | None:
+        """Start posting the report links' artifacts (None when there are none, or the
+        posting could not start: its warning is kept and the run goes on)."""
+        if not links:
+            return None
+        try:
+            return artifacts.post(artifacts.report_link_artifacts(
+                self.ctx.pipeline, self.ctx.run_id, links))
+        except Exception as exc:
+            self.warnings.append(f"report links not posted: {exc!r}")
+            return None
+
+    @staticmethod
+    def _wait_links(posting: artifacts.Posting | None) -> list[str]:
+        return posting.wait() if posting is not None else []
 
     def _wait_views(self) -> None:
         """Wait for the views the finished run draws in the background; log what failed
@@ -599,6 +656,14 @@ class Session:
                 logger.debug("presign failed: %r", exc)
             links[info.name] = link or location
         return links
+
+
+def _outcome(read: Callable[[], Any]) -> Any:
+    """``read()``, or the exception it raised."""
+    try:
+        return read()
+    except Exception as exc:
+        return exc
 
 
 def _local_work_text(info: StageInfo) -> str | None:

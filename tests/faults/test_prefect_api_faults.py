@@ -39,7 +39,11 @@ def seed_fast_history(store: RunStore, runs: int = 3) -> None:
                         {"version": "1", "status": "healthy", "state": "COMPLETED"})
 
 
-def test_api_down_while_artifacts_are_created(tmp_path, cluster, hooks, fault, caplog):
+@pytest.mark.parametrize("stage_reports", [False, True], ids=["no-reports", "reports"])
+def test_api_down_while_artifacts_are_created(tmp_path, cluster, hooks, fault, caplog,
+                                              stage_reports):
+    """With reports, their links are posted while the run is judged: that group fails too,
+    and neither holds up the verdict."""
     store_url = str(tmp_path / "store")
     store = RunStore(store_url)
     seed_fast_history(store)
@@ -60,7 +64,7 @@ def test_api_down_while_artifacts_are_created(tmp_path, cluster, hooks, fault, c
     hooks["before_finish"] = stop_api
     hooks["after_finish"] = restart_api
     runner = ProfiledDaskTaskRunner(address=cluster.address, store=store_url,
-                                    stage_reports=False)
+                                    stage_reports=stage_reports)
     fault.expect_summary()
     try:
         with use_server(server), caplog.at_level(logging.WARNING, "prefect_dask_profiling"):
@@ -79,6 +83,8 @@ def test_api_down_while_artifacts_are_created(tmp_path, cluster, hooks, fault, c
     fault.recovered()
     assert manifest["flow_run_id"] == str(state.state_details.flow_run_id)
     assert manifest["regressed"] is True and manifest["status"] == "regressed"
+    reported = [s["name"] for s in manifest["stages"] if s.get("report")]
+    assert bool(reported) == stage_reports, manifest["stages"]
     # the verdict still applies: the run failed on it, and Prefect recorded that
     assert state.is_failed()
     with pytest.raises(RegressionDetected):

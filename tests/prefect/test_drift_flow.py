@@ -88,6 +88,8 @@ def test_drift_fails_the_flow_emits_an_event_and_shows_in_the_artifacts(prefect_
     markdown = found["drifting-run"].data
     assert "Flagged prefixes" in markdown and "slow_block | drift" in markdown
     assert "drifting-trend" in found, (sorted(found), manifest["warnings"])
+    # the drifted stage's report is drawn after the judgement: its link posted with the rest
+    assert {k for k in found if "-report-" in k} == {f"drifting-report-{s}" for s in drifted}
     assert found["drifting-trend"].data.endswith("trend.html)")
 
     EventsWorker.drain_all()
