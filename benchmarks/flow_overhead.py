@@ -345,7 +345,8 @@ def print_breakdown(phases: Phases, runs: int, plain_wall: float) -> None:
 
 
 _ORDER = ["runner __enter__", "plugin registration", "preflight", "stage opened",
-          "boundary reads", "report window", "storage counters", "stage closed", "plugin snapshot", "stage report", "report render",
+          "boundary reads", "report window", "storage counters", "stage closed",
+          "plugin snapshot", "stage report", "report render",
           "data copied", "HTML drawn", "report upload", "wait for", "finish()", "collect",
           "environment", "finish_run",
           "summarise", "store write (record)", "step:", "store write (complete)", "artifacts",
