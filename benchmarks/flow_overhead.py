@@ -168,6 +168,7 @@ def instrument(phases: Phases) -> None:
     from prefect_dask_profiling import finishing
     from prefect_dask_profiling.prefect import (
         artifacts,
+        events,
         report_data,
         report_html,
         reports,
@@ -203,6 +204,9 @@ def instrument(phases: Phases) -> None:
         (artifacts.Posting, "__init__", "  artifacts: posting started"),
         (artifacts.Posting, "wait", "  artifacts: waited for"),
         (cls, "_report_links", "  report links (presign)"),
+        (storage_io, "raster_fingerprint", "  workers' raster stack"),
+        (events, "emit_detection_events", "  Prefect events"),
+        (session, "read_history_early", "  history read started (at the run's start)"),
         (cls, "finish", "finish() (total)"),
         (cls, "close", "shutdown (plugin uninstall, stream release)"),
     ]
@@ -344,13 +348,14 @@ def print_breakdown(phases: Phases, runs: int, plain_wall: float) -> None:
               f"({phases.calls[label] / runs:.0f} calls)")
 
 
-_ORDER = ["runner __enter__", "plugin registration", "preflight", "stage opened",
+_ORDER = ["runner __enter__", "plugin registration", "preflight", "history read started",
+          "stage opened",
           "boundary reads", "report window", "storage counters", "stage closed",
           "plugin snapshot", "stage report", "report render",
           "data copied", "HTML drawn", "report upload", "wait for", "finish()", "collect",
           "environment", "finish_run",
           "summarise", "store write (record)", "step:", "store write (complete)", "artifacts",
-          "report links", "shutdown", "runner __exit__"]
+          "report links", "raster stack", "Prefect events", "shutdown", "runner __exit__"]
 
 
 def _order(label: str) -> int:

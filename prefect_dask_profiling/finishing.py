@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -193,6 +194,7 @@ class RunEnd:
     views: list[tuple[str, Callable[[], list[str]]]] = field(default_factory=list)
     step_seconds: dict[str, float] = field(default_factory=dict)
     flagged_reports: Callable[[set[str]], list[str]] | None = None
+    early_history: EarlyHistory | None = None
 
     @property
     def failed_otherwise(self) -> bool:
@@ -238,12 +240,99 @@ def _lifecycle(end: RunEnd) -> None:
 
 
 def _history(end: RunEnd) -> None:
-    """Read the run's history; one that cannot be read leaves the run unjudged."""
+    """The run's history: the one read while the run computed (:func:`read_history_early`)
+    when it is still the right one, else read now; one that cannot be read leaves the run
+    unjudged."""
     from prefect_dask_profiling.regression.judge import load_history
 
+    early = end.early_history
+    stale = early is not None and early.stale_for(end)
+    if early is not None and stale is None:
+        try:
+            end.history = early.future.result()
+        except Exception as exc:  # read it again now: the store may be back
+            logger.info("dask-profiling: the history read while the run computed failed "
+                        "(%r); reading it again", exc)
+        else:
+            end.manifest_extra["history_read"] = {"at": early.started, "when": "run start"}
+            end.warnings.extend(end.history.warnings)
+            return
+    end.manifest_extra["history_read"] = {"at": _now(), "when": "finish",
+                                          **({"why": stale} if stale else {})}
     end.history = load_history(end.store, end.ctx.pipeline, end.ctx.version,
                                end.settings.rules, run_id=end.ctx.run_id)
     end.warnings.extend(end.history.warnings)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+@dataclass(frozen=True)
+class EarlyHistory:
+    """A run's history being read in the background while the run computes.
+
+    Reading the history is the costliest read of a run's end (one listing per folder, the
+    baseline's tables, the drift series, the alert history: on S3 a round trip each);
+    started when the run starts (:func:`read_history_early`), the judgement does not wait
+    for it. :func:`finish_run` reads it again when it is not the right one any more
+    (:meth:`stale_for`) or its read failed.
+
+    Attributes
+    ----------
+    location
+        The store it is read from.
+    pipeline, version, run_id
+        The run it is read for.
+    rules
+        The rules it is read for (how many baseline runs and series nights).
+    started
+        When the read began (ISO, UTC): runs stored after it are not in it.
+    future
+        The :class:`~prefect_dask_profiling.regression.judge.History`, or its failure.
+    """
+
+    location: str
+    pipeline: str
+    version: str
+    run_id: str
+    rules: Rules
+    started: str
+    future: Future[History]
+
+    def stale_for(self, end: RunEnd) -> str | None:
+        """Why this history is not ``end``'s (``None`` when it is): another store, run or
+        rules, or earlier runs of the pipeline delivered from the spool since."""
+        if (self.location, self.pipeline, self.version, self.run_id) != (
+                end.store.url, end.ctx.pipeline, end.ctx.version, end.ctx.run_id):
+            return "read for another store or run"
+        if self.rules != end.settings.rules:
+            return "read for other rules"
+        delivered = (end.manifest_extra.get("spool_delivery") or {}).get("pipelines") or {}
+        if end.ctx.pipeline in delivered.values():
+            return "runs of the pipeline delivered from the spool since"
+        return None
+
+
+def read_history_early(store: RunStore, ctx: RunContext, rules: Rules) -> EarlyHistory:
+    """Start reading the history ``ctx``'s run will be judged against, in a background
+    thread (pass the result to :func:`finish_run`).
+
+    ``store`` should be a store of its own (the same URL and options as the run's): reads
+    remembered in it must not meet the run's writes, made from another thread.
+    """
+    from prefect_dask_profiling.regression.judge import load_history
+
+    pipeline, version, run_id = ctx.pipeline, ctx.version, ctx.run_id
+
+    def read() -> History:
+        with store.remembering_reads():
+            return load_history(store, pipeline, version, rules, run_id=run_id)
+
+    return EarlyHistory(location=store.url, pipeline=pipeline, version=version, run_id=run_id,
+                        rules=rules, started=_now(),
+                        future=_in_background(read, name="dask-profiling-history",
+                                              daemon=True))
 
 
 def _judge(end: RunEnd) -> None:
@@ -310,8 +399,10 @@ def _draw_views(views: list[tuple[str, Callable[[], list[str]]]]) -> list[str]:
     return warnings
 
 
-def _in_background(job: Callable[[], Any]) -> Future:
-    """Run ``job`` in a thread of its own (not a daemon: a process that ends waits for it)."""
+def _in_background(job: Callable[[], Any], *, name: str = "dask-profiling-views",
+                   daemon: bool = False) -> Future:
+    """Run ``job`` in a thread of its own (by default not a daemon: a process that ends
+    waits for it; a daemon for reads, which lose nothing when the process ends first)."""
     future: Future = Future()
 
     def run() -> None:
@@ -320,7 +411,7 @@ def _in_background(job: Callable[[], Any]) -> Future:
         except BaseException as exc:  # the job catches its own failures; this is a bug
             future.set_exception(exc)
 
-    threading.Thread(target=run, name="dask-profiling-views").start()
+    threading.Thread(target=run, name=name, daemon=daemon).start()
     return future
 
 
@@ -401,7 +492,9 @@ def finish_run(store: RunStore, record: RunRecord, ctx: RunContext, stages: list
                settings: FinishSettings | None = None, *, state: str | None = None,
                error: BaseException | None = None, env: dict[str, Any] | None = None,
                warnings: list[str] | None = None,
-               flagged_reports: Callable[[set[str]], list[str]] | None = None) -> FinishResult:
+               flagged_reports: Callable[[set[str]], list[str]] | None = None,
+               early_history: EarlyHistory | None = None,
+               summarised: Callable[[pd.DataFrame], None] | None = None) -> FinishResult:
     """Summarise, store, judge and complete one run; never raises for a failing step.
 
     Parameters
@@ -429,6 +522,14 @@ def finish_run(store: RunStore, record: RunRecord, ctx: RunContext, stages: list
         Called with the names of the stages that regressed or drifted, once the run is
         judged and before it is completed: renders the reports left for that case (it fills
         the ``report`` of those ``stages``) and returns warnings for the manifest.
+    early_history
+        The history read while the run computed (:func:`read_history_early`): used when it
+        is still the run's (:meth:`EarlyHistory.stale_for`) and its read succeeded, else
+        the history is read now. The manifest's ``history_read`` says which.
+    summarised
+        Called with the per-prefix summary as soon as it is computed, before the run is
+        stored and judged (the session starts posting its artifact then); what it raises
+        is a warning.
 
     Returns
     -------
@@ -444,8 +545,13 @@ def finish_run(store: RunStore, record: RunRecord, ctx: RunContext, stages: list
                  settings=settings or FinishSettings(), state=state, error=error,
                  env=env if env is not None else environment(),
                  warnings=[*(warnings or []), *record.warnings],
-                 flagged_reports=flagged_reports)
+                 flagged_reports=flagged_reports, early_history=early_history)
     _run_step(end, "summary", _summarise)
+    if summarised is not None and end.summary is not None:
+        try:
+            summarised(end.summary)
+        except Exception as exc:
+            end.warnings.append(f"summary not handed on: {type(exc).__name__}: {exc}")
     first = _store_record(end)
     with store.remembering_reads():  # the baseline and the drift series share the history
         for name, step in STEPS:

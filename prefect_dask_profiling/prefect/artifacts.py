@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -143,16 +144,26 @@ def report_link_artifacts(pipeline: str, run_id: str, links: dict[str, str]) -> 
             for stage_name, link in links.items()]
 
 
+def summary_artifact(pipeline: str, run_id: str, summary: pd.DataFrame) -> Any:
+    """The per-prefix summary table (``<pipeline>-summary``): known before the judgement,
+    so it can be posted while the run is judged."""
+    from prefect.artifacts import TableArtifact
+
+    return TableArtifact(table=table_rows(summary, SUMMARY_ARTIFACT_COLUMNS),
+                         key=f"{artifact_key(pipeline)}-summary",
+                         description=f"Per-prefix task summary of run {run_id}")
+
+
 def run_artifacts(result: FinishResult, links: dict[str, str],
-                  trend_location: str | None = None) -> list[Any]:
-    """The judged run's artifacts: summary table, run markdown, regression table, trend."""
+                  trend_location: str | None = None, *, summary: bool = True) -> list[Any]:
+    """The judged run's artifacts: summary table (unless ``summary=False``: posted
+    already), run markdown, regression table, trend."""
     from prefect.artifacts import LinkArtifact, MarkdownArtifact, TableArtifact
 
     key = artifact_key(result.pipeline)
     artifacts = [
-        TableArtifact(table=table_rows(result.summary, SUMMARY_ARTIFACT_COLUMNS),
-                      key=f"{key}-summary",
-                      description=f"Per-prefix task summary of run {result.run_id}"),
+        *([summary_artifact(result.pipeline, result.run_id, result.summary)] if summary
+          else []),
         MarkdownArtifact(markdown=run_markdown(result, links, trend_location), key=f"{key}-run",
                          description=f"Utilisation, stages and reports of run {result.run_id}"),
         TableArtifact(table=regression_rows(result), key=f"{key}-regression",
@@ -176,9 +187,10 @@ class Posting:
     """Artifacts being created in the current flow run, concurrently, in the background.
 
     The Prefect API has no bulk endpoint for artifacts: each is one request, posted from
-    its own thread through the flow run's client (one round trip of wall time instead of
-    one per artifact). Started by :func:`post`, so a caller can go on with other work (the
-    session posts the report links while the run is judged); :meth:`wait` joins them and
+    a thread of its own (of a pool the process keeps) through the flow run's client (one
+    round trip of wall time instead of one per artifact). Started by :func:`post`, so a
+    caller can go on with other work (the session posts the report links and the summary
+    while the run is judged); :meth:`wait` joins them and
     returns the warnings, never raising.
     """
 
@@ -202,10 +214,7 @@ class Posting:
         with _few_retries():
             context = contextvars.copy_context()
             client = self._exit.enter_context(_run_client())
-        pool = ThreadPoolExecutor(max_workers=min(8, len(requests)),
-                                  thread_name_prefix="dask-profiling-artifacts")
-        self._exit.callback(pool.shutdown)
-        self._futures = [pool.submit(context.copy().run, client.create_artifact, artifact=r)
+        self._futures = [_pool().submit(context.copy().run, client.create_artifact, artifact=r)
                          for r in requests]
 
     def wait(self) -> list[str]:
@@ -215,6 +224,20 @@ class Posting:
         finally:
             self._exit.close()
         return _post_warnings([e for e in errors if e is not None])
+
+
+_POOL: list[ThreadPoolExecutor] = []
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    """The threads every posting of the process shares: starting a thread costs
+    milliseconds (more on a loaded machine), and a run posts twice."""
+    with _POOL_LOCK:
+        if not _POOL:
+            _POOL.append(ThreadPoolExecutor(max_workers=8,
+                                            thread_name_prefix="dask-profiling-artifacts"))
+        return _POOL[0]
 
 
 def post(artifacts: list[Any]) -> Posting:

@@ -20,7 +20,13 @@ import distributed
 
 from prefect_dask_profiling._util import validate_name
 from prefect_dask_profiling.environment import environment
-from prefect_dask_profiling.finishing import FinishResult, FinishSettings, finish_run
+from prefect_dask_profiling.finishing import (
+    EarlyHistory,
+    FinishResult,
+    FinishSettings,
+    finish_run,
+    read_history_early,
+)
 from prefect_dask_profiling.prefect import artifacts, reports
 from prefect_dask_profiling.regression.verdict import RegressionDetected
 from prefect_dask_profiling.stage import (
@@ -35,6 +41,7 @@ from prefect_dask_profiling.summary.record import RunRecord
 from prefect_dask_profiling.timing import plugin, storage_io
 
 if TYPE_CHECKING:
+    import pandas as pd
     from distributed import Client
 
 logger = logging.getLogger("prefect_dask_profiling")
@@ -101,6 +108,7 @@ class Session:
         self._installed_stream = False
         self._store = None
         self._store_url: str | None = None
+        self._early_history: EarlyHistory | None = None
         self._report_pool: ThreadPoolExecutor | None = None
         self._boundary_pool: ThreadPoolExecutor | None = None
         self._pending_reports: list[Future] = []
@@ -148,13 +156,39 @@ class Session:
 
     @property
     def store(self):
-        from prefect_dask_profiling.store.runs import RunStore
-
         if self._store is None or self._store_url != self.options.store:
-            self._store = RunStore(self.options.store, self.options.storage_options,
-                                   timeout=self.options.store_timeout)
+            self._store = self._new_store()
             self._store_url = self.options.store
         return self._store
+
+    def _new_store(self):
+        from prefect_dask_profiling.store.runs import RunStore
+
+        return RunStore(self.options.store, self.options.storage_options,
+                        timeout=self.options.store_timeout)
+
+    def _settings(self) -> FinishSettings:
+        """How the run is judged and kept, from the runner's options."""
+        options = self.options
+        return FinishSettings(
+            threshold=options.threshold, history=options.history,
+            check_options=dict(options.check_options),
+            report_retention_days=options.report_retention_days,
+            spool_budget_s=options.store_timeout,
+            fail_on_regression=options.on_regression == "fail", views_in_background=True)
+
+    def _read_history_early(self) -> None:
+        """Start reading the run's history while the flow computes (once the pipeline and
+        version are known): finish() then judges without waiting for the store."""
+        if self._early_history is not None or self.finished or not self._captured:
+            return
+        try:
+            rules = self._settings().rules
+            store = self._new_store()  # its own: remembered reads never meet our writes
+        except Exception:  # a bad setting is refused at finish(), with its message
+            logger.debug("history not read early", exc_info=True)
+            return
+        self._early_history = read_history_early(store, self.ctx, rules)
 
     def use_store(self, url: str | None) -> None:
         """Store this run at ``url`` instead of the runner's store (before it finishes)."""
@@ -198,6 +232,7 @@ class Session:
             cleanly (a worker that cannot unpickle a task hangs the flow silently).
         """
         self.capture()
+        self._read_history_early()
         if self._checked_workers:
             return
         from prefect.context import FlowRunContext
@@ -555,12 +590,7 @@ class Session:
         self.wait_reports()  # the last stage's report rendered during the collection
         warnings = [*self.warnings, *([extra_warning] if extra_warning else [])]
         options = self.options
-        settings = FinishSettings(
-            threshold=options.threshold, history=options.history,
-            check_options=dict(options.check_options),
-            report_retention_days=options.report_retention_days,
-            spool_budget_s=options.store_timeout,
-            fail_on_regression=options.on_regression == "fail", views_in_background=True)
+        settings = self._settings()
         env = environment(self.client) if _alive(self.client) else environment()
         if self.storage_counted and _alive(self.client):
             raster = storage_io.raster_fingerprint(self.client)
@@ -569,13 +599,20 @@ class Session:
         # the stored reports' links are posted while the run is judged (auto mode: a
         # flagged stage's report is drawn after the judgement, its link posted with the rest)
         early_links = self._report_links(self.stages) if publish else {}
-        links_posting = self._post_links(early_links)
+        early = [self._post_links(early_links)]  # and the summary once it is computed
+
+        def summarised(summary: pd.DataFrame) -> None:
+            if publish:
+                early.append(self._post([artifacts.summary_artifact(
+                    self.ctx.pipeline, self.ctx.run_id, summary)], "summary"))
+
         try:
             result = finish_run(self.store, record, self.ctx, self.stages, settings,
                                 state=state, error=error, env=env, warnings=warnings,
-                                flagged_reports=self.render_flagged if self._deferred else None)
+                                flagged_reports=self.render_flagged if self._deferred else None,
+                                early_history=self._early_history, summarised=summarised)
         except BaseException:
-            for w in self._wait_links(links_posting):
+            for w in self._wait_early(early):
                 logger.warning("dask-profiling: %s", w)
             raise
         for w in result.warnings:
@@ -585,39 +622,44 @@ class Session:
                      f"{result.manifest.get('unjudged_reason')}")
         links = self._report_links(self.stages)
         trend = self._link(result.trend_location)  # where it is being written
+        posting = None
         if publish:
             late = {k: v for k, v in links.items() if k not in early_links}  # auto: flagged
-            posting = artifacts.post([*artifacts.run_artifacts(result, links, trend),
-                                      *artifacts.report_link_artifacts(
-                                          result.pipeline, result.run_id, late)])
-            for w in [*posting.wait(), *self._wait_links(links_posting)]:
-                logger.warning("dask-profiling: %s", w)
+            summary_posted = any(p is not None for p in early[1:])
+            posting = artifacts.post([
+                *artifacts.run_artifacts(result, links, trend, summary=not summary_posted),
+                *artifacts.report_link_artifacts(result.pipeline, result.run_id, late)])
         from prefect_dask_profiling.prefect.events import emit_detection_events
 
-        # only a published finish (in the flow body) can fail the flow; the runner's exit
-        # path runs after the flow's state is final
+        # built while the artifacts are being posted; only a published finish (in the flow
+        # body) can fail the flow: the runner's exit path runs after its state is final
         _, event_warnings = emit_detection_events(
             result, links, trend,
             fail_on_regression=publish and options.on_regression == "fail")
-        for w in event_warnings:
+        posted = [*(posting.wait() if posting is not None else []), *self._wait_early(early)]
+        for w in [*posted, *event_warnings]:
             logger.warning("dask-profiling: %s", w)
         return result
 
     def _post_links(self, links: dict[str, str]) -> artifacts.Posting | None:
-        """Start posting the report links' artifacts (None when there are none, or the
-        posting could not start: its warning is kept and the run goes on)."""
+        """Start posting the report links' artifacts (None when there are none)."""
         if not links:
             return None
+        return self._post(artifacts.report_link_artifacts(
+            self.ctx.pipeline, self.ctx.run_id, links), "report links")
+
+    def _post(self, posted: list[Any], what: str) -> artifacts.Posting | None:
+        """Start posting artifacts while the run is judged (None when the posting could
+        not start: its warning is kept and the run goes on)."""
         try:
-            return artifacts.post(artifacts.report_link_artifacts(
-                self.ctx.pipeline, self.ctx.run_id, links))
+            return artifacts.post(posted)
         except Exception as exc:
-            self.warnings.append(f"report links not posted: {exc!r}")
+            self.warnings.append(f"{what} not posted: {exc!r}")
             return None
 
     @staticmethod
-    def _wait_links(posting: artifacts.Posting | None) -> list[str]:
-        return posting.wait() if posting is not None else []
+    def _wait_early(postings: list[artifacts.Posting | None]) -> list[str]:
+        return [w for posting in postings if posting is not None for w in posting.wait()]
 
     def _wait_views(self) -> None:
         """Wait for the views the finished run draws in the background; log what failed

@@ -446,18 +446,16 @@ def _wide(history: pd.DataFrame, judged_run: str | None = None) -> tuple[pd.Data
         order = sorted(started, key=lambda r: (str(started[r]), r))
     else:
         order = sorted(frame["run_id"].unique())
-    wide = frame.pivot_table(index="run_id", columns=KEYS, values="total_s", aggfunc="sum",
-                             dropna=False)
+    # a cell with no finite total stays absent (min_count=1), not 0
+    wide = frame.groupby(["run_id", *KEYS])["total_s"].sum(min_count=1).unstack(KEYS)
+    wide = wide.sort_index(axis=1)
     if judged_run is not None:
         judged_run = str(judged_run)
         if judged_run not in order:
             raise ValueError(f"judged_run {judged_run!r} is not in the history")
         order = [r for r in order if r != judged_run] + [judged_run]
     wide = wide.reindex(order)
-    # pivot_table turns an all-missing cell into 0 with aggfunc="sum": restore "absent"
-    present = frame.dropna(subset=["total_s"]).groupby(["run_id", *KEYS]).size()
-    mask = present.unstack(KEYS).reindex(index=order, columns=wide.columns).notna()
-    return wide.where(mask), {r: (None if pd.isna(v) else str(v)) for r, v in started.items()}
+    return wide, {r: (None if pd.isna(v) else str(v)) for r, v in started.items()}
 
 
 def empty_series() -> pd.DataFrame:

@@ -72,6 +72,7 @@ class Manifest(TypedDict, total=False):
     incidents: list[dict[str, Any]]
     finish_seconds: dict[str, float]
     spool_delivery: dict[str, Any]
+    history_read: dict[str, str]  # at (ISO), when ("run start" or "finish"), why (re-read)
 
 
 class LocalWork(TypedDict):

@@ -71,16 +71,25 @@ def run_flow(cluster, url: str, endpoint: str, name: str):
 
 
 def check_spooled_run(files: dict[str, bytes], pipeline: str, reports: set[str],
-                      maybe: frozenset[str] = frozenset()) -> str:
+                      maybe: frozenset[str] = frozenset(), read_early: bool = False) -> str:
     """The spool holds the whole run (manifest, tables, index marker) and ``reports`` (plus
-    any of ``maybe``: reports written in the background may or may not have made it)."""
+    any of ``maybe``: reports written in the background may or may not have made it).
+
+    ``read_early``: the store answered at the run's start, so the history may have been read
+    then (in the background, while the first stage ran) and the run judged against it."""
     [manifest_rel] = [r for r in files if r.endswith("/manifest.json")]
     run_id = manifest_rel.split("/")[2]
     manifest = json.loads(files[manifest_rel])
-    # the history could not be listed either: the run is unjudged with the reason, never
-    # judged on "no history" and stored healthy (issue 19, item 2)
-    assert manifest["status"] == "unjudged" and manifest["state"] == "COMPLETED"
-    assert "could not be listed" in manifest["unjudged_reason"]
+    assert manifest["state"] == "COMPLETED"
+    if read_early and manifest["history_read"]["when"] == "run start":
+        assert manifest["status"] == "healthy", manifest["unjudged_reason"]
+        assert manifest["history_read"]["at"] <= manifest["ended"]
+    else:
+        # the history could not be listed either: the run is unjudged with the reason,
+        # never judged on "no history" and stored healthy (issue 19, item 2)
+        assert manifest["status"] == "unjudged"
+        assert manifest["history_read"]["when"] == "finish"
+        assert "could not be listed" in manifest["unjudged_reason"]
     for name in manifest["files"]:
         assert f"runs/{pipeline}/{run_id}/{name}" in files, name
     assert any(r.startswith(f"index/{pipeline}/") for r in files)
@@ -139,7 +148,7 @@ def test_store_lost_between_two_reports(cluster, hooks, spool, fault, monkeypatc
         assert state.result() == expected(4)
         files = spooled(spool)
         run_id = check_spooled_run(files, "fault-store-mid", {"compute.html"},
-                                   maybe=frozenset({"load.html"}))
+                                   maybe=frozenset({"load.html"}), read_early=True)
         name, longest = watch.longest
         fault.timing(f"store lost mid-run: flow {elapsed:.1f} s, longest store call {name} "
                      f"{longest:.2f} s (timeout {TIMEOUT:g} s)")

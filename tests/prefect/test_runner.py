@@ -161,6 +161,21 @@ def test_flow_on_external_cluster_address(external_cluster, tmp_path):
     assert manifest["utilisation"]["run"] <= 1.05
 
 
+def test_the_history_is_read_while_the_flow_computes(external_cluster, tmp_path):
+    """Read at the run's start in the background, it holds the runs stored before it."""
+    runner = ProfiledDaskTaskRunner(address=external_cluster, store=str(tmp_path))
+    for _ in range(2):
+        state = make_flow(runner, name="runner-early-history")(blocks=4, return_state=True)
+        assert state.is_completed(), state.message
+    first, second = sorted(manifests(str(tmp_path), "runner-early-history"),
+                           key=lambda m: m["run_id"])
+    for manifest in (first, second):
+        read = manifest["history_read"]
+        assert read["when"] == "run start", read
+        assert manifest["started"] <= read["at"] <= manifest["ended"]
+    assert second["baseline"]["runs"] == [first["run_id"]]
+
+
 def test_forgetting_finish_is_visible(external_cluster, tmp_path, caplog):
     runner = ProfiledDaskTaskRunner(address=external_cluster, store=str(tmp_path))
     state = make_flow(runner, name="runner-forgot", decorate=False)(return_state=True)

@@ -59,11 +59,14 @@ def test_every_stored_run_is_judged_again_to_its_stored_outcome(record, tmp_path
         results.append(night(store, scaled(record, {"read": 1 + rng.uniform(-.1, .1)}),
                              start + timedelta(days=n)))
     slow = scaled(record, {"read": 4.0})
-    results.append(night(store, slow, start + timedelta(days=6)))  # regressed
-    results.append(night(store, slow, start + timedelta(days=7),
-                         error=RuntimeError("the flow body failed")))  # failed: never counts
+    # the strict night before the regressed one: after it, it would confirm what the
+    # regressed night only suspected (a small prefix, by its timing) and count as regressed
     strict = FinishSettings(threshold=5.0, check_options=LOOSE)
-    results.append(night(store, slow, start + timedelta(days=8), strict))  # 4x < 5x: healthy
+    strict_night = night(store, slow, start + timedelta(days=6), strict)  # 4x < 5x: healthy
+    results.append(night(store, slow, start + timedelta(days=7)))  # regressed
+    results.append(night(store, slow, start + timedelta(days=8),
+                         error=RuntimeError("the flow body failed")))  # failed: never counts
+    results.append(strict_night)
     monkeypatch.setattr(finishing, "STEPS", [(n, s) for n, s in finishing.STEPS
                                              if n != "history"])
     unjudged = night(store, scaled(record), start + timedelta(days=9))
