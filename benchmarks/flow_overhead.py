@@ -16,6 +16,12 @@ real Prefect server on 127.0.0.1, runs alternated so drift hits both sides alike
   runs' stage counts is not needed: all runs have four stages, so per stage = extra / 4 is
   an upper bound).
 
+Besides the walls, each row has the flow process's CPU seconds (all its threads: Prefect's
+engine, our finish, reports, the client's event loop share one interpreter lock, so extra
+CPU there is extra wall), the *tail* (from the end of the flow body's work to the flow
+call's return: Prefect's end of run plus the runner's finish()) and its garbage-collector
+seconds.
+
 The breakdown says where the profiled runs' extra seconds go, in the flow process: the
 runner's own functions are wrapped with ``time.perf_counter`` for the benchmark only (no
 hook in the package), split by thread (``main`` is the flow's critical path). Scheduler and
@@ -24,7 +30,7 @@ runner copy entered in a worker task is timed in a worker.
 
     .venv/bin/python benchmarks/flow_overhead.py [--part ndvi|tiny|all] [--repeats 3]
         [--tiny-repeats 10] [--shape 24,1024,1024] [--prefect-heartbeats]
-        [--scheduler-process] [--variants plain,defaults,...]
+        [--scheduler-process] [--variants plain,defaults,...] [--breakdown VARIANT]
 
 ``--scheduler-process`` runs the scheduler and workers as separate ``dask scheduler`` /
 ``dask worker`` processes (as a deployment's cluster would be) instead of an in-process
@@ -49,6 +55,7 @@ import argparse
 import collections
 import contextlib
 import functools
+import gc
 import signal
 import statistics
 import sys
@@ -71,6 +78,29 @@ from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner, profil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 NDVI_STAGES = ("ndvi", "median", "reduce")
+BODY_END = [0.0]  # when the flow body's own work ended (the runner's finish() comes after)
+
+
+class GcPauses:
+    """Seconds the flow process spent in the garbage collector (``gc.callbacks``), by
+    generation: a full collection of a Prefect process's heap is tens of ms."""
+
+    def __init__(self) -> None:
+        self.seconds = [0.0, 0.0, 0.0]
+        self._started = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds[info["generation"]] += time.perf_counter() - self._started
+
+    def total(self) -> float:
+        return sum(self.seconds)
+
+
+GC = GcPauses()
 TINY_STAGES = ("read", "clean", "combine", "write")
 
 
@@ -107,6 +137,7 @@ def make_flow(runner: DaskTaskRunner, kind: str, name: str, shape: tuple[int, in
             for stage_name in TINY_STAGES:
                 with stage(stage_name):
                     total += array_sum.submit(400).result()
+        BODY_END[0] = time.perf_counter()
         return total
 
     fn = profiled(body) if isinstance(runner, ProfiledDaskTaskRunner) else body
@@ -281,21 +312,28 @@ def cpu_seconds(client: Client) -> tuple[float, float]:
     return (client.run_on_scheduler(_scheduler_cpu), sum(client.run(_worker_cpu).values()))
 
 
-def timed_run(flow_fn, client: Client) -> tuple[float, float, float, list[float]]:
-    """Wall seconds of one flow run, the scheduler's and workers' CPU seconds in it, and
-    the scheduler's event-loop stalls (seconds, > 5 ms) during it."""
+def timed_run(flow_fn, client: Client) -> tuple[float, float, float, list[float], float, float,
+                                                float]:
+    """Wall seconds of one flow run, the scheduler's and workers' CPU seconds in it, the
+    scheduler's event-loop stalls (seconds, > 5 ms) during it, the flow process's CPU
+    seconds (all its threads), the tail: wall seconds from the end of the flow body's
+    last stage to the flow call's return (Prefect's end of run, and the runner's finish),
+    and the flow process's seconds in the garbage collector."""
     s0, w0 = cpu_seconds(client)
     client.run_on_scheduler(_probe_read)
+    c0, g0 = time.process_time(), GC.total()
     t0 = time.perf_counter()
     state = flow_fn(return_state=True)
-    wall = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    wall, flow_cpu, tail = t1 - t0, time.process_time() - c0, t1 - BODY_END[0]
+    gc_s = GC.total() - g0
     stalls = client.run_on_scheduler(_probe_read)["stalls"]
     # a noisy machine can make a run look regressed: the flow then fails on purpose, after
     # doing exactly the same work, so the run still counts
     if not state.is_completed() and "RegressionDetected" not in (state.message or ""):
         raise RuntimeError(f"flow run ended {state.name}: {state.message}")
     s1, w1 = cpu_seconds(client)
-    return wall, s1 - s0, w1 - w0, stalls
+    return wall, s1 - s0, w1 - w0, stalls, flow_cpu, tail, gc_s
 
 
 def compare(client: Client, flows: dict[str, Any], repeats: int, phases: Phases,
@@ -317,7 +355,7 @@ def compare(client: Client, flows: dict[str, Any], repeats: int, phases: Phases,
                 phases.restore()
             if name == breakdown_of:
                 add_finish_steps(phases, store_dir)
-            wall, _, _, stalls = results[name][-1]
+            wall, _, _, stalls, *_ = results[name][-1]
             print(f"  run {i + 1}/{repeats} {name:<26} {wall:7.2f} s, longest scheduler stall "
                   f"{max(stalls, default=0.0) * 1000:6.1f} ms", flush=True)
     return results
@@ -327,7 +365,7 @@ def print_results(results: dict[str, list], plain: str) -> None:
     base = statistics.median(r[0] for r in results[plain])
     print(f"  {'runner':<26} {'median s':>9} {'ratio':>7} {'min s':>7} {'max s':>7} "
           f"{'sched CPU s':>11} {'worker CPU s':>12} {'max stall ms':>12} "
-          f"{'stalls>20ms/run':>15}")
+          f"{'stalls>20ms/run':>15} {'flow CPU s':>10} {'tail s':>7} {'GC s':>6}")
     for name, rows in results.items():
         walls = [r[0] for r in rows]
         med = statistics.median(walls)
@@ -336,7 +374,9 @@ def print_results(results: dict[str, list], plain: str) -> None:
         print(f"  {name:<26} {med:9.2f} {med / base:7.3f} {min(walls):7.2f} {max(walls):7.2f} "
               f"{statistics.median(r[1] for r in rows):11.2f} "
               f"{statistics.median(r[2] for r in rows):12.2f} {worst * 1000:12.1f} "
-              f"{over:15.1f}")
+              f"{over:15.1f} {statistics.median(r[4] for r in rows):10.2f} "
+              f"{statistics.median(r[5] for r in rows):7.3f} "
+              f"{statistics.median(r[6] for r in rows):6.3f}")
 
 
 def print_breakdown(phases: Phases, runs: int, plain_wall: float) -> None:
@@ -449,12 +489,13 @@ def run_ndvi(args: argparse.Namespace, store_dir: str) -> None:
               f"{args.repeats} alternated runs each")
         try:
             results = compare(client, flows, args.repeats, phases, store_dir,
-                              breakdown_of="defaults" if "defaults" in flows else "")
+                              breakdown_of=args.breakdown or (
+                                  "defaults" if "defaults" in flows else ""))
         finally:
             client.run_on_scheduler(_probe_stop)
         print_results(results, "plain")
         plain = statistics.median(r[0] for r in results["plain"])
-        if "defaults" in flows:
+        if args.breakdown or "defaults" in flows:
             print_breakdown(phases, args.repeats, plain)
         print("  targets: defaults (3 reports) <= 1.03; <= 20 ms of scheduler stall per "
               "report")
@@ -502,6 +543,8 @@ def main() -> None:
                         help="keep Prefect's flow-run heartbeats (walls round up to seconds)")
     parser.add_argument("--scheduler-process", action="store_true",
                         help="ndvi: scheduler and workers in their own processes")
+    parser.add_argument("--breakdown", default="",
+                        help="ndvi: the variant whose breakdown is printed (default: defaults)")
     parser.add_argument("--variants", default="",
                         help=f"ndvi: comma-separated subset of {list(NDVI_VARIANTS)}")
     args = parser.parse_args()

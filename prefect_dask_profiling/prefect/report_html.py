@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import html as html_escape
 import os
-import threading
 from collections import defaultdict
-from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+from prefect_dask_profiling._bokeh import FrozenPage, LayoutPool
 from prefect_dask_profiling.prefect.report_data import StageData, StreamSlice
 
 TITLE = "Dask Performance Report"
@@ -160,7 +159,7 @@ class _Layout:
                                for t, c in zip(TABS, children, strict=True)],
                          sizing_mode="stretch_both")
         self.template = _template()
-        self._frozen: _Frozen | None = None
+        self.page = FrozenPage(self.tabs, self.changed, self.template)
 
     def fill(self, data: StageData, stage: str) -> None:
         """Put ``data`` in every tab."""
@@ -196,7 +195,6 @@ class _Layout:
         else:
             system.label_source.data.update({"cpu": [""] * 3, "memory": [""] * 3})
 
-
     def changed(self) -> list[tuple[Any, str]]:
         """The (model, property) pairs :meth:`fill` sets: all that differs between reports."""
         bw, bt = self.bandwidth_workers, self.bandwidth_types
@@ -208,56 +206,9 @@ class _Layout:
                 (bt.source, "data"), (bt.root.title, "text"), (bt.root.y_range, "factors")]
 
     def html(self) -> str:
-        """The page of the current fill.
-
-        Bokeh's own serialization the first time; afterwards that document with only the
-        :meth:`changed` properties re-encoded (walking every model's properties is most of
-        Bokeh's serialization time, and they do not change).
-        """
-        from bokeh.core.serialization import Serializer
-        from bokeh.embed.elements import html_page_for_render_items
-
-        if self._frozen is None:
-            self._frozen = _serialize(self.tabs)
-        else:
-            serializer = Serializer(deferred=False)
-            for model, name in self.changed():
-                entry = self._frozen.objects[model.id].setdefault("attributes", {})
-                entry[name] = serializer.encode(getattr(model, name))
-        frozen = self._frozen
-        return html_page_for_render_items(frozen.bundle, frozen.docs_json, frozen.items,
-                                          title=TITLE, template=self.template)
-
-
-@dataclass
-class _Frozen:
-    """A document serialized once: its JSON, render items, JS bundle and objects by id."""
-
-    docs_json: dict
-    items: list
-    bundle: Any
-    objects: dict[str, dict]
-
-
-def _serialize(root: Any) -> _Frozen:
-    from bokeh.embed.bundle import bundle_for_objs_and_resources
-    from bokeh.embed.util import OutputDocumentFor, standalone_docs_json_and_render_items
-    from bokeh.resources import CDN
-
-    with OutputDocumentFor([root]) as doc:
-        docs_json, items = standalone_docs_json_and_render_items([root])
-        bundle = bundle_for_objs_and_resources([doc], CDN)
-    objects: dict[str, dict] = {}
-    stack: list[Any] = [docs_json]
-    while stack:  # every serialized model, by id (each is written out in full once)
-        node = stack.pop()
-        if isinstance(node, dict):
-            if node.get("type") == "object" and "id" in node and "name" in node:
-                objects[node["id"]] = node
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-    return _Frozen(docs_json=docs_json, items=items, bundle=bundle, objects=objects)
+        """The page of the current fill: the document serialized once, then only the
+        :meth:`changed` properties encoded again (``_bokeh.FrozenPage``)."""
+        return self.page.html(TITLE)
 
 
 def render_html(data: StageData, stage: str) -> str:
@@ -266,28 +217,9 @@ def render_html(data: StageData, stage: str) -> str:
     The tabs are built once per process (per concurrent report) and refilled for each
     report (:class:`_Layout`): after the first report a page costs milliseconds.
     """
-    with _LAYOUTS.lock:
-        layout = _LAYOUTS.free.pop() if _LAYOUTS.free else None
-    try:
-        layout = layout or _Layout()
+    with LAYOUTS.layout() as layout:
         layout.fill(data, stage)
-        page = layout.html()
-    except Exception:
-        layout = None  # possibly half-filled: never reused
-        raise
-    finally:
-        if layout is not None:
-            with _LAYOUTS.lock:
-                _LAYOUTS.free.append(layout)
-    return page
+        return layout.html()
 
 
-@dataclass
-class _Pool:
-    """Built layouts not in use, shared by every report thread of the process."""
-
-    lock: threading.Lock
-    free: list[_Layout]
-
-
-_LAYOUTS = _Pool(lock=threading.Lock(), free=[])
+LAYOUTS: LayoutPool[_Layout] = LayoutPool(_Layout)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
@@ -75,6 +76,48 @@ class OpenStage:
     alignment: dict[str, Any] | None = None  # chunks against the files' blocks
 
 
+class BoundaryGate:
+    """Holds a stage's report until the flow's next stage has opened.
+
+    The flow process runs Prefect's engine, our stage boundaries and the reports' drawing
+    under one interpreter lock: a report drawn (data copied, Bokeh) while the next stage
+    opens makes that opening's round trips wait for the lock, on the flow's critical path.
+    Held a few milliseconds, the report is drawn while the flow waits for the next stage's
+    work instead. A held report starts anyway after ``hold_s``, and at once when the run
+    finishes (:meth:`release`).
+    """
+
+    def __init__(self, hold_s: float = 0.05) -> None:
+        self.hold_s = hold_s
+        self._changed = threading.Condition()
+        self._opened = 0
+        self._released = False
+
+    def mark(self) -> int:
+        """The number of stages opened so far: pass it to :meth:`wait`."""
+        with self._changed:
+            return self._opened
+
+    def opened(self) -> None:
+        """A stage has opened (its boundary reads are done)."""
+        with self._changed:
+            self._opened += 1
+            self._changed.notify_all()
+
+    def release(self) -> None:
+        """The run is finishing: nothing is held any longer."""
+        with self._changed:
+            self._released = True
+            self._changed.notify_all()
+
+    def wait(self, mark: int) -> None:
+        """Return once a stage has opened since ``mark``, the run finishes, or ``hold_s``
+        has passed."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._opened > mark or self._released,
+                                   timeout=self.hold_s)
+
+
 class Session:
     """Flow-side state of one profiled run."""
 
@@ -112,6 +155,11 @@ class Session:
         self._report_pool: ThreadPoolExecutor | None = None
         self._boundary_pool: ThreadPoolExecutor | None = None
         self._pending_reports: list[Future] = []
+        self._gate = BoundaryGate()
+        # report links posted by the report thread as each report is stored (stage -> the
+        # location linked), and their postings: finish() posts only the others
+        self._links_posted: dict[str, str] = {}
+        self._link_postings: list[artifacts.Posting] = []
         # auto mode: short stages whose report is rendered only if they regress
         self._deferred: list[tuple[StageInfo, reports.ReportWindow, reports.WindowEnd]] = []
 
@@ -135,24 +183,31 @@ class Session:
 
     def close(self) -> None:
         """Remove the plugin and the task-stream recorder we caused (before client close);
-        wait for the run's views (trend page, fleet rows) still being stored."""
+        wait for the run's views (trend page, fleet rows) still being stored.
+
+        The views are waited for last: the removals are round trips to the scheduler,
+        during which the views' thread draws.
+        """
+        self._gate.release()
         self.wait_reports()
-        self._wait_views()
         if self._report_pool is not None:
             self._report_pool.shutdown(wait=True)
             self._report_pool = None
         if self._boundary_pool is not None:
             self._boundary_pool.shutdown(wait=True)
             self._boundary_pool = None
-        if self.storage_counted and self.scope == "cluster":
-            # on a shared cluster (scope "run") it stays: another run may be counting with it
-            storage_io.uninstall(self.client)
         try:
-            plugin.uninstall(self.client, self.plugin_name)
-            if self._installed_stream:
-                reports.release_task_stream(self.client)
-        except Exception:
-            logger.debug("dask-profiling cleanup failed", exc_info=True)
+            if self.storage_counted and self.scope == "cluster":
+                # on a shared cluster (scope "run") it stays: another run may count with it
+                storage_io.uninstall(self.client)
+            try:
+                plugin.uninstall(self.client, self.plugin_name)
+                if self._installed_stream:
+                    reports.release_task_stream(self.client)
+            except Exception:
+                logger.debug("dask-profiling cleanup failed", exc_info=True)
+        finally:
+            self._wait_views()
 
     @property
     def store(self):
@@ -222,8 +277,10 @@ class Session:
             self.ctx.flow_run_name = flow_run.name
             self.ctx.deployment = str(flow_run.deployment_id) if flow_run.deployment_id else None
 
-    def preflight(self) -> None:
-        """Check (once) that the workers can load what Prefect will send them.
+    def preflight(self, read_history: bool = True) -> None:
+        """Check (once) that the workers can load what Prefect will send them; start reading
+        the run's history (unless ``read_history`` is False: a stage opening starts it once
+        its boundary reads are done, so the two do not share the interpreter lock).
 
         Raises
         ------
@@ -232,7 +289,8 @@ class Session:
             cleanly (a worker that cannot unpickle a task hangs the flow silently).
         """
         self.capture()
-        self._read_history_early()
+        if read_history:
+            self._read_history_early()
         if self._checked_workers:
             return
         from prefect.context import FlowRunContext
@@ -272,7 +330,7 @@ class Session:
     def stage_opened(self, name: str) -> OpenStage:
         """Open a stage's window; a name opened before continues its stage (and report)."""
         try:
-            self.preflight()
+            self.preflight(read_history=False)
         except RuntimeError:
             raise
         except Exception:  # identity is best effort; the stage must still open
@@ -299,6 +357,8 @@ class Session:
         opened = OpenStage(name=name, window=window, local=local,
                            io_before=self._io_counters(name, got.get("io")))
         self.open_stages[name] = opened
+        self._gate.opened()  # the previous stage's report may be drawn now
+        self._read_history_early()
         return opened
 
     def _boundary_reads(self, reads: dict[str, Callable[[], Any]]) -> dict[str, Any]:
@@ -452,7 +512,8 @@ class Session:
         if earlier is not None:
             earlier.cancel()  # an earlier window's render not started yet: this one covers it
         future = self._report_pool.submit(
-            contextvars.copy_context().run, self._store_report, info, window, end)
+            contextvars.copy_context().run, self._store_report_when_idle, self._gate.mark(),
+            info, window, end)
         self._pending_by_name[info.name] = future
         self._pending_reports.append(future)
 
@@ -489,6 +550,13 @@ class Session:
         self._deferred = keep
         return self.warnings[before:]
 
+    def _store_report_when_idle(self, mark: int, info: StageInfo,
+                                window: reports.ReportWindow,
+                                end: reports.WindowEnd | None = None) -> None:
+        """:meth:`_store_report` once the next stage has opened (:class:`BoundaryGate`)."""
+        self._gate.wait(mark)
+        self._store_report(info, window, end)
+
     def _store_report(self, info: StageInfo, window: reports.ReportWindow,
                       end: reports.WindowEnd | None = None) -> None:
         try:
@@ -513,6 +581,19 @@ class Session:
         self._set_note(info, None if not rendered.truncated else (
             f"report truncated: it shows {rendered.shown} of the stage's {rendered.tasks} "
             f"tasks (Dask's task stream keeps the last {window.stream_limit})"))
+        self._post_report_link(info)
+
+    def _post_report_link(self, info: StageInfo) -> None:
+        """Start posting the link artifact of a stage's report just stored (in the report
+        thread, while the flow waits for the next stage): finish() then has fewer
+        artifacts to post. Only in a flow run; a failure leaves the link to finish()."""
+        if self.ctx.flow_run_id is None:
+            return
+        links = self._report_links([info])
+        posting = self._post_links(links)
+        if posting is not None:
+            self._link_postings.append(posting)
+            self._links_posted[info.name] = info.report["location"]
 
     # -- finish ----------------------------------------------------------------------------
 
@@ -531,6 +612,7 @@ class Session:
                 raise RegressionDetected(self.result.verdicts, self.result.failure_message)
             return self.result
         self.finished = True
+        self._gate.release()  # the last stage's report is drawn while the run is collected
         try:
             self.result = self._finish(error, state, publish, extra_warning)
         except Exception as exc:  # never change the flow's own outcome by our failure
@@ -570,12 +652,8 @@ class Session:
                                  "was collected at the last stage boundary; run incomplete")
             snap = self.last_snapshot
             snap["incomplete"] = True
-        try:
-            nthreads = self.client.nthreads()
-        except Exception:
-            nthreads = {}
-        record = RunRecord.from_snapshot(snap, workers=len(nthreads),
-                                         threads=sum(nthreads.values()))
+        workers, threads = plugin.cluster_size(self.client, snap)
+        record = RunRecord.from_snapshot(snap, workers=workers, threads=threads)
         record.incomplete = bool(snap.get("incomplete"))
         record.io = io_frame(self.io_rows)
         return record
@@ -598,7 +676,7 @@ class Session:
                 env["raster"] = raster
         # the stored reports' links are posted while the run is judged (auto mode: a
         # flagged stage's report is drawn after the judgement, its link posted with the rest)
-        early_links = self._report_links(self.stages) if publish else {}
+        early_links = self._report_links(self._links_unposted()) if publish else {}
         early = [self._post_links(early_links)]  # and the summary once it is computed
 
         def summarised(summary: pd.DataFrame) -> None:
@@ -612,7 +690,7 @@ class Session:
                                 flagged_reports=self.render_flagged if self._deferred else None,
                                 early_history=self._early_history, summarised=summarised)
         except BaseException:
-            for w in self._wait_early(early):
+            for w in self._wait_early([*early, *self._link_postings]):
                 logger.warning("dask-profiling: %s", w)
             raise
         for w in result.warnings:
@@ -624,7 +702,8 @@ class Session:
         trend = self._link(result.trend_location)  # where it is being written
         posting = None
         if publish:
-            late = {k: v for k, v in links.items() if k not in early_links}  # auto: flagged
+            late = self._report_links(self._links_unposted())  # auto mode: flagged ones
+            late = {k: v for k, v in late.items() if k not in early_links}
             summary_posted = any(p is not None for p in early[1:])
             posting = artifacts.post([
                 *artifacts.run_artifacts(result, links, trend, summary=not summary_posted),
@@ -636,7 +715,8 @@ class Session:
         _, event_warnings = emit_detection_events(
             result, links, trend,
             fail_on_regression=publish and options.on_regression == "fail")
-        posted = [*(posting.wait() if posting is not None else []), *self._wait_early(early)]
+        posted = [*(posting.wait() if posting is not None else []),
+                  *self._wait_early([*early, *self._link_postings])]
         for w in [*posted, *event_warnings]:
             logger.warning("dask-profiling: %s", w)
         return result
@@ -647,6 +727,11 @@ class Session:
             return None
         return self._post(artifacts.report_link_artifacts(
             self.ctx.pipeline, self.ctx.run_id, links), "report links")
+
+    def _links_unposted(self) -> list[StageInfo]:
+        """The stages whose stored report's link the report thread has not posted."""
+        return [info for info in self.stages
+                if (info.report or {}).get("location") != self._links_posted.get(info.name)]
 
     def _post(self, posted: list[Any], what: str) -> artifacts.Posting | None:
         """Start posting artifacts while the run is judged (None when the posting could

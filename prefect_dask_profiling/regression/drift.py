@@ -145,18 +145,22 @@ def detect_drift(history: pd.DataFrame, threshold: float = 2.0, min_ratio: float
     if history.empty:
         return pd.DataFrame(columns=DRIFT_COLUMNS)
     wide, started = _wide(history, judged_run)
-    newest = wide.iloc[-1]
-    run_total = float(np.nansum(newest.to_numpy(dtype=float)))
+    # plain arrays: a pandas call per prefix and night costs more than the judging itself
+    values, nights = wide.to_numpy(dtype=float), wide.index.to_numpy()
+    newest = values[-1]
+    run_total = float(np.nansum(newest))
     rows = []
-    for key in wide.columns[newest.notna().to_numpy()]:
-        series = wide[key].dropna()
-        share = float(series.iloc[-1]) / run_total if run_total > 0 else 0.0
-        row = _judge(series.to_numpy(dtype=float), threshold, min_ratio, z_threshold,
-                     cusum_limit, allowance, start_nights, recent_nights, min_nights,
-                     min_seconds, min_share, mad_floor, share)
+    for j in np.flatnonzero(~np.isnan(newest)):
+        key, column = wide.columns[j], values[:, j]
+        present = ~np.isnan(column)
+        series, runs = column[present], nights[present]
+        share = float(series[-1]) / run_total if run_total > 0 else 0.0
+        row = _judge(series, threshold, min_ratio, z_threshold, cusum_limit, allowance,
+                     start_nights, recent_nights, min_nights, min_seconds, min_share,
+                     mad_floor, share)
         start = row.pop("start_index")
-        row["start_run"] = None if start is None else str(series.index[start])
-        row["start_started"] = None if start is None else started.get(series.index[start])
+        row["start_run"] = None if start is None else str(runs[start])
+        row["start_started"] = None if start is None else started.get(runs[start])
         row.update(stage=key[0], prefix=key[1], share=share,
                    series=[round(float(v), 4) for v in series])
         rows.append(row)

@@ -11,6 +11,8 @@ import html
 import numpy as np
 import pandas as pd
 
+from prefect_dask_profiling._bokeh import FrozenPage, LayoutPool
+
 MAX_LINES = 12
 LATEST = "latest"
 
@@ -31,46 +33,84 @@ def trend_html(history: pd.DataFrame, latest: pd.DataFrame, verdicts: pd.DataFra
         Page and plot title.
     max_lines
         At most this many prefixes are drawn, the largest by share of the latest run.
-    """
-    from bokeh.embed import file_html
-    from bokeh.layouts import column
-    from bokeh.models import ColumnDataSource, Div, HoverTool
-    from bokeh.palettes import Category20_20
-    from bokeh.plotting import figure
-    from bokeh.resources import CDN
 
+    Notes
+    -----
+    The page is drawn at the end of every run: its figure is built once per process and
+    refilled (:class:`_TrendLayout`), so after the first page one costs milliseconds
+    instead of Bokeh's ~50 ms of building and serializing the same models.
+    """
     wide = _wide(history, latest)
     top, left_out = _top(wide, max_lines)
     flagged = _regressed_labels(verdicts)
-    runs = list(wide.columns)
-    fig = figure(title=title, x_range=runs, height=420, sizing_mode="stretch_width",
-                 y_axis_label="total seconds", x_axis_label="run", tools="pan,wheel_zoom,reset")
-    fig.xaxis.major_label_orientation = 0.8
-    # one renderer per kind (lines, points, regression markers), not one per prefix: a page
-    # is rendered at the end of every run, and Bokeh's cost grows with its model count
-    colors = {label: Category20_20[i % 20] for i, label in enumerate(top)}
-    values = {label: wide.loc[label].to_numpy(float) for label in top}
-    if top:
+    with LAYOUTS.layout() as layout:
+        layout.fill(wide, top, left_out, flagged, title)
+        return layout.page.html(title)
+
+
+class _TrendLayout:
+    """The trend page's models, built once and refilled for every page (one thread at a
+    time): one renderer per kind (lines, points, regression markers), not one per prefix,
+    so a page's model count does not grow with its prefixes."""
+
+    def __init__(self) -> None:
+        from bokeh.layouts import column
+        from bokeh.models import ColumnDataSource, Div, HoverTool
+        from bokeh.plotting import figure
+
+        self.subtitle = Div(text="")
+        self.fig = fig = figure(title="", x_range=[LATEST], height=420,
+                                sizing_mode="stretch_width", y_axis_label="total seconds",
+                                x_axis_label="run", tools="pan,wheel_zoom,reset")
+        fig.xaxis.major_label_orientation = 0.8
+        self.lines = ColumnDataSource({"xs": [], "ys": [], "prefix": [], "color": []})
+        self.points = ColumnDataSource({"run": [], "total_s": [], "prefix": [], "color": []})
+        self.marks = ColumnDataSource({"run": [], "total_s": []})
         fig.multi_line("xs", "ys", color="color", line_width=2, legend_field="prefix",
-                       source=ColumnDataSource({
-                           "xs": [runs] * len(top), "prefix": top,
-                           "ys": [values[label].tolist() for label in top],
-                           "color": [colors[label] for label in top]}))
-        points = fig.scatter("run", "total_s", color="color", size=5, source=ColumnDataSource({
-            "run": runs * len(top), "prefix": [label for label in top for _ in runs],
-            "total_s": [v for label in top for v in values[label]],
-            "color": [colors[label] for label in top for _ in runs]}))
+                       source=self.lines)
+        points = fig.scatter("run", "total_s", color="color", size=5, source=self.points)
         fig.add_tools(HoverTool(renderers=[points], tooltips=[
             ("prefix", "@prefix"), ("run", "@run"), ("seconds", "@total_s{0.00}")]))
-    marked = [label for label in top if label in flagged]
-    if marked and LATEST in runs:
-        fig.scatter([LATEST] * len(marked), [values[label][-1] for label in marked],
-                    marker="circle", size=14, fill_color="red", line_color="darkred",
-                    legend_label="regression")
-    if fig.legend:
+        fig.scatter("run", "total_s", marker="circle", size=14, fill_color="red",
+                    line_color="darkred", legend_label="regression", source=self.marks)
         fig.legend.location = "top_left"
-    parts = [Div(text=_subtitle(len(runs) - (LATEST in runs), top, left_out, flagged))]
-    return file_html(column(*parts, fig, sizing_mode="stretch_width"), CDN, title)
+        self.prefixes_item, self.marks_item = fig.legend.items
+        self.root = column(self.subtitle, fig, sizing_mode="stretch_width")
+        self.page = FrozenPage(self.root, self.changed)
+
+    def fill(self, wide: pd.DataFrame, top: list[str], left_out: list[str],
+             flagged: set[str], title: str) -> None:
+        """Put one page's runs, prefixes and regression markers in the models."""
+        from bokeh.palettes import Category20_20
+
+        runs = [str(c) for c in wide.columns]
+        colors = {label: Category20_20[i % 20] for i, label in enumerate(top)}
+        values = {label: wide.loc[label].to_numpy(float) for label in top}
+        self.fig.title.text = title
+        self.fig.x_range.factors = runs
+        self.lines.data = {"xs": [runs] * len(top), "prefix": top,
+                           "ys": [values[label].tolist() for label in top],
+                           "color": [colors[label] for label in top]}
+        self.points.data = {
+            "run": runs * len(top), "prefix": [label for label in top for _ in runs],
+            "total_s": [v for label in top for v in values[label]],
+            "color": [colors[label] for label in top for _ in runs]}
+        marked = [label for label in top if label in flagged] if LATEST in runs else []
+        self.marks.data = {"run": [LATEST] * len(marked),
+                           "total_s": [values[label][-1] for label in marked]}
+        self.prefixes_item.visible = bool(top)
+        self.marks_item.visible = bool(marked)
+        self.subtitle.text = _subtitle(len(runs) - (LATEST in runs), top, left_out, flagged)
+
+    def changed(self) -> list[tuple[object, str]]:
+        """The (model, property) pairs :meth:`fill` sets: all that differs between pages."""
+        return [(self.fig.title, "text"), (self.fig.x_range, "factors"),
+                (self.lines, "data"), (self.points, "data"), (self.marks, "data"),
+                (self.prefixes_item, "visible"), (self.marks_item, "visible"),
+                (self.subtitle, "text")]
+
+
+LAYOUTS: LayoutPool[_TrendLayout] = LayoutPool(_TrendLayout)
 
 
 def _wide(history: pd.DataFrame, latest: pd.DataFrame) -> pd.DataFrame:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from prefect_dask_profiling.summary.record import RunRecord
-from prefect_dask_profiling.timing.plugin import snapshot
+from prefect_dask_profiling.timing.plugin import cluster_size, snapshot
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -31,6 +31,6 @@ def collect(client: Client, name: str) -> RunRecord:
     KeyError
         When no plugin of that name is on the scheduler.
     """
-    threads = client.nthreads()
-    return RunRecord.from_snapshot(snapshot(client, name), workers=len(threads),
-                                   threads=sum(threads.values()))
+    snap = snapshot(client, name)
+    workers, threads = cluster_size(client, snap)
+    return RunRecord.from_snapshot(snap, workers=workers, threads=threads)

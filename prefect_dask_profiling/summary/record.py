@@ -11,6 +11,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pandas as pd
 
 from prefect_dask_profiling.timing.sketch import QuantileSketch
@@ -86,6 +87,9 @@ class RunRecord:
     # (frame, {stage: rows}) per table name: each table split by stage once (stage_rows)
     _split: dict[str, tuple[pd.DataFrame, dict[str, pd.DataFrame]]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
+    # (tasks frame, its stage names in order of first execution)
+    _order: tuple[pd.DataFrame, list[str]] | None = field(
+        default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def from_snapshot(cls, snap: Snapshot, workers: int = 0,
@@ -170,9 +174,15 @@ class RunRecord:
 
     @property
     def stages(self) -> list[str]:
-        """Stage names in order of first execution."""
-        t = self.tasks.sort_values("first_start", na_position="last")
-        return list(dict.fromkeys(t["stage"]))
+        """Stage names in order of first execution (found once per ``tasks`` frame)."""
+        cached = self._order
+        if cached is None or cached[0] is not self.tasks:
+            t = self.tasks
+            first = pd.to_numeric(t["first_start"], errors="coerce").to_numpy(dtype=float)
+            order = np.argsort(np.where(np.isnan(first), np.inf, first), kind="stable")
+            names = t["stage"].to_numpy(dtype=object)[order]
+            cached = self._order = (t, list(dict.fromkeys(names)))
+        return list(cached[1])
 
 
 def _task_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:

@@ -837,6 +837,12 @@ class TaskTimings(SchedulerPlugin):
 
     # -- read-out --------------------------------------------------------------------------
 
+    def _cluster_size(self) -> dict[str, int]:
+        """The workers connected now and their threads (what ``Client.nthreads`` would say,
+        without its round trip)."""
+        workers = list(self.scheduler.workers.values()) if self.scheduler is not None else []
+        return {"workers": len(workers), "threads": sum(ws.nthreads for ws in workers)}
+
     def snapshot(self) -> dict[str, Any]:
         """Everything recorded so far, as plain data (cheap: O(stages x prefixes + samples))."""
         def rows(table: dict) -> list[dict[str, Any]]:
@@ -865,6 +871,7 @@ class TaskTimings(SchedulerPlugin):
             "stage_scheduler": {s: {"loop_cpu_s": c, "loop_wait_s": w if known else None,
                                     "seconds": t}
                                 for s, (c, w, t, known) in self.stage_loop.items()},
+            "cluster": self._cluster_size(),
             "incidents": [dict(i) for i in self.incidents],
             "incidents_dropped": self.incidents_dropped,
             "warnings": list(self.warnings),
@@ -963,6 +970,19 @@ def snapshot(client: Client, name: str) -> Snapshot:
         snap["transfer_bytes"] = {}
         snap["warnings"].append(f"transfer bytes not collected from workers: {exc!r}")
     return snap
+
+
+def cluster_size(client: Client, snap: Snapshot) -> tuple[int, int]:
+    """(workers, threads) connected when ``snap`` was taken; asked of the scheduler when
+    the snapshot does not say (a plugin of an earlier version), ``(0, 0)`` if that fails."""
+    size = snap.get("cluster")
+    if size is not None:
+        return int(size["workers"]), int(size["threads"])
+    try:
+        nthreads = client.nthreads()
+    except Exception:
+        return 0, 0
+    return len(nthreads), sum(nthreads.values())
 
 
 def _remove(dask_scheduler, name: str) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-__all__ = ["Incident", "PrefixRow", "Snapshot", "StageMemoryRow", "StageScheduler",
+__all__ = ["ClusterSize", "Incident", "PrefixRow", "Snapshot", "StageMemoryRow", "StageScheduler",
            "StageSpill", "TransferRow", "WorkerAggregate"]
 
 
@@ -122,6 +122,13 @@ class Incident(TypedDict):
     nanny_rss: int | None
 
 
+class ClusterSize(TypedDict):
+    """The workers connected when a snapshot was taken, and their threads."""
+
+    workers: int
+    threads: int
+
+
 class Snapshot(TypedDict, total=False):
     """Everything the plugin recorded so far.
 
@@ -143,6 +150,7 @@ class Snapshot(TypedDict, total=False):
     stage_memory: list[StageMemoryRow]
     stage_spill: dict[str, StageSpill]
     stage_scheduler: dict[str, StageScheduler]
+    cluster: ClusterSize
     incidents: list[Incident]
     incidents_dropped: int
     warnings: list[str]

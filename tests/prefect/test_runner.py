@@ -176,6 +176,50 @@ def test_the_history_is_read_while_the_flow_computes(external_cluster, tmp_path)
     assert second["baseline"]["runs"] == [first["run_id"]]
 
 
+def test_a_report_link_is_posted_while_the_flow_runs(external_cluster, tmp_path):
+    """The report thread posts a stored report's link artifact during the next stage;
+    finish() posts only the links not posted yet (here the last stage's), each once."""
+    import time
+
+    from prefect.context import FlowRunContext
+
+    from prefect_dask_profiling._util import artifact_key
+
+    runner = ProfiledDaskTaskRunner(address=external_cluster, store=str(tmp_path))
+    seen_in_body: list[str] = []
+
+    def link_keys() -> list[str]:
+        run_id = FlowRunContext.get().flow_run.id
+        with get_client(sync_client=True) as client:
+            found = client.read_artifacts(artifact_filter=ArtifactFilter(
+                flow_run_id=ArtifactFilterFlowRunId(any_=[run_id])))
+        return sorted(a.key for a in found if a.key and "-report-" in a.key)
+
+    @flow(name="runner-links-early", version="1", task_runner=runner)
+    @profiled
+    def body() -> float:
+        with stage("first"):
+            total = crunch.submit(200, 1).result()
+        with stage("second"):
+            total += crunch.submit(200, 2).result()
+            deadline = time.monotonic() + 60  # a condition, not a duration: waits for it
+            while not seen_in_body and time.monotonic() < deadline:
+                seen_in_body.extend(link_keys())
+                time.sleep(0.2)
+        return total
+
+    state = body(return_state=True)
+    assert state.is_completed(), state.message
+    first = artifact_key("runner-links-early", "report", "first")
+    second = artifact_key("runner-links-early", "report", "second")
+    assert seen_in_body == [first]  # posted before finish(), the second not yet drawn
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])))
+    keys = [a.key for a in found if a.key and "-report-" in a.key]
+    assert sorted(keys) == [first, second]  # each link once
+
+
 def test_forgetting_finish_is_visible(external_cluster, tmp_path, caplog):
     runner = ProfiledDaskTaskRunner(address=external_cluster, store=str(tmp_path))
     state = make_flow(runner, name="runner-forgot", decorate=False)(return_state=True)

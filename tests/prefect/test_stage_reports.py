@@ -23,6 +23,7 @@ import dask
 import dask.array as da
 import fsspec
 import pytest
+from bokeh_pages import page_document
 from distributed import Client, LocalCluster
 from ndvi_fixtures import artifacts_by_key
 from prefect import flow
@@ -306,13 +307,6 @@ def test_a_stored_report_opens_in_chromium_with_dask_s_tabs(s3_run, chromium, bo
     assert shot.stat().st_size > 10_000
 
 
-def _page_document(page: str) -> dict:
-    """The Bokeh document JSON embedded in a standalone page (its random doc id dropped)."""
-    found = re.search(r'<script type="application/json" id="[^"]+">\s*(.*?)\s*</script>',
-                      page, re.S)
-    return list(json.loads(found.group(1)).values())[0]
-
-
 def test_a_refilled_report_is_what_bokeh_itself_would_write(client):
     """Reports after the first re-encode only what changed; the page must still equal
     Bokeh's own serialization of the same models."""
@@ -334,9 +328,9 @@ def test_a_refilled_report_is_what_bokeh_itself_would_write(client):
     small.bandwidth_workers, small.monitor, small.logs = {}, {}, []
     for data, name in ((big, "big"), (small, "small"), (big, "big again")):
         page = report_html.render_html(data, name)
-        layout = report_html._LAYOUTS.free[-1]
+        layout = report_html.LAYOUTS.idle[-1]
         reference = file_html(layout.tabs, resources=CDN, title=report_html.TITLE,
                               template=layout.template)
-        assert _page_document(page) == _page_document(reference), name
+        assert page_document(page) == page_document(reference), name
         assert f"Stage: {name}" in page
     assert len(_keys(page, "big-key")) == 40 and not _keys(page, "small-key")

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pandas as pd
 import pytest
+from bokeh_pages import page_document
 from s3_servers import closed_endpoint, s3_options
 from typer.testing import CliRunner
 
@@ -241,6 +242,35 @@ def test_trend_page_with_no_data():
     empty = pd.DataFrame(columns=["run_id", "stage", "prefix", "total_s"])
     page = trend_html(empty, empty.drop(columns="run_id"), pd.DataFrame(), title="nothing")
     assert "<title>nothing</title>" in page and "0 prefix(es) drawn" in page
+
+
+def test_a_refilled_trend_page_is_what_bokeh_itself_would_write(store):
+    """Pages after the first re-encode only what changed (the figure is built once per
+    process): each must still equal Bokeh's own serialization of the same models, with
+    markers, without them, and with nothing to draw."""
+    from bokeh.embed import file_html
+    from bokeh.resources import CDN
+
+    from prefect_dask_profiling.regression import trend
+
+    for night in range(4):
+        put(store, night, scale=jitter(night))
+    base = load_baseline(store, PIPELINE, "v1")
+    slow, calm = tasks_frame(scale=3.0), tasks_frame(scale=1.0)
+    empty = pd.DataFrame(columns=["run_id", "stage", "prefix", "total_s"])
+    pages = [("regressed", base.history, slow, detect_regressions(base.history, slow)),
+             ("healthy, fewer runs", base.history.iloc[:4], calm, pd.DataFrame()),
+             ("nothing", empty, empty.drop(columns="run_id"), pd.DataFrame()),
+             ("regressed again", base.history, slow, detect_regressions(base.history, slow))]
+    for title, history, latest, verdicts in pages:
+        page = trend_html(history, latest, verdicts, title=title)
+        layout = trend.LAYOUTS.idle[-1]
+        reference = file_html(layout.root, resources=CDN, title=title)
+        assert page_document(page) == page_document(reference), title
+        assert f"<title>{title}</title>" in page
+        assert layout.marks_item.visible == title.startswith("regressed")
+        assert ("red marker = regression" in page) == title.startswith("regressed")
+    assert len(trend.LAYOUTS.idle) == 1  # one thread drew them all, with one layout
 
 
 # ---------------------------------------------------------------------- CLI

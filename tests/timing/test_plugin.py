@@ -249,6 +249,21 @@ def test_lazy_graph_belongs_to_the_stage_that_computes_it(client, run) -> None:
     assert list(utilisation(record).index) == ["run", "compute"]
 
 
+def test_the_cluster_size_comes_with_the_snapshot(client, run) -> None:
+    """Workers and threads are read by the plugin with its snapshot (no round trip of
+    their own); a snapshot of an earlier plugin without them is completed by asking."""
+    cluster_size, snapshot = timing_plugin.cluster_size, timing_plugin.snapshot
+    nthreads = client.nthreads()
+    expected = (len(nthreads), sum(nthreads.values()))
+    snap = snapshot(client, run)
+    assert snap["cluster"] == {"workers": expected[0], "threads": expected[1]}
+    assert cluster_size(client, snap) == expected
+    del snap["cluster"]
+    assert cluster_size(client, snap) == expected
+    record = collect(client, run)
+    assert (record.n_workers, record.threads) == expected
+
+
 def test_erred_and_keyed_tasks(client, run) -> None:
     with stage("bad"):
         futures = client.map(fail, range(3))
