@@ -8,9 +8,15 @@ real Prefect server on 127.0.0.1, runs alternated so drift hits both sides alike
   threads); plain vs profiled with default settings (every stage's report, drawn in the flow
   process), ``stage_reports=False``, ``stage_reports="auto"`` (these stages are too short
   for a report) and every report drawn by Dask on the scheduler
-  (``report_renderer="dask"``). Prints the ratio of medians, and how long the scheduler's
-  event loop was blocked: a probe coroutine on the scheduler wakes every 5 ms and records
-  each late wake-up (a stall) — the longest per run, and the stalls over 20 ms.
+  (``report_renderer="dask"``). Prints the ratio of medians, the median of the paired
+  ratios (each repeat's run over the plain run of the same repeat, adjacent in time) with
+  its 90% bootstrap interval, and how long the scheduler's event loop was blocked: a
+  probe coroutine on the scheduler wakes every 5 ms and records each late wake-up (a
+  stall) — the longest per run, and the stalls over 20 ms.
+* **stack** — the ndvi flow with a chunk per time step (``1 × Y/4 × X/4``, as a stack of
+  COGs read one time step per chunk gives): 1,154 tasks per stage at the default shape
+  instead of 69, the shape issue 20 measured (~3,500 tasks per run); ``--chunks`` sets
+  other chunks for either part.
 * **tiny** — four stages, each a Prefect task summing a 400 × 400 array, on a long-lived
   2 × 1 cluster, many runs: the fixed cost per run and per stage (least squares over the
   runs' stage counts is not needed: all runs have four stages, so per stage = extra / 4 is
@@ -28,8 +34,8 @@ hook in the package), split by thread (``main`` is the flow's critical path). Sc
 worker CPU seconds per run are read from the processes themselves, and the cost of a
 runner copy entered in a worker task is timed in a worker.
 
-    .venv/bin/python benchmarks/flow_overhead.py [--part ndvi|tiny|all] [--repeats 3]
-        [--tiny-repeats 10] [--shape 24,1024,1024] [--prefect-heartbeats]
+    .venv/bin/python benchmarks/flow_overhead.py [--part ndvi|stack|tiny|all] [--repeats 3]
+        [--tiny-repeats 10] [--shape 24,1024,1024] [--chunks T,Y,X] [--prefect-heartbeats]
         [--scheduler-process] [--variants plain,defaults,...] [--breakdown VARIANT]
 
 ``--scheduler-process`` runs the scheduler and workers as separate ``dask scheduler`` /
@@ -66,7 +72,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import dask
 import dask.array as da
+import numpy as np
 from distributed import Client, LocalCluster
 from prefect import flow, task
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
@@ -107,15 +115,32 @@ TINY_STAGES = ("read", "clean", "combine", "write")
 # -- the work ----------------------------------------------------------------------------------
 
 @task
-def ndvi_median(shape: tuple[int, int, int], seed: int) -> float:
+def ndvi_median(shape: tuple[int, int, int], seed: int,
+                chunks: tuple[int, int, int] | None = None) -> float:
     """Median NDVI over time of a random cube, computed on the Dask cluster."""
+    return float(ndvi_graph(shape, seed, chunks).compute())
+
+
+def ndvi_graph(shape: tuple[int, int, int], seed: int,
+               chunks: tuple[int, int, int] | None = None) -> da.Array:
+    """The median NDVI over time of a random ``shape`` cube, not computed.
+
+    ``chunks`` default: the whole time axis and a quarter of each side (69 tasks per stage
+    at the default shape, after Dask's graph optimisation).
+    """
     t, y, x = shape
-    chunks = (t, max(y // 4, 1), max(x // 4, 1))
+    chunks = chunks or (t, max(y // 4, 1), max(x // 4, 1))
     rs = da.random.RandomState(seed)
     red = rs.random((t, y, x), chunks=chunks).astype("float32")
     nir = rs.random((t, y, x), chunks=chunks).astype("float32")
     ndvi = (nir - red) / (nir + red + 1e-6)
-    return float(da.median(ndvi, axis=0).mean().compute())
+    return da.median(ndvi, axis=0).mean()
+
+
+def tasks_per_stage(shape: tuple[int, int, int], chunks: tuple[int, int, int] | None) -> int:
+    """How many tasks one ndvi stage schedules (its graph after Dask's optimisation)."""
+    (optimised,) = dask.optimize(ndvi_graph(shape, 0, chunks))
+    return len(dict(optimised.__dask_graph__()))
 
 
 @task
@@ -124,7 +149,8 @@ def array_sum(n: int) -> float:
     return float(da.ones((n, n), chunks=max(n // 4, 1)).sum().compute())
 
 
-def make_flow(runner: DaskTaskRunner, kind: str, name: str, shape: tuple[int, int, int]):
+def make_flow(runner: DaskTaskRunner, kind: str, name: str, shape: tuple[int, int, int],
+              chunks: tuple[int, int, int] | None = None):
     """The ndvi or tiny flow on ``runner``; profiled runners get ``@profiled``."""
 
     def body() -> float:
@@ -132,7 +158,7 @@ def make_flow(runner: DaskTaskRunner, kind: str, name: str, shape: tuple[int, in
         if kind == "ndvi":
             for seed, stage_name in enumerate(NDVI_STAGES):
                 with stage(stage_name):
-                    total += ndvi_median.submit(shape, seed).result()
+                    total += ndvi_median.submit(shape, seed, chunks).result()
         else:
             for stage_name in TINY_STAGES:
                 with stage(stage_name):
@@ -361,9 +387,26 @@ def compare(client: Client, flows: dict[str, Any], repeats: int, phases: Phases,
     return results
 
 
+def paired_ratio(walls: list[float], plain: list[float], *, resamples: int = 4000,
+                 seed: int = 0) -> tuple[float, float, float]:
+    """The median of the per-repeat ratios ``walls[i] / plain[i]`` and its 90% bootstrap
+    interval (repeats resampled with replacement; a fixed seed, so a rerun prints the same).
+
+    Runs of one repeat are adjacent in time, so their ratio cancels most of the machine's
+    drift, which the ratio of the two medians keeps.
+    """
+    ratios = np.asarray(walls) / np.asarray(plain)
+    rng = np.random.default_rng(seed)
+    medians = np.median(rng.choice(ratios, size=(resamples, len(ratios))), axis=1)
+    low, high = np.quantile(medians, [0.05, 0.95])
+    return float(np.median(ratios)), float(low), float(high)
+
+
 def print_results(results: dict[str, list], plain: str) -> None:
     base = statistics.median(r[0] for r in results[plain])
-    print(f"  {'runner':<26} {'median s':>9} {'ratio':>7} {'min s':>7} {'max s':>7} "
+    plain_walls = [r[0] for r in results[plain]]
+    print(f"  {'runner':<26} {'median s':>9} {'ratio':>7} {'paired (90% CI)':>21} "
+          f"{'min s':>7} {'max s':>7} "
           f"{'sched CPU s':>11} {'worker CPU s':>12} {'max stall ms':>12} "
           f"{'stalls>20ms/run':>15} {'flow CPU s':>10} {'tail s':>7} {'GC s':>6}")
     for name, rows in results.items():
@@ -371,7 +414,9 @@ def print_results(results: dict[str, list], plain: str) -> None:
         med = statistics.median(walls)
         worst = max((max(r[3], default=0.0) for r in rows), default=0.0)
         over = statistics.mean(sum(1 for x in r[3] if x > 0.020) for r in rows)
-        print(f"  {name:<26} {med:9.2f} {med / base:7.3f} {min(walls):7.2f} {max(walls):7.2f} "
+        paired, low, high = paired_ratio(walls, plain_walls)
+        print(f"  {name:<26} {med:9.2f} {med / base:7.3f} "
+              f"{f'{paired:.3f} ({low:.3f}-{high:.3f})':>21} {min(walls):7.2f} {max(walls):7.2f} "
               f"{statistics.median(r[1] for r in rows):11.2f} "
               f"{statistics.median(r[2] for r in rows):12.2f} {worst * 1000:12.1f} "
               f"{over:15.1f} {statistics.median(r[4] for r in rows):10.2f} "
@@ -468,8 +513,10 @@ def ndvi_cluster(args: argparse.Namespace, workdir: str) -> Iterator[str]:
         yield cluster.scheduler_address
 
 
-def run_ndvi(args: argparse.Namespace, store_dir: str) -> None:
+def run_ndvi(args: argparse.Namespace, store_dir: str, part: str = "ndvi") -> None:
     shape = tuple(int(v) for v in args.shape.split(","))
+    chunks = tuple(int(v) for v in args.chunks.split(",")) if args.chunks else (
+        (1, max(shape[1] // 4, 1), max(shape[2] // 4, 1)) if part == "stack" else None)
     variants = args.variants.split(",") if args.variants else list(NDVI_VARIANTS)
     unknown = set(variants) - set(NDVI_VARIANTS)
     if unknown or "plain" not in variants:
@@ -480,12 +527,14 @@ def run_ndvi(args: argparse.Namespace, store_dir: str) -> None:
             options = NDVI_VARIANTS[name]
             runner = (DaskTaskRunner(address=address) if options is None else
                       ProfiledDaskTaskRunner(address=address, store=store_dir, **options))
-            flows[name] = make_flow(runner, "ndvi", f"bench-ndvi-{name.replace(' ', '-')}",
-                                    shape)
+            flows[name] = make_flow(runner, "ndvi", f"bench-{part}-{name.replace(' ', '-')}",
+                                    shape, chunks)
         client.run_on_scheduler(_probe_start)
         phases = Phases()
         where = "separate processes" if args.scheduler_process else "in-process LocalCluster"
-        print(f"ndvi flow: 3 stages of a {shape} cube, 2 workers x 2 threads ({where}), "
+        print(f"{part} flow: 3 stages of a {shape} cube in chunks of "
+              f"{chunks or 'T x Y/4 x X/4'} ({tasks_per_stage(shape, chunks):,} tasks per "
+              f"stage), 2 workers x 2 threads ({where}), "
               f"{args.repeats} alternated runs each")
         try:
             results = compare(client, flows, args.repeats, phases, store_dir,
@@ -534,31 +583,40 @@ def run_tiny(args: argparse.Namespace, store_dir: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=("ndvi", "tiny", "all"), default="all")
+    parser.add_argument("--part", choices=("ndvi", "stack", "tiny", "all"), default="all")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tiny-repeats", type=int, default=10)
     parser.add_argument("--shape", default="24,1024,1024",
                         help="T,Y,X of the ndvi cube (default: ~3 s per stage here)")
+    parser.add_argument("--chunks", default="",
+                        help="T,Y,X chunks of the cube (default: ndvi T x Y/4 x X/4, "
+                             "stack 1 x Y/4 x X/4)")
     parser.add_argument("--prefect-heartbeats", action="store_true",
                         help="keep Prefect's flow-run heartbeats (walls round up to seconds)")
     parser.add_argument("--scheduler-process", action="store_true",
-                        help="ndvi: scheduler and workers in their own processes")
+                        help="ndvi, stack: scheduler and workers in their own processes")
     parser.add_argument("--breakdown", default="",
-                        help="ndvi: the variant whose breakdown is printed (default: defaults)")
+                        help="ndvi, stack: the variant whose breakdown is printed "
+                             "(default: defaults)")
     parser.add_argument("--variants", default="",
-                        help=f"ndvi: comma-separated subset of {list(NDVI_VARIANTS)}")
+                        help=f"ndvi, stack: comma-separated subset of {list(NDVI_VARIANTS)}")
     args = parser.parse_args()
     if args.repeats < 1 or args.tiny_repeats < 1:
         parser.error("--repeats and --tiny-repeats must be >= 1")
     if len(args.shape.split(",")) != 3:
         parser.error(f"--shape must be T,Y,X, got {args.shape!r}")
+    for flag, value in (("--shape", args.shape), ("--chunks", args.chunks)):
+        parts = value.split(",") if value else ["1", "1", "1"]
+        if len(parts) != 3 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+            parser.error(f"{flag} must be three positive integers T,Y,X, got {value!r}")
     # a `timeout` must still stop the Prefect server and the clusters (context managers)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     heartbeats = {} if args.prefect_heartbeats else {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
     with tempfile.TemporaryDirectory() as store_dir, prefect_server(), \
             temporary_settings(updates=heartbeats):
-        if args.part in ("ndvi", "all"):
-            run_ndvi(args, str(Path(store_dir) / "ndvi"))
+        for part in ("ndvi", "stack"):
+            if args.part in (part, "all"):
+                run_ndvi(args, str(Path(store_dir) / part), part)
         if args.part in ("tiny", "all"):
             run_tiny(args, str(Path(store_dir) / "tiny"))
 
