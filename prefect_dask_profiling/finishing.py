@@ -179,6 +179,7 @@ class RunEnd:
     error: BaseException | None
     env: dict[str, Any]
     warnings: list[str]
+    ended: datetime | None = None
     summary: pd.DataFrame | None = None
     util: pd.DataFrame | None = None
     history: History | None = None
@@ -494,7 +495,8 @@ def finish_run(store: RunStore, record: RunRecord, ctx: RunContext, stages: list
                warnings: list[str] | None = None,
                flagged_reports: Callable[[set[str]], list[str]] | None = None,
                early_history: EarlyHistory | None = None,
-               summarised: Callable[[pd.DataFrame], None] | None = None) -> FinishResult:
+               summarised: Callable[[pd.DataFrame], None] | None = None,
+               ended: datetime | None = None) -> FinishResult:
     """Summarise, store, judge and complete one run; never raises for a failing step.
 
     Parameters
@@ -530,6 +532,9 @@ def finish_run(store: RunStore, record: RunRecord, ctx: RunContext, stages: list
         Called with the per-prefix summary as soon as it is computed, before the run is
         stored and judged (the session starts posting its artifact then); what it raises
         is a warning.
+    ended
+        When the flow's work ended (UTC); default now. A run that ended after another run
+        started overlaps it and is not part of that run's history.
 
     Returns
     -------
@@ -545,7 +550,8 @@ def finish_run(store: RunStore, record: RunRecord, ctx: RunContext, stages: list
                  settings=settings or FinishSettings(), state=state, error=error,
                  env=env if env is not None else environment(),
                  warnings=[*(warnings or []), *record.warnings],
-                 flagged_reports=flagged_reports, early_history=early_history)
+                 flagged_reports=flagged_reports, early_history=early_history,
+                 ended=ended)
     _run_step(end, "summary", _summarise)
     if summarised is not None and end.summary is not None:
         try:
@@ -623,7 +629,7 @@ def _manifest(end: RunEnd, *, provisional: bool) -> dict[str, Any]:
         end.ctx, state=state, regressed=end.regressed and not provisional, judged=judged,
         utilisation=_or_empty(end.util, ["utilisation", "wall_s", "task_s"]),
         stages=end.stages, workers=end.record.n_workers, threads=end.record.threads,
-        env=end.env, warnings=list(end.warnings), baseline=baseline,
+        env=end.env, warnings=list(end.warnings), baseline=baseline, ended=end.ended,
         unjudged_reason=None if judged else (end.unjudged_reason or "verdict pending"),
         suspected=judged and end.judgement.outcome.suspected)
     if not provisional:
