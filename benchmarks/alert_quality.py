@@ -132,18 +132,26 @@ def make_trial(rng: np.random.Generator, regime: Regime, step_jitter: bool = Fal
     return Trial(PREFIXES[k], v1, v2, noise_reach(history1), noise_reach(history2))
 
 
+def _alerts(night: Night) -> dict[tuple[str, str], tuple[str, float, str]]:
+    """``{(stage, prefix): (alert, ratio, verdict)}`` of a night's time signals."""
+    return {(s, p): (sig.alert, sig.ratio, sig.verdict)
+            for (s, p, _), sig in night.signals.items()}
+
+
 def score(trial: Trial, rule: RegressionRule, counts: Counts) -> None:
     """Run both nights through confirmation and episodes; add up into ``counts``."""
     book = Book()
-    n1 = Night("j1", "bench", "1", confirm_verdicts(trial.j1, {}, rule, trial.reach1))
-    book, _ = advance(book, n1, [], rule)
-    n2 = Night("j2", "bench", "1",
-               confirm_verdicts(trial.j2, priors(book), rule, trial.reach2))
+    n1 = Night.from_tables("j1", "bench", "1", confirm_verdicts(trial.j1, {}, rule, trial.reach1),
+                           rule=rule)
+    book, _ = advance(book, n1)
+    n2 = Night.from_tables("j2", "bench", "1",
+                           confirm_verdicts(trial.j2, priors(book), rule, trial.reach2),
+                           rule=rule)
     fail1 = {e.prefix for e in failing(book, n1)}
-    alerts1 = n1.alerts()
-    book, _ = advance(book, n2, [], rule)
+    alerts1 = _alerts(n1)
+    book, _ = advance(book, n2)
     fail2 = failing(book, n2)
-    alerts2 = n2.alerts()
+    alerts2 = _alerts(n2)
     counts.trials += 1
     counts.first_night += trial.stepped in fail1
     counts.by_second_night += trial.stepped in fail1 or any(

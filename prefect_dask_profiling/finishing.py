@@ -261,7 +261,10 @@ def _history(end: RunEnd) -> None:
     end.manifest_extra["history_read"] = {"at": _now(), "when": "finish",
                                           **({"why": stale} if stale else {})}
     end.history = load_history(end.store, end.ctx.pipeline, end.ctx.version,
-                               end.settings.rules, run_id=end.ctx.run_id)
+                               end.settings.rules, run_id=end.ctx.run_id,
+                               started=end.ctx.started.isoformat(),
+                               flow_run_id=end.ctx.flow_run_id,
+                               attempt=getattr(end.ctx, "attempt", None))
     end.warnings.extend(end.history.warnings)
 
 
@@ -325,10 +328,13 @@ def read_history_early(store: RunStore, ctx: RunContext, rules: Rules) -> EarlyH
     from prefect_dask_profiling.regression.judge import load_history
 
     pipeline, version, run_id = ctx.pipeline, ctx.version, ctx.run_id
+    started, flow_run_id = ctx.started.isoformat(), ctx.flow_run_id
+    attempt = getattr(ctx, "attempt", None)
 
     def read() -> History:
         with store.remembering_reads():
-            return load_history(store, pipeline, version, rules, run_id=run_id)
+            return load_history(store, pipeline, version, rules, run_id=run_id,
+                                started=started, flow_run_id=flow_run_id, attempt=attempt)
 
     return EarlyHistory(location=store.url, pipeline=pipeline, version=version, run_id=run_id,
                         rules=rules, started=_now(),

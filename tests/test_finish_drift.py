@@ -41,7 +41,7 @@ def history(store: RunStore, record, now: datetime, growth: float, nights: int =
 
 def finish(store: RunStore, record, now: datetime):
     ctx = RunContext(run_id=new_run_id(now), pipeline="nightly", version="1", started=now)
-    return finish_run(store, record, ctx, [], SETTINGS)
+    return finish_run(store, record, ctx, [], SETTINGS, ended=now + timedelta(hours=1))
 
 
 def test_drifting_night_fails_stores_the_drift_and_writes_the_fleet_file(record, tmp_path):

@@ -41,13 +41,15 @@ EPISODE_KINDS = ("suspected", "cleared", "resolved")
 _RUN_EVENT_NAMESPACE = uuid.UUID("0b7c4a52-1d9e-5f3a-8c61-4e2d9a7f0c15")
 PREFIX_FIELDS = ("stage", "prefix", "metric", "verdict", "ratio", "cumulative_ratio",
                  "baseline_s", "latest_s", "baseline", "latest", "headroom", "cause", "note",
-                 "alert", "fails", "start_run", "start_started")
+                 "alert", "fails", "start_run", "start_started", "episode")
 
 
 def findings(result: FinishResult) -> dict[str, pd.DataFrame]:
-    """The flagged rows of the run's judgement by event name.
+    """The rows that fail the run, by event name, each with its ``episode`` id.
 
-    A run that failed or is incomplete has no findings: by the judgement's own rule its
+    Only what fails the run tonight is detected: a suspicion has its own episode event, an
+    acknowledged episode is silent, and a chronic near-OOM is detected once per episode. A
+    run that failed or is incomplete has no findings: by the judgement's own rule its
     flagged prefixes do not count (its times are partial), and its failure is reported by
     Prefect itself. An unjudged run has none either.
     """
@@ -55,20 +57,16 @@ def findings(result: FinishResult) -> dict[str, pd.DataFrame]:
     if judgement is None or judgement.outcome.reason:
         return {}
     out: dict[str, pd.DataFrame] = {}
-    rows = judgement.regressions()
-    if "alert" in rows:  # suspected prefixes have their own episode events
-        rows = rows[rows["alert"] == "regression"]
-    if not rows.empty:
-        out[REGRESSION_EVENT] = rows
-    rows = judgement.drifting()
-    if not rows.empty:
-        out[DRIFT_EVENT] = rows
-    rows = judgement.memory_flagged()
-    if not rows.empty:
-        out[MEMORY_EVENT] = rows
-    rows = judgement.requests_flagged()
-    if not rows.empty:
-        out[REQUESTS_EVENT] = rows
+    kinds = ((REGRESSION_EVENT, "time", lambda r: (r.stage, r.prefix, "total_s")),
+             (DRIFT_EVENT, "drift", lambda r: (r.stage, r.prefix, "drift")),
+             (MEMORY_EVENT, "memory", lambda r: (r.stage, "", r.metric)),
+             (REQUESTS_EVENT, "requests", lambda r: (r.stage, "", r.metric)))
+    for name, kind, key in kinds:
+        rows = judgement.failing_rows(kind)
+        if not rows.empty:
+            out[name] = rows.assign(episode=[
+                judgement.outcome.episode_of(*map(str, key(r)))
+                for r in rows.itertuples(index=False)])
     return out
 
 

@@ -18,20 +18,25 @@ from __future__ import annotations
 import getpass
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import pandas as pd
 
-from prefect_dask_profiling._util import validate_name
+from prefect_dask_profiling._util import InvalidInput, validate_name
+from prefect_dask_profiling.errors import HistoryUnavailable
 from prefect_dask_profiling.regression.alerts import (
+    JUDGED_STATUSES,
     Ack,
     AlertEvent,
     Book,
     Night,
+    instant,
     replay,
 )
-from prefect_dask_profiling.regression.rule import RegressionRule
+from prefect_dask_profiling.regression.rule import RegressionRule, Rules
 from prefect_dask_profiling.store import layout
 from prefect_dask_profiling.store.runs import RunStore, StoreError
 
@@ -41,11 +46,10 @@ __all__ = ["ACKS", "JUDGED_STATUSES", "LOOKBACK_RUNS", "Stats", "ack_marker", "a
            "episodes_frame", "episodes_of", "load_acks", "load_nights", "stats"]
 
 ACKS = "acks"
-# Runs whose verdicts say something: a failed or incomplete run holds partial times.
-JUDGED_STATUSES = ("healthy", "regressed", "suspected")
 # How many judged runs are replayed by default: an episode open longer than this is seen
 # from the window's first run (a new id); two months of nightly runs.
 LOOKBACK_RUNS = 60
+REGRESSION_FILE = "regression.csv"
 
 
 def ack_marker(pipeline: str, version: str, target: str) -> str:
@@ -72,20 +76,26 @@ def load_acks(store: RunStore, pipeline: str, version: str) -> list[Ack]:
         except Exception as exc:  # a damaged marker still names its target
             logger.warning("ack marker %s unreadable (%s): counted by its name", path, exc)
             doc = {}
-        acks.append(Ack(target=target, at=str(doc.get("at", "")), by=str(doc.get("by", ""))))
+        nights = doc.get("nights")
+        acks.append(Ack(target=target, at=str(doc.get("at", "")), by=str(doc.get("by", "")),
+                        nights=nights if isinstance(nights, int) and nights >= 1 else None))
     return acks
 
 
 def acknowledge(store: RunStore, pipeline: str, version: str, target: str,
-                note: str = "") -> Ack:
-    """Write an ack marker for ``target`` (an episode id ``ep-…`` or a run id)."""
+                note: str = "", nights: int | None = None, at: datetime | None = None) -> Ack:
+    """Write an ack marker for ``target`` (an episode id ``ep-…`` or a run id), silencing
+    it from the first night that starts after ``at`` (default now) until it resolves or,
+    with ``nights``, for that many nights."""
     rel = ack_marker(pipeline, version, target)
     try:
         by = getpass.getuser()
     except Exception:  # no user name in some containers
         by = ""
-    ack = Ack(target=target, at=datetime.now(UTC).isoformat(), by=by)
-    body = json.dumps({"target": target, "at": ack.at, "by": by, "note": note}).encode()
+    ack = Ack(target=target, at=(at or datetime.now(UTC)).astimezone(UTC).isoformat(), by=by,
+              nights=nights)
+    body = json.dumps({"target": target, "at": ack.at, "by": by, "note": note,
+                       "nights": nights}).encode()
     try:
         store.fs.pipe_file(f"{store.root}/{rel}", body)
     except Exception as exc:
@@ -94,29 +104,116 @@ def acknowledge(store: RunStore, pipeline: str, version: str, target: str,
 
 
 def load_nights(store: RunStore, pipeline: str, version: str,
-                runs: int = LOOKBACK_RUNS) -> list[Night]:
-    """The newest ``runs`` judged runs of ``pipeline``/``version`` with a verdict table,
-    oldest first; runs whose table cannot be read are skipped with a warning."""
-    entries = [e for e in store.list_runs(pipeline, version, newest=runs,
-                                          counting=JUDGED_STATUSES)
-               if e["status"] in JUDGED_STATUSES][:runs]
-    ids = sorted(e["run_id"] for e in entries)
+                runs: int = LOOKBACK_RUNS, *, before: str | None = None,
+                started: str | None = None, flow_run_id: str | None = None,
+                attempt: int | None = None) -> list[Night]:
+    """The judged nights of ``pipeline``/``version`` the state machine replays, oldest first.
+
+    Parameters
+    ----------
+    store, pipeline, version
+        Whose nights.
+    runs
+        The replay window: the newest ``runs`` judged nights.
+    before
+        Only nights with a smaller run id (tonight's history: nights before tonight).
+    started
+        Tonight's start (ISO): a night that ended after it overlaps tonight and is not part
+        of its history, whichever of the two finished first.
+    flow_run_id, attempt
+        Tonight's flow run and attempt: its other attempts are not part of its history.
+
+    Of several stored attempts of one flow run only the newest counts.
+
+    Raises
+    ------
+    HistoryUnavailable
+        When the nights cannot be listed, or a night inside the window cannot be read: a
+        judgement against a lighter history than the stored one would be silently wrong.
+    """
+    try:
+        entries = [e for e in store.list_runs(pipeline, version, newest=runs, before=before,
+                                              counting=JUDGED_STATUSES)
+                   if e["status"] in JUDGED_STATUSES][:runs]
+        ids = sorted(e["run_id"] for e in entries)
+        manifests = store.read_manifests(pipeline, ids)
+    except StoreError as exc:
+        raise HistoryUnavailable(f"the history of {pipeline} {version} could not be "
+                                 f"listed: {exc}") from exc
+    docs = {run_id: _readable(doc, run_id) for run_id, doc in manifests.items()}
+    docs = _history_of(docs, started, flow_run_id, attempt)
+    listed = [r for r in sorted(docs) if REGRESSION_FILE in (docs[r].get("files") or {})]
+    try:
+        tables = store.read_tables(pipeline, listed, "regression")
+    except StoreError as exc:
+        raise HistoryUnavailable(f"the history of {pipeline} {version} could not be "
+                                 f"read: {exc}") from exc
     nights = []
-    for run_id, table in store.read_tables(pipeline, ids, "regression").items():
-        if isinstance(table, StoreError):
-            logger.warning("alerts of %s: skipping run %s: %s", pipeline, run_id, table)
-            continue
-        nights.append(Night(run_id, pipeline, version, table))
+    for run_id in sorted(docs):
+        table = _readable(tables.get(run_id), run_id, "its verdict table") \
+            if run_id in tables or run_id in listed else None  # judged with no prefixes
+        nights.append(night_from_manifest(docs[run_id], table))
     return nights
 
 
-def episodes_of(store: RunStore, pipeline: str, version: str,
-                rule: RegressionRule | None = None, runs: int = LOOKBACK_RUNS
+def night_from_manifest(manifest: Mapping[str, Any], table: pd.DataFrame | None) -> Night:
+    """A stored night for the state machine: its verdict table, its other signals, the rules
+    and status its manifest holds."""
+    stored = manifest.get("rules")
+    try:
+        rule = Rules.from_dict(stored).regression if stored is not None else RegressionRule()
+    except InvalidInput:  # rules of a newer version: judge its transitions by today's
+        rule = RegressionRule()
+    return Night.from_tables(str(manifest["run_id"]), str(manifest["pipeline"]),
+                             str(manifest["version"]), table,
+                             manifest.get("signals") or (), rule=rule,
+                             status=str(manifest.get("status") or ""),
+                             started=str(manifest.get("started") or ""))
+
+
+def _readable(found: Any, run_id: str, what: str = "its manifest") -> Any:
+    if isinstance(found, StoreError) or found is None:
+        raise HistoryUnavailable(f"night {run_id} inside the replay window cannot be read "
+                                 f"({what}: {found or 'missing'}); a judgement without it "
+                                 "would be lighter than the stored history")
+    return found
+
+
+def _history_of(docs: dict[str, Mapping[str, Any]], started: str | None,
+                flow_run_id: str | None, attempt: int | None
+                ) -> dict[str, Mapping[str, Any]]:
+    """The nights that are tonight's history: not overlapping tonight, not an earlier
+    attempt of tonight's flow run, and of each flow run's attempts the newest.
+
+    Attempts are told apart by the manifest's ``attempt`` (Prefect's ``run_count``): nights
+    of one flow run with the same attempt (a flow that finishes several runs) all count.
+    """
+    newest: dict[str, int] = {}
+    for doc in docs.values():
+        flow_run, tried = doc.get("flow_run_id"), doc.get("attempt")
+        if flow_run and isinstance(tried, int):
+            newest[str(flow_run)] = max(newest.get(str(flow_run), tried), tried)
+    out = {}
+    for run_id, doc in docs.items():
+        flow_run, tried = str(doc.get("flow_run_id") or ""), doc.get("attempt")
+        if flow_run and isinstance(tried, int):
+            if flow_run == flow_run_id and attempt is not None and tried != attempt:
+                continue  # another attempt of tonight's own flow run: the same night
+            if tried < newest[flow_run]:
+                continue  # a retried attempt: only the newest counts
+        if started and doc.get("ended") and instant(str(doc["ended"])) > instant(started):
+            continue
+        out[run_id] = doc
+    return out
+
+
+def episodes_of(store: RunStore, pipeline: str, version: str, runs: int = LOOKBACK_RUNS
                 ) -> tuple[Book, list[AlertEvent]]:
-    """The episodes of ``pipeline``/``version`` recomputed from the store, and every event."""
-    rule = rule if rule is not None else RegressionRule()
+    """The state of ``pipeline``/``version`` after its stored nights, and every event:
+    each night replayed with the rules it was judged with, as the judge does."""
+    restart = next(iter(store.accepted(pipeline, version)), None)
     return replay(load_nights(store, pipeline, version, runs),
-                  load_acks(store, pipeline, version), rule)
+                  load_acks(store, pipeline, version), restart=restart)
 
 
 @dataclass(frozen=True)

@@ -1,40 +1,70 @@
-"""Alert episodes: suspected → confirmed → resolved, or cleared, or acknowledged.
+"""The history of a pipeline version as one state machine: signals, episodes, standing.
 
-An alert is an **episode** of one (pipeline, version, stage, prefix, metric), opened by the
-run where it was first flagged; its id is a short hash of those and the start run, so it is
-stable however often it is recomputed. The life of an episode, one judged run at a time
-(:func:`advance`):
+Everything a verdict carries from night to night lives here, and nowhere else: which
+suspicions are open, which episodes are confirmed, acknowledged or resolved, and which
+stored nights count in which baseline (their **standing**). None of it is stored: it is
+derived by :func:`replay` — one fold of the stored nights of a pipeline version in run-id
+order, each with the rules stored in its manifest — so replaying the same store always gives
+the same state, and the judge, ``dask-profiling check``, ``alerts``, ``ack`` and the exports
+all see the same history.
 
-* a prefix the confirmation rule (:mod:`.confirm`) calls ``suspected`` opens a
-  **suspected** episode (event ``suspected``); one it calls ``regression`` opens a
-  **confirmed** one at once (event ``detected``: a conclusive night);
-* a suspected episode is **confirmed** by the next run (event ``detected``) or **cleared**
-  (event ``cleared``);
-* a confirmed episode is **resolved** (event ``resolved``) once the prefix has been back
-  within its baseline — not flagged, and nearer the baseline than the threshold
-  (``ratio < sqrt(threshold)``), or absent — for ``resolve_after`` consecutive runs;
-* an **acknowledged** episode (``dask-profiling ack EPISODE_OR_RUN``) fails no more runs and
-  emits no ``detected``; it still resolves. The baseline is not restarted (``accept`` keeps
-  meaning "this is the new normal").
+**Signals.** Each judged night yields, per key ``(stage, prefix, metric)``, a
+:class:`Signal`: its one-night verdict, its ratio to the baseline and the confirmation
+decision (``alert``, :data:`.confirm.ALERTS`). The metrics (:data:`FAMILIES`):
 
-Nothing here is state kept between runs: episodes are recomputed from the stored per-run
-verdict tables (their ``alert`` column, written by the judge) and the ack markers, with
-:func:`replay`, so nothing can be lost. Feeding a run that is already folded in changes
-nothing and emits nothing: a retried flow run (same run id) never emits twice, and every
-event's :attr:`AlertEvent.id` is a deterministic UUID so a consumer can deduplicate too.
+========================  ===============  =========================================
+metric                    baseline family  one night conclusive (``confirm="auto"``)
+========================  ===============  =========================================
+``total_s`` (per prefix)  time             extreme jump or calm pipeline (:mod:`.confirm`)
+``drift`` (per prefix)    time             yes: drift is many nights of evidence
+``peak_bytes``            memory           no: the next night confirms or clears
+``spilled_bytes``         memory           no
+``requests_per_chunk``    requests         no
+``bytes_per_chunk``       requests         no
+``headroom`` (near-OOM)   none             yes: absolute, needs no history
+========================  ===============  =========================================
 
-Runs stored before confirmation existed have no ``alert`` column: their ``regression``
-rows failed on the first night, and are replayed so (``confirm="never"``).
+**Episodes** (one per key; :func:`advance`, the transition table):
+
+==============  =======================================  ==============  ==================
+from            tonight                                  to              event, run
+==============  =======================================  ==============  ==================
+(none)          flagged, conclusive                      confirmed       detected, fails
+(none)          flagged, not conclusive                  suspected       suspected
+suspected       still there (``alert == "regression"``)  confirmed       detected, fails
+suspected       gone                                     cleared         cleared
+confirmed       still flagged                            confirmed       fails [1]_
+confirmed       back for ``resolve_after`` nights        resolved        resolved
+open            acknowledged (``ack``)                   acknowledged    none, never fails
+acknowledged    the ack's ``nights`` ran out             confirmed       detected again [2]_
+any open        the night is ``accept``-ed               (restart)       --
+==============  =======================================  ==============  ==================
+
+.. [1] Relative metrics (all but ``headroom``) fail every night they stay flagged: they are
+   judged against the healthy baseline, which keeps their nights out. ``headroom`` is
+   absolute: a chronic near-OOM fails **once per episode** and is reported every night.
+.. [2] On the next flagged night, with an event id of its own (a new round).
+
+**Standing.** A stored night counts in the baseline of family ``F`` when it was judged
+(``healthy``, ``suspected`` or ``regressed``), is not older than the newest accepted run
+(``accept`` restarts every baseline; the accepted night counts even though it regressed),
+and no episode of family ``F`` that flagged it is still counted against it: a suspicion
+that was **cleared** gives its night back; confirmed, acknowledged and resolved episodes
+keep their flagged nights out; an open suspicion keeps its night out until the next night
+decides. A memory-only or near-OOM-only night stays in the time baseline.
+
+Feeding a night that is already folded in changes nothing and emits nothing, and every
+:class:`AlertEvent` id is a deterministic UUID, so a retried emission adds nothing.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any
 
 import pandas as pd
@@ -43,17 +73,32 @@ from prefect_dask_profiling._util import InvalidInput
 from prefect_dask_profiling.regression.confirm import Prior, nearer
 from prefect_dask_profiling.regression.rule import RegressionRule
 
-__all__ = ["EVENT_KINDS", "EVENT_PREFIX", "METRIC", "OPEN_STATES", "STATES", "Ack",
-           "AlertEvent", "Book", "Episode", "Night", "advance", "episode_id", "failing",
-           "priors", "replay", "run_status"]
+__all__ = ["ABSOLUTE", "EVENT_KINDS", "EVENT_PREFIX", "FAMILIES", "JUDGED_STATUSES", "METRIC",
+           "OPEN_STATES", "STATES", "Ack", "AlertEvent", "Book", "Episode", "Key", "Night",
+           "Signal", "advance", "episode_id", "failing", "instant", "priors", "replay",
+           "run_status"]
 
-METRIC = "total_s"  # the metric judged today; memory and requests get their own later
+METRIC = "total_s"
+# Baseline family of each metric: a night flagged in a metric is kept out of that family's
+# baseline only. ``headroom`` is judged without a baseline.
+FAMILIES: dict[str, str | None] = {
+    "total_s": "time", "drift": "time", "peak_bytes": "memory", "spilled_bytes": "memory",
+    "requests_per_chunk": "requests", "bytes_per_chunk": "requests", "headroom": None}
+# Metrics judged against no baseline: a persisting condition fails once per episode.
+ABSOLUTE = frozenset({"headroom"})
 STATES = ("suspected", "confirmed", "acknowledged", "resolved", "cleared")
 OPEN_STATES = ("suspected", "confirmed", "acknowledged")
 EVENT_KINDS = ("suspected", "detected", "cleared", "resolved")
 EVENT_PREFIX = "dask-profiling.regression."
+# Stored statuses of nights whose verdicts say something (failed, incomplete and unjudged
+# runs hold partial times or none).
+JUDGED_STATUSES = ("healthy", "regressed", "suspected")
+FLAGGED = ("regression", "suspected")
 # Namespace of the deterministic event ids (uuid5 of episode id and kind).
 _EVENT_NAMESPACE = uuid.UUID("6f1d7c8e-3b0a-5d52-9a41-2f5e0c7b9d13")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+Key = tuple[str, str, str]  # (stage, prefix, metric); prefix "" for per-stage metrics
 
 
 def episode_id(pipeline: str, version: str, stage: str, prefix: str, metric: str,
@@ -64,8 +109,31 @@ def episode_id(pipeline: str, version: str, stage: str, prefix: str, metric: str
 
 
 @dataclass(frozen=True)
+class Signal:
+    """One key on one night: the one-night verdict and the confirmation decision.
+
+    Attributes
+    ----------
+    alert
+        ``regression`` (fails unless acknowledged), ``suspected``, ``cleared`` or ``""``.
+    ratio
+        Tonight's value over the baseline's (NaN when unknown; headroom: NaN).
+    verdict
+        The one-night verdict (``regression``, ``memory-regression``, ``near-oom``, ``ok``...).
+    """
+
+    alert: str
+    ratio: float = math.nan
+    verdict: str = ""
+
+    @property
+    def flagged(self) -> bool:
+        return self.alert in FLAGGED
+
+
+@dataclass(frozen=True)
 class Episode:
-    """One alert of one prefix, from the run that opened it.
+    """One alert of one key, from the night that opened it.
 
     Attributes
     ----------
@@ -74,17 +142,29 @@ class Episode:
     state
         One of :data:`STATES`.
     start_run, last_run
-        The run that opened it; the last run that saw it open (or ended it).
+        The night that opened it; the last night that saw it open (or ended it).
     confirmed_run, ended_run
-        The run that confirmed it; the run that cleared or resolved it.
+        The night that confirmed it; the night that cleared or resolved it.
     acknowledged
-        Someone acknowledged it: it fails no more runs.
+        An ack silences it: no failure, no ``detected``.
+    ack_left
+        Nights the ack still silences (``None``: until resolved).
+    acks
+        The ack targets already applied (an expired ack is not applied again).
+    detected_run
+        The last night a ``detected`` event was raised for it.
+    rounds
+        How many times it was detected (a new round after an ack ran out).
+    rearmed
+        Its ack ran out: the next flagged night detects it again.
     calm_runs
-        Consecutive runs back within the baseline (``resolve_after`` resolves it).
+        Consecutive nights back within the baseline (``resolve_after`` resolves it).
     nights
-        Runs on which the one-night rule flagged it.
+        Nights on which the one-night rule flagged it.
+    flagged_runs
+        The nights it flagged (kept out of its family's baseline unless it was cleared).
     peak_ratio, last_ratio
-        Its largest and latest ratio to the baseline median while open.
+        Its largest and latest ratio while open.
     """
 
     id: str
@@ -99,8 +179,14 @@ class Episode:
     confirmed_run: str | None = None
     ended_run: str | None = None
     acknowledged: bool = False
+    ack_left: int | None = None
+    acks: tuple[str, ...] = ()
+    detected_run: str | None = None
+    rounds: int = 0
+    rearmed: bool = False
     calm_runs: int = 0
     nights: int = 1
+    flagged_runs: tuple[str, ...] = ()
     peak_ratio: float = math.nan
     last_ratio: float = math.nan
 
@@ -109,30 +195,40 @@ class Episode:
         return self.state in OPEN_STATES
 
     @property
-    def key(self) -> tuple[str, str]:
-        return (self.stage, self.prefix)
+    def key(self) -> Key:
+        return (self.stage, self.prefix, self.metric)
+
+    @property
+    def family(self) -> str | None:
+        return FAMILIES.get(self.metric)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["acks"] = list(self.acks)
+        out["flagged_runs"] = list(self.flagged_runs)
+        return out
 
 
 @dataclass(frozen=True)
 class AlertEvent:
-    """Something that happened to an episode on one run.
+    """Something that happened to an episode on one night.
 
     Attributes
     ----------
     kind
         One of :data:`EVENT_KINDS`.
     episode
-        The episode after the run.
+        The episode after the night.
     run_id
-        The run where it happened.
+        The night where it happened.
+    round
+        ``detected`` after an expired ack: 1, 2, ... (0 otherwise).
     """
 
     kind: str
     episode: Episode
     run_id: str
+    round: int = 0
 
     @property
     def event(self) -> str:
@@ -141,8 +237,9 @@ class AlertEvent:
 
     @property
     def id(self) -> str:
-        """Deterministic: the same episode and kind always give the same id."""
-        return str(uuid.uuid5(_EVENT_NAMESPACE, f"{self.episode.id}/{self.kind}"))
+        """Deterministic: the same episode, kind and round always give the same id."""
+        name = f"{self.episode.id}/{self.kind}" + (f"/{self.round}" if self.round else "")
+        return str(uuid.uuid5(_EVENT_NAMESPACE, name))
 
     def to_json(self) -> dict[str, Any]:
         return {"event": self.event, "id": self.id, "run_id": self.run_id,
@@ -151,208 +248,417 @@ class AlertEvent:
 
 @dataclass(frozen=True)
 class Ack:
-    """An acknowledgement: of one episode (``ep-…``) or of every episode open at a run."""
+    """An acknowledgement: of one episode (``ep-…``) or of every episode open at a run.
+
+    Attributes
+    ----------
+    target
+        An episode id or a run id.
+    at
+        When it was made (ISO): it silences nights that started at or after it.
+    by
+        Who made it.
+    nights
+        How many nights it silences (``None``: until the episode resolves).
+    """
 
     target: str
     at: str = ""
     by: str = ""
+    nights: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.nights is not None and (isinstance(self.nights, bool)
+                                        or not isinstance(self.nights, int)
+                                        or self.nights < 1):
+            raise InvalidInput(f"ack nights must be a whole number >= 1, got {self.nights!r}")
 
     @property
     def is_episode(self) -> bool:
         return self.target.startswith("ep-")
 
+    def applies_to(self, started: str) -> bool:
+        """Whether the ack was made by the time a night started at ``started``."""
+        if not self.at or not started:
+            return True
+        return instant(self.at) <= instant(started)
+
 
 @dataclass(frozen=True)
 class Night:
-    """One judged run: its id and its verdict table with the ``alert`` column.
+    """One judged night as the state machine reads it.
 
     Attributes
     ----------
-    rows
-        ``stage, prefix, verdict, ratio, delta_s`` and ``alert`` (:data:`.confirm.ALERTS`);
-        without ``alert`` (runs stored before confirmation) a ``regression`` row counts as
-        ``regression``.
+    run_id, pipeline, version
+        Its identity.
+    signals
+        ``{(stage, prefix, metric): Signal}``.
+    rule
+        The rule it was judged with (its manifest's ``rules``).
+    status
+        Its stored status.
+    started
+        When it started (ISO): which acks had been made by then.
     """
 
     run_id: str
     pipeline: str
     version: str
-    rows: pd.DataFrame
+    signals: Mapping[Key, Signal] = field(default_factory=dict)
+    rule: RegressionRule = field(default_factory=RegressionRule)
+    status: str = "healthy"
+    started: str = ""
 
-    @functools.cached_property
-    def _alerts(self) -> dict[tuple[str, str], tuple[str, float, str]]:
-        """``{(stage, prefix): (alert, ratio, verdict)}``, computed once."""
-        rows = self.rows
-        if "alert" in rows:
-            alert = rows["alert"].fillna("").astype(str)
-        else:
-            alert = rows["verdict"].where(rows["verdict"] == "regression", "").astype(str)
-        ratio = pd.to_numeric(rows["ratio"], errors="coerce")
-        return {(str(s), str(p)): (a, float(r), str(v)) for s, p, a, r, v in zip(
-            rows["stage"].to_numpy(), rows["prefix"].to_numpy(), alert.to_numpy(),
-            ratio.to_numpy(), rows["verdict"].to_numpy(), strict=True)}
+    def __post_init__(self) -> None:
+        if not isinstance(self.rule, RegressionRule):
+            raise InvalidInput(f"rule must be a RegressionRule, got {type(self.rule).__name__}")
 
-    def alerts(self) -> dict[tuple[str, str], tuple[str, float, str]]:
-        """``{(stage, prefix): (alert, ratio, verdict)}`` (a copy)."""
-        return dict(self._alerts)
+    @property
+    def order(self) -> tuple[datetime, str]:
+        """Where the night stands in its history: by start, then run id (run ids are
+        stamped to the second; nights that do not overlap start in the order they end)."""
+        return (instant(self.started) if self.started else _EPOCH, self.run_id)
+
+    @classmethod
+    def from_tables(cls, run_id: str, pipeline: str, version: str,
+                    time_rows: pd.DataFrame | None = None,
+                    other: Iterable[Mapping[str, Any]] = (), *,
+                    rule: RegressionRule | None = None, status: str = "healthy",
+                    started: str = "") -> Night:
+        """A night from its stored verdict table and its other signals.
+
+        Parameters
+        ----------
+        time_rows
+            The time verdict table (``regression.csv``: ``stage, prefix, verdict, ratio``
+            and ``alert``). Without ``alert`` (runs stored before confirmation) a
+            ``regression`` row counts as ``regression``: it failed on its first night.
+        other
+            Rows ``stage, prefix, metric, verdict, ratio, alert`` of the other metrics
+            (the manifest's ``signals``).
+        """
+        signals: dict[Key, Signal] = {}
+        if time_rows is not None and not time_rows.empty:
+            signals.update(_time_signals(time_rows))
+        for row in other:
+            metric = str(row.get("metric") or "")
+            if metric not in FAMILIES:
+                continue
+            key = (str(row.get("stage")), str(row.get("prefix") or ""), metric)
+            signals[key] = Signal(str(row.get("alert") or ""), _float(row.get("ratio")),
+                                  str(row.get("verdict") or ""))
+        return cls(run_id, pipeline, version, signals,
+                   RegressionRule() if rule is None else rule, status, started)
 
 
 @dataclass(frozen=True)
 class Book:
-    """Every episode after some runs, and the newest run folded in."""
+    """The state after some nights: every episode, the newest night, the nights' statuses.
+
+    Attributes
+    ----------
+    episodes
+        Every episode of the folded nights.
+    last_run
+        The newest night folded in.
+    ratios
+        Each key's ratio on the newest night (the symmetric confirmation reads it).
+    runs
+        ``{run_id: status}`` of the folded nights, in the order they were folded.
+    last
+        :attr:`Night.order` of the newest night folded in.
+    restart
+        The accepted run where every baseline restarts (``None``: none).
+    opaque
+        Nights stored ``regressed`` or ``suspected`` whose signals do not say what was
+        flagged (stored before signals were, or written by hand): out of every baseline.
+    """
 
     episodes: tuple[Episode, ...] = ()
     last_run: str | None = None
-    ratios: dict[tuple[str, str], float] = field(default_factory=dict)
+    ratios: Mapping[Key, float] = field(default_factory=dict)
+    runs: Mapping[str, str] = field(default_factory=dict)
+    restart: str | None = None
+    opaque: frozenset[str] = frozenset()
+    last: tuple[datetime, str] | None = None
 
     def open(self) -> list[Episode]:
         return [e for e in self.episodes if e.open]
 
+    def excluded(self) -> dict[str, frozenset[str]]:
+        """``{run_id: families}`` each folded night is kept out of (standing's negative)."""
+        out: dict[str, set[str]] = {}
+        for ep in self.episodes:
+            if ep.state == "cleared" or ep.family is None:
+                continue
+            for run in ep.flagged_runs:
+                out.setdefault(run, set()).add(ep.family)
+        every = {f for f in FAMILIES.values() if f is not None}
+        for run in self.opaque:
+            out.setdefault(run, set()).update(every)
+        return {run: frozenset(families) for run, families in out.items()}
 
-def priors(book: Book) -> dict[tuple[str, str], Prior]:
-    """What :func:`.confirm.confirm_verdicts` needs from the previous run, per prefix."""
-    out = {key: Prior(ratio=ratio) for key, ratio in book.ratios.items()}
+    def counts_in(self, run_id: str, family: str) -> bool:
+        """Whether the folded night ``run_id`` counts in ``family``'s baseline."""
+        status = self.runs.get(run_id)
+        if status not in JUDGED_STATUSES:
+            return False
+        if self.restart is not None and run_id <= self.restart:
+            return run_id == self.restart
+        return family not in self.excluded().get(run_id, frozenset())
+
+    def baseline_runs(self, family: str) -> list[str]:
+        """The folded nights that count in ``family``'s baseline, newest first."""
+        excluded = self.excluded()
+        out = []
+        for run_id in reversed(list(self.runs)):
+            if self.runs[run_id] not in JUDGED_STATUSES:
+                continue
+            if self.restart is not None and run_id <= self.restart:
+                if run_id == self.restart:
+                    out.append(run_id)
+                break
+            if family not in excluded.get(run_id, frozenset()):
+                out.append(run_id)
+        return out
+
+
+def priors(book: Book, metric: str = METRIC) -> dict[tuple[str, str], Prior]:
+    """What the confirmation of ``metric`` needs from the previous night, per
+    ``(stage, prefix)``: the open episode's state and the previous ratio."""
+    out = {(s, p): Prior(ratio=ratio) for (s, p, m), ratio in book.ratios.items()
+           if m == metric}
     for ep in book.open():
-        out[ep.key] = Prior(episode=ep.state, ratio=book.ratios.get(ep.key, math.nan))
+        if ep.metric == metric:
+            out[(ep.stage, ep.prefix)] = Prior(
+                episode=ep.state, ratio=book.ratios.get(ep.key, math.nan))
     return out
 
 
-def advance(book: Book, night: Night, acks: Iterable[Ack], rule: RegressionRule
+def advance(book: Book, night: Night, acks: Iterable[Ack] = ()
             ) -> tuple[Book, list[AlertEvent]]:
-    """Fold one judged run into the episodes.
+    """Fold one judged night into the state (the transition table of the module).
 
     Parameters
     ----------
     book
-        The episodes after the previous runs.
+        The state after the previous nights.
     night
-        Tonight's run, its verdict table carrying the ``alert`` column.
+        Tonight, its signals carrying the confirmation decisions and its rule.
     acks
-        Every acknowledgement of the pipeline and version.
-    rule
-        The rule (``threshold``, ``resolve_after``).
+        Every acknowledgement of the pipeline and version (those made after tonight
+        started are not applied yet).
 
     Returns
     -------
     (Book, list[AlertEvent])
-        The episodes after tonight and what happened to them tonight. A run at or before
-        ``book.last_run`` (already folded in: a retried flow run) changes nothing and emits
-        nothing.
+        The state after tonight and what happened to the episodes tonight. A night at or
+        before ``book.last_run`` (already folded in) changes nothing and emits nothing.
     """
-    if not isinstance(rule, RegressionRule):
-        raise InvalidInput(f"rule must be a RegressionRule, got {type(rule).__name__}")
-    if book.last_run is not None and night.run_id <= book.last_run:
-        return _acknowledge(book, list(acks)), []
-    acks = list(acks)
-    book = _acknowledge(book, acks)
-    rows = night.alerts()
+    if not isinstance(night, Night):
+        raise InvalidInput(f"night must be a Night, got {type(night).__name__}")
+    if book.last is not None and night.order <= book.last:
+        return book, []
+    runs = {**book.runs, night.run_id: night.status}
+    opaque = book.opaque | ({night.run_id} if night.status in ("regressed", "suspected")
+                            and not any(s.flagged for s in night.signals.values())
+                            else set())
+    if book.restart is not None and night.run_id == book.restart:
+        # the accepted night is the new normal: every earlier episode ends with it
+        return Book((), night.run_id, {}, runs, book.restart, opaque, night.order), []
+    live = [a for a in acks if a.applies_to(night.started)]
     events: list[AlertEvent] = []
     episodes = [e for e in book.episodes if not e.open]
-    seen = set()
+    seen: set[Key] = set()
     for ep in book.open():
         seen.add(ep.key)
-        ep, kind = _step(ep, rows.get(ep.key), night.run_id, rule)
-        episodes.append(ep)
-        if kind:
-            events.append(AlertEvent(kind, ep, night.run_id))
-    for key, (alert, ratio, _) in rows.items():
-        if key in seen or alert not in ("suspected", "regression"):
+        ep = _expire(_acknowledge(ep, live), night.run_id)
+        ep, event = _step(ep, night.signals.get(ep.key), night)
+        episodes.append(_spend(ep))
+        if event is not None:
+            events.append(event)
+    for key, signal in night.signals.items():
+        if key in seen or not signal.flagged:
             continue
-        ep = _open(night, key, alert, ratio)
-        ep = _acknowledge(Book((ep,)), acks).episodes[0]
-        episodes.append(ep)
-        if not (ep.acknowledged and alert == "regression"):
-            events.append(AlertEvent("suspected" if alert == "suspected" else "detected",
-                                     ep, night.run_id))
-    ratios = {key: ratio for key, (_, ratio, _) in rows.items()}
-    return Book(tuple(episodes), night.run_id, ratios), events
-
-
-def _open(night: Night, key: tuple[str, str], alert: str, ratio: float) -> Episode:
-    stage, prefix = key
-    confirmed = alert == "regression"
-    return Episode(
-        id=episode_id(night.pipeline, night.version, stage, prefix, METRIC, night.run_id),
-        pipeline=night.pipeline, version=night.version, stage=stage, prefix=prefix,
-        metric=METRIC, state="confirmed" if confirmed else "suspected",
-        start_run=night.run_id, last_run=night.run_id,
-        confirmed_run=night.run_id if confirmed else None, peak_ratio=ratio,
-        last_ratio=ratio)
-
-
-def _step(ep: Episode, row: tuple[str, float, str] | None, run_id: str,
-          rule: RegressionRule) -> tuple[Episode, str]:
-    """One open episode through one run: the episode after it, and the event (or "")."""
-    alert, ratio, verdict = row if row is not None else ("", math.nan, "vanished")
-    peak = max(ep.peak_ratio, ratio) if math.isfinite(ratio) else ep.peak_ratio
-    ep = replace(ep, last_run=run_id, last_ratio=ratio, peak_ratio=peak,
-                 nights=ep.nights + (verdict == "regression"))
-    if ep.state == "suspected":
-        if alert == "regression":
-            state = "acknowledged" if ep.acknowledged else "confirmed"
-            return replace(ep, state=state, confirmed_run=run_id), \
-                ("" if ep.acknowledged else "detected")
-        return replace(ep, state="cleared", ended_run=run_id), "cleared"
-    back = verdict != "regression" and not nearer(ratio, rule.threshold)
-    if not back:
-        return replace(ep, calm_runs=0), ""
-    calm = ep.calm_runs + 1
-    if calm >= rule.resolve_after:
-        return replace(ep, state="resolved", calm_runs=calm, ended_run=run_id), "resolved"
-    return replace(ep, calm_runs=calm), ""
-
-
-def _acknowledge(book: Book, acks: list[Ack]) -> Book:
-    """Mark the open episodes an ack names (by id, or by a run they were open at)."""
-    ids = {a.target for a in acks if a.is_episode}
-    runs = [a.target for a in acks if not a.is_episode]
-    if not ids and not runs:
-        return book
-    out = []
-    for ep in book.episodes:
-        hit = ep.id in ids or any(ep.start_run <= r <= ep.last_run for r in runs)
-        if ep.open and hit and not ep.acknowledged:
-            state = "acknowledged" if ep.state == "confirmed" else ep.state
-            ep = replace(ep, acknowledged=True, state=state)
-        out.append(ep)
-    return replace(book, episodes=tuple(out))
+        ep = _acknowledge(_open(night, key, signal), live)
+        if signal.alert == "regression" and not ep.acknowledged:
+            ep = replace(ep, detected_run=night.run_id, rounds=1)
+            events.append(AlertEvent("detected", ep, night.run_id))
+        elif signal.alert == "suspected":
+            events.append(AlertEvent("suspected", ep, night.run_id))
+        episodes.append(_spend(ep))
+    ratios = {key: signal.ratio for key, signal in night.signals.items()}
+    return (Book(tuple(episodes), night.run_id, ratios, runs, book.restart, opaque,
+                 night.order), events)
 
 
 def failing(book: Book, night: Night) -> list[Episode]:
-    """The episodes that fail ``night``'s run: ``regression`` tonight and not acknowledged.
-
-    ``book`` is the result of :func:`advance` for that night.
-    """
-    rows = night.alerts()
-    return [e for e in book.open() if e.last_run == night.run_id and not e.acknowledged
-            and rows.get(e.key, ("",))[0] == "regression"]
+    """The episodes that fail ``night``: flagged ``regression`` tonight, not acknowledged,
+    and — for an absolute metric — detected tonight. ``book`` is :func:`advance`'s."""
+    out = []
+    for ep in book.open():
+        signal = night.signals.get(ep.key)
+        if ep.last_run != night.run_id or ep.acknowledged or signal is None \
+                or signal.alert != "regression":
+            continue
+        if ep.metric in ABSOLUTE and ep.detected_run != night.run_id:
+            continue  # a chronic condition fails once per episode
+        out.append(ep)
+    return out
 
 
 def run_status(book: Book, night: Night) -> str:
-    """The run's stored status from its alerts: ``regressed`` (something fails it),
-    ``suspected`` (something waits for the next run), else ``healthy``.
-
-    A ``suspected`` run is kept out of baselines until the next run clears its suspicions
-    (then it counts as healthy again); see docs/alerts.md.
-    """
+    """The night's stored status: ``regressed`` (something fails it), ``suspected``
+    (something waits for the next night), else ``healthy``."""
     if failing(book, night):
         return "regressed"
-    alerts = night.alerts()
-    if any(a == "suspected" for a, _, _ in alerts.values()):
+    if any(s.alert == "suspected" for s in night.signals.values()):
         return "suspected"
     return "healthy"
 
 
-def replay(nights: Iterable[Night], acks: Iterable[Ack], rule: RegressionRule,
+def replay(nights: Iterable[Night], acks: Iterable[Ack] = (), *, restart: str | None = None,
            book: Book | None = None) -> tuple[Book, list[AlertEvent]]:
-    """Fold judged runs, oldest first, into episodes: the stateless derivation from history.
+    """Fold judged nights, oldest first, into the state: the derivation from history.
 
-    Returns the final :class:`Book` and every event in order.
+    Parameters
+    ----------
+    nights
+        The stored nights (any order: they are folded by :attr:`Night.order`).
+    acks
+        Every acknowledgement of the pipeline and version.
+    restart
+        The newest accepted run: nights before it are not folded, it is folded as the new
+        normal.
+    book
+        A state to continue from (default: empty).
+
+    Returns
+    -------
+    (Book, list[AlertEvent])
+        The final state and every event in order.
     """
     acks = list(acks)
-    book = book if book is not None else Book()
+    book = book if book is not None else Book(restart=restart)
+    if restart is not None and book.restart != restart:
+        book = replace(book, restart=restart)
     events: list[AlertEvent] = []
-    for night in sorted(nights, key=lambda n: n.run_id):
-        book, new = advance(book, night, acks, rule)
+    for night in sorted(nights, key=lambda n: n.order):
+        if restart is not None and night.run_id < restart:
+            continue
+        book, new = advance(book, night, acks)
         events.extend(new)
     return book, events
+
+
+# ---------------------------------------------------------------------- transitions
+def _open(night: Night, key: Key, signal: Signal) -> Episode:
+    stage, prefix, metric = key
+    confirmed = signal.alert == "regression"
+    return Episode(
+        id=episode_id(night.pipeline, night.version, stage, prefix, metric, night.run_id),
+        pipeline=night.pipeline, version=night.version, stage=stage, prefix=prefix,
+        metric=metric, state="confirmed" if confirmed else "suspected",
+        start_run=night.run_id, last_run=night.run_id,
+        confirmed_run=night.run_id if confirmed else None, flagged_runs=(night.run_id,),
+        peak_ratio=signal.ratio, last_ratio=signal.ratio)
+
+
+def _step(ep: Episode, signal: Signal | None, night: Night
+          ) -> tuple[Episode, AlertEvent | None]:
+    """One open episode through one night: the episode after it, and its event."""
+    signal = signal if signal is not None else Signal("", math.nan, "vanished")
+    run_id, ratio = night.run_id, signal.ratio
+    peak = max(ep.peak_ratio, ratio) if math.isfinite(ratio) else ep.peak_ratio
+    flagged = ep.flagged_runs + ((run_id,) if signal.flagged else ())
+    ep = replace(ep, last_run=run_id, last_ratio=ratio, peak_ratio=peak,
+                 nights=ep.nights + signal.flagged, flagged_runs=flagged)
+    if ep.state == "suspected":
+        if signal.alert == "regression":
+            ep = replace(ep, state="acknowledged" if ep.acknowledged else "confirmed",
+                         confirmed_run=run_id)
+            return _detect(ep, run_id) if not ep.acknowledged else (ep, None)
+        ep = replace(ep, state="cleared", ended_run=run_id)
+        return ep, AlertEvent("cleared", ep, run_id)
+    if signal.alert == "regression" and ep.rearmed and not ep.acknowledged:
+        return _detect(replace(ep, calm_runs=0, rearmed=False), run_id)
+    if not _back(ep.metric, signal, night.rule):
+        return replace(ep, calm_runs=0), None
+    calm = ep.calm_runs + 1
+    if calm >= night.rule.resolve_after:
+        ep = replace(ep, state="resolved", calm_runs=calm, ended_run=run_id)
+        return ep, AlertEvent("resolved", ep, run_id)
+    return replace(ep, calm_runs=calm), None
+
+
+def _detect(ep: Episode, run_id: str) -> tuple[Episode, AlertEvent]:
+    ep = replace(ep, detected_run=run_id, rounds=ep.rounds + 1)
+    return ep, AlertEvent("detected", ep, run_id, round=ep.rounds - 1)
+
+
+def _back(metric: str, signal: Signal, rule: RegressionRule) -> bool:
+    """Whether tonight is back within the baseline for ``metric``: not flagged, and (for
+    ratio metrics) nearer the baseline than the threshold."""
+    if signal.flagged or signal.alert == "regression":
+        return False
+    if metric in ABSOLUTE or metric == "drift":
+        return True
+    threshold = {"peak_bytes": rule.memory_threshold, "spilled_bytes": rule.memory_threshold,
+                 "requests_per_chunk": rule.requests_threshold,
+                 "bytes_per_chunk": rule.requests_threshold}.get(metric, rule.threshold)
+    return not nearer(signal.ratio, threshold)
+
+
+def _acknowledge(ep: Episode, acks: list[Ack]) -> Episode:
+    """Apply the acks that name ``ep`` (by id, or a run it was open at) and were not yet
+    applied to it."""
+    for ack in acks:
+        if ack.target in ep.acks:
+            continue
+        hit = ack.target == ep.id if ack.is_episode \
+            else ep.start_run <= ack.target <= ep.last_run
+        if hit and ep.open:
+            state = "acknowledged" if ep.state == "confirmed" else ep.state
+            ep = replace(ep, acknowledged=True, state=state, ack_left=ack.nights,
+                         acks=(*ep.acks, ack.target), rearmed=False)
+    return ep
+
+
+def _expire(ep: Episode, run_id: str) -> Episode:
+    """An ack whose nights ran out stops silencing before tonight is judged."""
+    if ep.acknowledged and ep.ack_left is not None and ep.ack_left <= 0:
+        state = "confirmed" if ep.state == "acknowledged" else ep.state
+        return replace(ep, acknowledged=False, ack_left=None, state=state, rearmed=True)
+    return ep
+
+
+def _spend(ep: Episode) -> Episode:
+    """A bounded ack silenced one more night."""
+    if ep.acknowledged and ep.ack_left is not None and ep.open:
+        return replace(ep, ack_left=ep.ack_left - 1)
+    return ep
+
+
+def _time_signals(rows: pd.DataFrame) -> dict[Key, Signal]:
+    if "alert" in rows:
+        alert = rows["alert"].fillna("").astype(str)
+    else:
+        alert = rows["verdict"].where(rows["verdict"] == "regression", "").astype(str)
+    ratio = pd.to_numeric(rows["ratio"], errors="coerce")
+    return {(str(s), str(p), METRIC): Signal(a, float(r), str(v)) for s, p, a, r, v in zip(
+        rows["stage"].to_numpy(), rows["prefix"].to_numpy(), alert.to_numpy(),
+        ratio.to_numpy(), rows["verdict"].to_numpy(), strict=True)}
+
+
+def _float(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def instant(text: str) -> datetime:
+    """An ISO time as an aware datetime (naive ones are UTC)."""
+    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)

@@ -1,22 +1,17 @@
-"""The baseline of a run: which stored runs it is compared against, and loading them.
+"""The baseline of a run: which stored nights it is compared against, and loading them.
 
-One listing of ``index/<pipeline>/<version>/`` (and of ``accepted/``) finds the candidates;
-only the tables of the runs actually used are read, newest first, so loading a baseline costs
-the same with ten stored runs as with ten thousand.
-
-Rules:
+Which nights count is the nights' **standing**, derived by the one state machine of a
+pipeline version's history (:mod:`.alerts`: :meth:`~.alerts.Book.baseline_runs`); this
+module reads the newest of them:
 
 * same pipeline and version — prefixes change with the code, so other versions never count;
-* complete runs only (index markers are written after the manifest) whose status is
-  ``healthy``: regressed and failed runs would drag the median towards the regression;
+* judged nights whose standing counts in the family (``time`` here): a night flagged in a
+  time metric is left out unless its suspicion was cleared; a memory-only night counts;
 * an accepted run (``dask-profiling accept RUN``) restarts the baseline: only it and newer
-  runs count, and it counts even though it was flagged regressed;
-* a run whose table is missing or unreadable is skipped with a warning, never a crash;
-* a history that cannot be listed, or none of whose candidate runs can be read, raises
-  :class:`HistoryUnavailable`: judging the run against "no history" would store it healthy
-  and let it into later baselines, so the caller leaves it unjudged instead.
-
-:func:`counts_in_baseline` is that rule for one run; :func:`load_baseline` applies it.
+  nights count, and it counts even though it was flagged regressed;
+* a night whose table cannot be read raises :class:`HistoryUnavailable`, as does a history
+  that cannot be listed: a judgement against a lighter history than the stored one would
+  be silently wrong, so the caller leaves the run unjudged, with the reason.
 """
 
 from __future__ import annotations
@@ -29,34 +24,14 @@ import pandas as pd
 
 from prefect_dask_profiling._util import positive_int
 from prefect_dask_profiling.errors import HistoryUnavailable
+from prefect_dask_profiling.regression.alert_history import load_acks, load_nights
+from prefect_dask_profiling.regression.alerts import Book, replay
 from prefect_dask_profiling.regression.rule import RegressionRule
 from prefect_dask_profiling.store.runs import TASKS_COLUMNS, RunStore, StoreError
 
 logger = logging.getLogger(__name__)
 
 HISTORY_COLUMNS = ["run_id", *TASKS_COLUMNS]
-# The only status whose runs form a baseline: regressed, failed, incomplete and unjudged runs
-# would drag the median towards what is being detected, or hold partial times.
-BASELINE_STATUS = "healthy"
-
-
-def counts_in_baseline(run_id: str, status: str, restart: str | None) -> bool:
-    """Whether a stored run of the right pipeline and version belongs in a baseline.
-
-    Parameters
-    ----------
-    run_id
-        The candidate run.
-    status
-        Its index status (``healthy``, ``regressed``, ``failed``, ``incomplete``,
-        ``unjudged``).
-    restart
-        The accepted run where the baseline restarts, if any: runs older than it never
-        count, and it counts itself even though it was flagged regressed.
-    """
-    if restart is not None and run_id < restart:
-        return False
-    return status == BASELINE_STATUS or (run_id == restart and status == "regressed")
 
 
 @dataclass
@@ -74,7 +49,8 @@ class Baseline:
     note
         Human-readable remarks (new version, restart at an accepted run, runs left out...).
     skipped
-        ``(run_id, reason)`` of the runs skipped because their table could not be read.
+        ``(run_id, reason)`` of runs skipped (kept for readers of older results: a night
+        that cannot be read now leaves the run unjudged instead).
     """
 
     history: pd.DataFrame
@@ -87,7 +63,8 @@ class Baseline:
 def load_baseline(store: RunStore, pipeline: str, version: str,
                   n: int = RegressionRule.history, exclude_run_id: str | None = None,
                   before: str | None = None) -> Baseline:
-    """The last ``n`` healthy runs of ``pipeline``/``version``, as a :class:`Baseline`.
+    """The time baseline of a run of ``pipeline``/``version``: the newest ``n`` nights whose
+    standing counts, read from the store.
 
     Parameters
     ----------
@@ -105,35 +82,23 @@ def load_baseline(store: RunStore, pipeline: str, version: str,
     Raises
     ------
     HistoryUnavailable
-        When the history cannot be listed, or when none of the runs it should use can be
-        read. Single unreadable runs are skipped with a warning.
+        When the history cannot be listed, or a night it needs cannot be read.
     """
     positive_int(n, "n")
     try:
-        restart = _restart(store.accepted(pipeline, version), before)
-        # the newest runs only (index partitions by month): spares for unreadable ones
-        entries = store.list_runs(pipeline, version, newest=2 * n, since=restart,
-                                  before=before, counting=(BASELINE_STATUS,))
+        restart = restart_of(store.accepted(pipeline, version), before)
+        acks = load_acks(store, pipeline, version)
     except StoreError as exc:
         raise HistoryUnavailable(f"the history of {pipeline} {version} could not be "
                                  f"listed: {exc}") from exc
-    entries = [e for e in entries if e["run_id"] != exclude_run_id
-               and (before is None or e["run_id"] < before)
-               and (restart is None or e["run_id"] >= restart)]
-    frames, skipped, left_out = _read_newest(store, pipeline, entries, restart, n)
-    if skipped and not frames:
-        raise HistoryUnavailable(f"none of the {len(skipped)} baseline run(s) of {pipeline} "
-                                 f"{version} could be read; first: {skipped[0][1]}")
-    runs = [run_id for run_id, _ in reversed(frames)]
-    history = pd.concat([f.assign(run_id=r) for r, f in reversed(frames)], ignore_index=True) \
-        if frames else _empty()
-    history = history[[*HISTORY_COLUMNS, *[c for c in history if c not in HISTORY_COLUMNS]]]
-    notes = _notes(store, pipeline, version, entries, restart, runs, n, left_out, skipped)
-    return Baseline(history, runs, version, "; ".join(notes), skipped)
+    nights = [night for night in load_nights(store, pipeline, version, before=before)
+              if night.run_id != exclude_run_id]
+    book, _ = replay(nights, acks, restart=restart)
+    return read_baseline(store, pipeline, version, book, n)
 
 
-def _restart(accepted: list[str], before: str | None) -> str | None:
-    """The newest accepted run id (up to ``before``), where the baseline restarts.
+def restart_of(accepted: list[str], before: str | None) -> str | None:
+    """The newest accepted run id (up to ``before``), where every baseline restarts.
 
     An accepted run judged itself has an empty baseline: it is the new normal.
     """
@@ -141,50 +106,48 @@ def _restart(accepted: list[str], before: str | None) -> str | None:
     return max(candidates) if candidates else None
 
 
-def _read_newest(store: RunStore, pipeline: str, entries: list[dict], restart: str | None,
-                 n: int) -> tuple[list[tuple[str, pd.DataFrame]], list[tuple[str, str]],
-                                  Counter]:
-    """Tables of the newest usable runs (newest first), the skipped runs, statuses left out."""
-    frames: list[tuple[str, pd.DataFrame]] = []
-    skipped: list[tuple[str, str]] = []
-    left_out: Counter = Counter()
-    newest_first = iter(sorted(entries, key=lambda e: e["run_id"], reverse=True))
-    while len(frames) < n:
-        wanted = []  # as many runs as frames are missing, read at once
-        for entry in newest_first:
-            if not counts_in_baseline(entry["run_id"], entry["status"], restart):
-                left_out[entry["status"]] += 1
-                continue
-            wanted.append(entry["run_id"])
-            if len(wanted) == n - len(frames):
-                break
-        if not wanted:
-            break
-        for run_id, table in store.read_tables(pipeline, wanted, "tasks").items():
-            if isinstance(table, StoreError):
-                logger.warning("baseline of %s: skipping run %s: %s", pipeline, run_id, table)
-                skipped.append((run_id, str(table)))
-            else:
-                frames.append((run_id, table))
-    return frames, skipped, left_out
+def read_baseline(store: RunStore, pipeline: str, version: str, book: Book, n: int,
+                  family: str = "time") -> Baseline:
+    """The newest ``n`` nights of ``book`` that count in ``family``'s baseline, with their
+    ``tasks`` tables.
+
+    Raises
+    ------
+    HistoryUnavailable
+        When one of those tables cannot be read.
+    """
+    positive_int(n, "n")
+    runs = book.baseline_runs(family)[:n]
+    tables = store.read_tables(pipeline, runs, "tasks") if runs else {}
+    for run_id, table in tables.items():
+        if isinstance(table, StoreError):
+            raise HistoryUnavailable(f"baseline night {run_id} of {pipeline} {version} "
+                                     f"cannot be read ({table}); a judgement without it "
+                                     "would be lighter than the stored history")
+    runs = sorted(runs)
+    history = pd.concat([tables[r].assign(run_id=r) for r in runs], ignore_index=True) \
+        if runs else _empty()
+    history = history[[*HISTORY_COLUMNS, *[c for c in history if c not in HISTORY_COLUMNS]]]
+    return Baseline(history, runs, version, "; ".join(_notes(store, pipeline, version, book,
+                                                             runs, n, family)))
 
 
-def _notes(store: RunStore, pipeline: str, version: str, entries: list[dict],
-           restart: str | None, runs: list[str], n: int, left_out: Counter,
-           skipped: list[tuple[str, str]]) -> list[str]:
+def _notes(store: RunStore, pipeline: str, version: str, book: Book, runs: list[str],
+           n: int, family: str) -> list[str]:
     notes = []
-    if not entries and restart is None:
+    if not book.runs and book.restart is None:
         notes.append(_new_version_note(store, pipeline, version))
-    if restart is not None:
-        notes.append(f"baseline restarts at accepted run {restart}")
-    if entries and len(runs) < n:
+    if book.restart is not None:
+        notes.append(f"baseline restarts at accepted run {book.restart}")
+    if book.runs and len(runs) < n:
         notes.append(f"{len(runs)} of {n} baseline runs available")
+    counting = set(book.baseline_runs(family))
+    left_out = Counter(status for run_id, status in book.runs.items()
+                       if run_id not in counting
+                       and (book.restart is None or run_id > book.restart))
     if left_out:
         parts = ", ".join(f"{count} {status}" for status, count in sorted(left_out.items()))
-        notes.append(f"left out {parts} run(s)")
-    if skipped:
-        notes.append(f"skipped {len(skipped)} unreadable run(s): "
-                     + ", ".join(run_id for run_id, _ in skipped))
+        notes.append(f"left out {parts} run(s) flagged in {family}")
     return notes
 
 

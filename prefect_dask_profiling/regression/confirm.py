@@ -61,6 +61,7 @@ from prefect_dask_profiling._util import InvalidInput
 from prefect_dask_profiling.regression.rule import RegressionRule
 
 __all__ = ["ALERT_COLUMNS", "ALERTS", "CONCLUSIVE_SIGMAS", "EXTREME_FACTOR", "Decision",
+           "confirm_signals",
            "Evidence", "Prior", "confirm_verdicts", "decide", "nearer", "noise_reach"]
 
 # A jump this many times the threshold is conclusive on one night whatever the noise.
@@ -310,3 +311,66 @@ def _float(value: Any) -> float:
 
 def _x(ratio: float) -> str:
     return f"{ratio:.2f}x" if math.isfinite(ratio) else "from zero"
+
+
+def confirm_signals(rows: pd.DataFrame, priors: dict[tuple[str, str], Prior],
+                    rule: RegressionRule, *, flagged: tuple[str, ...],
+                    conclusive: bool) -> pd.DataFrame:
+    """A per-stage verdict table (memory, storage requests) with :data:`ALERT_COLUMNS`.
+
+    The same lifecycle as time (:func:`decide`), for metrics whose one night is never
+    conclusive (a spill, a request blow-up: the next night confirms or clears it) or always
+    is (``near-oom``: absolute, needs no history).
+
+    Parameters
+    ----------
+    rows
+        ``stage, metric, verdict, ratio`` and, for the second night, ``delta`` and
+        ``min_effect`` (absent: any increase counts).
+    priors
+        ``{(stage, metric): Prior}`` of the previous night (:func:`.alerts.priors` per
+        metric, keyed by stage and metric).
+    rule
+        Its ``confirm`` mode: ``"never"`` makes every flag conclusive.
+    flagged
+        The verdicts that flag a row.
+    conclusive
+        Whether one flagged night is enough under ``confirm="auto"`` and ``"always"``.
+    """
+    if not isinstance(rule, RegressionRule):
+        raise InvalidInput(f"rule must be a RegressionRule, got {type(rule).__name__}")
+    if rows.empty:
+        return rows.assign(alert=pd.Series(dtype=str), alert_reason=pd.Series(dtype=str))
+    missing = [c for c in ("stage", "metric", "verdict", "ratio") if c not in rows]
+    if missing:
+        raise InvalidInput(f"verdicts is missing column(s): {', '.join(missing)}")
+    decisions = []
+    for row in rows.to_dict("records"):
+        prior = priors.get((str(row["stage"]), str(row["metric"])), Prior())
+        decisions.append(_decide_signal(row, row["verdict"] in flagged, prior, rule,
+                                        conclusive))
+    return rows.assign(alert=[d.alert for d in decisions],
+                       alert_reason=[d.reason for d in decisions])
+
+
+def _decide_signal(row: dict[str, Any], is_flagged: bool, prior: Prior,
+                   rule: RegressionRule, conclusive: bool) -> Decision:
+    if rule.confirm == "never":
+        return Decision("regression", "one night") if is_flagged else Decision("")
+    if prior.episode == "suspected":
+        if is_flagged:
+            return Decision("regression", "confirmed: flagged two runs in a row")
+        ratio = _float(row.get("ratio"))
+        delta, effect = _float(row.get("delta")), _float(row.get("min_effect"))
+        enough = not math.isfinite(effect) or (math.isfinite(delta) and delta >= effect)
+        if nearer(ratio, prior.ratio) and enough:
+            return Decision("regression", f"confirmed: still {_x(ratio)}, nearer the "
+                                          f"suspected {_x(prior.ratio)} than the baseline")
+        return Decision("cleared", "did not persist: back near the baseline")
+    if not is_flagged:
+        return Decision("")
+    if prior.episode in ("confirmed", "acknowledged"):
+        return Decision("regression", "the episode is confirmed")
+    if conclusive:
+        return Decision("regression", "conclusive: needs no history")
+    return Decision("suspected", "one night: the next run confirms or clears it")

@@ -26,6 +26,7 @@ history", which would call it healthy and let it into later baselines.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -36,10 +37,13 @@ from prefect_dask_profiling._util import InvalidInput
 from prefect_dask_profiling.regression import drift as drift_rule
 from prefect_dask_profiling.regression.alert_history import load_acks, load_nights
 from prefect_dask_profiling.regression.alerts import (
+    METRIC,
     Ack,
     AlertEvent,
     Book,
+    Key,
     Night,
+    Signal,
     advance,
     failing,
     priors,
@@ -48,9 +52,14 @@ from prefect_dask_profiling.regression.alerts import (
 from prefect_dask_profiling.regression.baseline import (
     Baseline,
     HistoryUnavailable,
-    load_baseline,
+    read_baseline,
+    restart_of,
 )
-from prefect_dask_profiling.regression.confirm import confirm_verdicts, noise_reach
+from prefect_dask_profiling.regression.confirm import (
+    confirm_signals,
+    confirm_verdicts,
+    noise_reach,
+)
 from prefect_dask_profiling.regression.explain import explain_verdicts
 from prefect_dask_profiling.regression.memory import (
     MEMORY_VERDICT_COLUMNS,
@@ -138,14 +147,17 @@ class History:
     series_note
         Where the series starts.
     manifests
-        The readable manifests of the baseline runs (for explanations).
+        The manifests of the time baseline's nights (for explanations).
     alerts
-        The alert episodes after the previous judged runs
-        (:func:`~.alerts.replay`: recomputed from their stored verdicts, nothing kept aside).
+        The state after the nights before tonight (:func:`~.alerts.replay`: episodes and
+        each night's standing, derived from the stored nights, nothing kept aside).
     acks
         The acknowledgements of the pipeline version.
     warnings
-        Runs skipped because they could not be read.
+        What could not be read and was not needed.
+    memory_manifests, request_manifests
+        The manifests of the nights whose standing counts in the memory and the requests
+        baseline (a night flagged in time only still counts there).
     """
 
     baseline: Baseline
@@ -155,6 +167,8 @@ class History:
     alerts: Book = field(default_factory=Book)
     acks: tuple[Ack, ...] = ()
     warnings: tuple[str, ...] = ()
+    memory_manifests: tuple[Mapping[str, Any], ...] = ()
+    request_manifests: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -178,7 +192,10 @@ class Outcome:
         What happened to alert episodes tonight (suspected, detected, cleared, resolved),
         each with a stable id.
     episodes
-        The ids of the episodes that fail the run.
+        The ids of the episodes that fail the run (in the order of ``failing``).
+    failing
+        The keys ``(stage, prefix, metric)`` that fail the run (``prefix`` is ``""`` for
+        per-stage metrics): the rows to report as detected.
     """
 
     regressed: bool
@@ -187,6 +204,12 @@ class Outcome:
     suspected: bool = False
     events: tuple[AlertEvent, ...] = ()
     episodes: tuple[str, ...] = ()
+    failing: tuple[Key, ...] = ()
+
+    def episode_of(self, stage: str, prefix: str, metric: str) -> str | None:
+        """The id of the episode that fails the run at this key (``None``: it does not)."""
+        key = (stage, prefix, metric)
+        return self.episodes[self.failing.index(key)] if key in self.failing else None
 
 
 @dataclass(frozen=True)
@@ -261,6 +284,25 @@ class Judgement:
         """The storage-request rows that are ``request-regression``."""
         return self.requests[self.requests["verdict"] == "request-regression"]
 
+    def failing_rows(self, kind: str) -> pd.DataFrame:
+        """The rows of one table that fail the run: ``kind`` is ``time``, ``drift``,
+        ``memory`` or ``requests``. An acknowledged episode's rows, a suspicion and a
+        chronic near-OOM after its first night are flagged but do not fail."""
+        failing = set(self.outcome.failing)
+        if kind == "time":
+            rows, keys = self.regressions(), lambda r: (r.stage, r.prefix, METRIC)
+        elif kind == "drift":
+            rows, keys = self.drifting(), lambda r: (r.stage, r.prefix, "drift")
+        elif kind in ("memory", "requests"):
+            rows = self.memory_flagged() if kind == "memory" else self.requests_flagged()
+            keys = lambda r: (r.stage, "", r.metric)  # noqa: E731
+        else:
+            raise InvalidInput(f"kind must be time, drift, memory or requests, got {kind!r}")
+        if rows.empty:
+            return rows
+        mask = [tuple(map(str, keys(r))) in failing for r in rows.itertuples(index=False)]
+        return rows[mask].reset_index(drop=True)
+
     def to_json(self) -> dict[str, Any]:
         """Plain JSON form (``dask-profiling check --json``)."""
         return {**self.to_manifest(),
@@ -280,7 +322,9 @@ class Judgement:
             "outcome": {"regressed": self.outcome.regressed, "reason": self.outcome.reason,
                         "message": self.outcome.message, "suspected": self.outcome.suspected,
                         "episodes": list(self.outcome.episodes),
+                        "failing": ["/".join(k) for k in self.outcome.failing],
                         "events": [e.to_json() for e in self.outcome.events]},
+            "signals": signal_rows(self.drift, self.memory, self.requests),
             "drift": {"note": self.series_note,
                       "failing": _names(self.drifting(failing_only=True)),
                       "drifting": _names(self.drifting())},
@@ -293,9 +337,10 @@ class Judgement:
 
 
 def load_history(store: RunStore, pipeline: str, version: str, rules: Rules, *,
-                 run_id: str, before: str | None = None,
+                 run_id: str, before: str | None = None, started: str | None = None,
+                 flow_run_id: str | None = None, attempt: int | None = None,
                  acks_until: str | None = None) -> History:
-    """Read what ``run_id`` is judged against: drift series, baseline, baseline manifests.
+    """Read what ``run_id`` is judged against: one replay of the nights before it.
 
     Parameters
     ----------
@@ -310,7 +355,12 @@ def load_history(store: RunStore, pipeline: str, version: str, rules: Rules, *,
     run_id
         The judged run: never part of its own history.
     before
-        Only runs older than this run id count (re-judging a stored run against its past).
+        Only runs with a smaller run id are listed (re-judging a stored run).
+    started
+        The judged run's start (ISO): only nights that ended by then are its history; a
+        night that ended after it overlaps it and is not, whichever finished first.
+    flow_run_id, attempt
+        The judged run's flow run and attempt: its other attempts are not its history.
     acks_until
         Only acknowledgements made up to this ISO time count (a stored run is judged again
         with the acknowledgements it was judged with, not later ones).
@@ -318,7 +368,8 @@ def load_history(store: RunStore, pipeline: str, version: str, rules: Rules, *,
     Raises
     ------
     HistoryUnavailable
-        When the history cannot be listed, or none of the runs it needs can be read.
+        When the history cannot be listed, or a night inside the replay window cannot be
+        read.
     """
     # The series first: its newest runs hold the baseline's (healthy runs are series runs,
     # and it reads more of them), so inside remembering_reads the baseline lists nothing.
@@ -328,21 +379,33 @@ def load_history(store: RunStore, pipeline: str, version: str, rules: Rules, *,
                                               keep_first=rules.drift.start_nights)
     else:
         series, note = drift_rule.empty_series(), "drift is switched off"
-    baseline = load_baseline(store, pipeline, version, n=rules.regression.history,
-                             exclude_run_id=run_id, before=before)
-    warnings = [f"baseline: skipped run {r}: {why}" for r, why in baseline.skipped]
-    manifests = []
-    for run, doc in store.read_manifests(pipeline, list(baseline.runs)).items():
+    try:
+        restart = restart_of(store.accepted(pipeline, version), before)
+        acks = tuple(a for a in load_acks(store, pipeline, version)
+                     if acks_until is None or not a.at or a.at <= acks_until)
+    except StoreError as exc:
+        raise HistoryUnavailable(f"the history of {pipeline} {version} could not be "
+                                 f"listed: {exc}") from exc
+    nights = [n for n in load_nights(store, pipeline, version, before=before,
+                                     started=started, flow_run_id=flow_run_id,
+                                     attempt=attempt)
+              if n.run_id != run_id]
+    book, _ = replay(nights, acks, restart=restart)
+    n = rules.regression.history
+    baseline = read_baseline(store, pipeline, version, book, n, "time")
+    family_runs = {f: book.baseline_runs(f)[:n] for f in ("time", "memory", "requests")}
+    wanted = sorted(set().union(*family_runs.values()))
+    docs = store.read_manifests(pipeline, wanted) if wanted else {}
+    for run, doc in docs.items():
         if isinstance(doc, StoreError):
-            warnings.append(f"explanation: baseline run {run} skipped: {doc}")
-        else:
-            manifests.append(doc)
-    nights = [n for n in load_nights(store, pipeline, version)
-              if n.run_id != run_id and (before is None or n.run_id < before)]
-    acks = tuple(a for a in load_acks(store, pipeline, version)
-                 if acks_until is None or not a.at or a.at <= acks_until)
-    book, _ = replay(nights, acks, rules.regression)
-    return History(baseline, series, note, tuple(manifests), book, acks, tuple(warnings))
+            raise HistoryUnavailable(f"baseline night {run} of {pipeline} {version} cannot "
+                                     f"be read: {doc}")
+
+    def of(family: str) -> tuple[Mapping[str, Any], ...]:
+        return tuple(docs[r] for r in sorted(family_runs[family]))
+
+    return History(baseline, series, note, of("time"), book, acks, (),
+                   memory_manifests=of("memory"), request_manifests=of("requests"))
 
 
 def judge(tonight: Tonight, history: History, rules: Rules | None = None) -> Judgement:
@@ -370,10 +433,13 @@ def judge(tonight: Tonight, history: History, rules: Rules | None = None) -> Jud
                                  noise_reach(history.baseline.history))
     drift = _drift(tonight, history, rules)
     verdicts = drift_rule.merge_drift(one_night, drift)
-    memory = detect_memory(history_from_manifests(history.manifests),
+    memory = detect_memory(history_from_manifests(history.memory_manifests),
                            latest_from_manifest(dict(tonight.context)), rules.regression)
-    requests = detect_requests(request_rows(history.manifests),
+    memory = _confirm_stage_rows(memory, history.alerts, rules.regression, MEMORY_POLICY)
+    requests = detect_requests(request_rows(history.request_manifests),
                                request_rows([dict(tonight.context)]), rules.regression)
+    requests = _confirm_stage_rows(requests, history.alerts, rules.regression,
+                                   REQUEST_POLICY)
     outcome = _outcome(tonight, one_night, drift, memory, requests, history, rules)
     explanations = explain_verdicts(one_night, tonight.context, list(history.manifests)) \
         if not regressed(one_night).empty else {}
@@ -481,7 +547,10 @@ def judge_stored(store: RunStore, pipeline: str, run_id: str | None = None,
         tonight = Tonight.from_manifest(manifest, store.read_table(pipeline, run_id, "tasks"))
         try:
             history = load_history(store, pipeline, tonight.version, rules, run_id=run_id,
-                                   before=run_id, acks_until=manifest.get("ended"))
+                                   before=run_id, started=manifest.get("started"),
+                                   flow_run_id=manifest.get("flow_run_id"),
+                                   attempt=manifest.get("attempt"),
+                                   acks_until=manifest.get("ended"))
         except HistoryUnavailable as exc:
             return StoredJudgement(None, manifest, str(exc))
         return StoredJudgement(judge(tonight, history, rules), manifest)
@@ -501,29 +570,97 @@ def _drift(tonight: Tonight, history: History, rules: Rules) -> pd.DataFrame:
 def _outcome(tonight: Tonight, one_night: pd.DataFrame, drift: pd.DataFrame,
              memory: pd.DataFrame, requests: pd.DataFrame, history: History,
              rules: Rules) -> Outcome:
-    """Does the run fail: confirmed (or conclusive) regressions and failing drift, if the
-    run is comparable; which alert episodes moved tonight."""
+    """Does the run fail: what the state machine says tonight's signals do, if the run is
+    comparable; what happened to the episodes tonight."""
     counted = run_outcome(one_night, failed=tonight.failed, incomplete=tonight.incomplete)
-    failing_drift = drift_rule.drifted(drift, failing_only=True)
-    memory_rows = memory[memory["verdict"].isin(MEMORY_FAILS)]
-    request_rows_ = requests[requests["verdict"] == "request-regression"]
-    rows = regressed(one_night)
     if counted.reason:  # flagged prefixes of a failed or incomplete run do not count
         return Outcome(regressed=False, reason=counted.reason, message=_message(
-            rows, failing_drift, memory_rows, request_rows_))
-    night = Night(tonight.run_id, tonight.pipeline, tonight.version, one_night)
-    book, events = advance(history.alerts, night, history.acks, rules.regression)
-    fails = failing(book, night)
-    failing_keys = {ep.key for ep in fails}
-    rows = rows[[(str(s), str(p)) in failing_keys
-                 for s, p in zip(rows["stage"], rows["prefix"], strict=True)]]
-    suspected = bool((one_night.get("alert", pd.Series(dtype=str)) == "suspected").any())
-    regressed_now = (bool(fails) or not failing_drift.empty or not memory_rows.empty
-                     or not request_rows_.empty)
-    return Outcome(regressed=regressed_now,
-                   message=_message(rows, failing_drift, memory_rows, request_rows_),
-                   suspected=suspected and not regressed_now, events=tuple(events),
-                   episodes=tuple(ep.id for ep in fails))
+            regressed(one_night), drift_rule.drifted(drift, failing_only=True),
+            memory[memory["verdict"].isin(MEMORY_FAILS)],
+            requests[requests["verdict"] == "request-regression"]))
+    night = Night(tonight.run_id, tonight.pipeline, tonight.version,
+                  night_signals(one_night, drift, memory, requests), rules.regression,
+                  started=tonight.started or "")
+    book, events = advance(history.alerts, night, history.acks)
+    fails = sorted(failing(book, night), key=lambda ep: ep.key)
+    keys = tuple(ep.key for ep in fails)
+
+    def kept(rows: pd.DataFrame, key) -> pd.DataFrame:
+        if rows.empty:
+            return rows
+        return rows[[key(r) in keys for r in rows.itertuples(index=False)]]
+
+    message = _message(
+        kept(regressed(one_night), lambda r: (str(r.stage), str(r.prefix), METRIC)),
+        kept(drift_rule.drifted(drift), lambda r: (str(r.stage), str(r.prefix), "drift")),
+        kept(memory[memory["verdict"].isin(MEMORY_FAILS)],
+             lambda r: (str(r.stage), "", str(r.metric))),
+        kept(requests[requests["verdict"] == "request-regression"],
+             lambda r: (str(r.stage), "", str(r.metric))))
+    suspected = any(sig.alert == "suspected" for sig in night.signals.values())
+    return Outcome(regressed=bool(fails), message=message,
+                   suspected=suspected and not fails, events=tuple(events),
+                   episodes=tuple(ep.id for ep in fails), failing=keys)
+
+
+# How the per-stage tables go through the lifecycle: (metric, verdicts that flag it, one
+# night conclusive under confirm="auto").
+MEMORY_POLICY = (("peak_bytes", ("memory-regression",), False),
+                 ("spilled_bytes", ("memory-regression",), False),
+                 ("headroom", ("near-oom",), True))
+REQUEST_POLICY = (("requests_per_chunk", ("request-regression",), False),
+                  ("bytes_per_chunk", ("request-regression",), False))
+
+
+def _confirm_stage_rows(rows: pd.DataFrame, book: Book, rule: RegressionRule,
+                        policy: tuple[tuple[str, tuple[str, ...], bool], ...]
+                        ) -> pd.DataFrame:
+    """A per-stage verdict table with its ``alert`` column, metric by metric."""
+    if rows.empty:
+        return rows.assign(alert=pd.Series(dtype=str), alert_reason=pd.Series(dtype=str))
+    parts = []
+    for metric, flagged, conclusive in policy:
+        part = rows[rows["metric"] == metric]
+        if part.empty:
+            continue
+        prior = {(stage, metric): p for (stage, _), p in priors(book, metric).items()}
+        parts.append(confirm_signals(part, prior, rule, flagged=flagged,
+                                     conclusive=conclusive))
+    return pd.concat(parts).loc[rows.index] if parts else rows.assign(alert="",
+                                                                      alert_reason="")
+
+
+def night_signals(one_night: pd.DataFrame, drift: pd.DataFrame, memory: pd.DataFrame,
+                  requests: pd.DataFrame) -> dict[Key, Signal]:
+    """Tonight's signals for the state machine, from the judgement's tables."""
+    night = Night.from_tables("", "", "", one_night, signal_rows(drift, memory, requests))
+    return dict(night.signals)
+
+
+def signal_rows(drift: pd.DataFrame, memory: pd.DataFrame, requests: pd.DataFrame
+                ) -> list[dict[str, Any]]:
+    """The non-time signals of a night as stored in its manifest (``signals``): failing
+    drift, every memory and storage-request row with its confirmation decision."""
+    out = [{"stage": str(r.stage), "prefix": str(r.prefix), "metric": "drift",
+            "verdict": "drift", "ratio": _num(r.cumulative_ratio), "alert": "regression"}
+           for r in drift_rule.drifted(drift, failing_only=True).itertuples(index=False)]
+    for table in (memory, requests):
+        if table.empty:
+            continue
+        alerts = table["alert"] if "alert" in table else pd.Series("", index=table.index)
+        for r, alert in zip(table.itertuples(index=False), alerts, strict=True):
+            out.append({"stage": str(r.stage), "prefix": "", "metric": str(r.metric),
+                        "verdict": str(r.verdict), "ratio": _num(r.ratio),
+                        "alert": str(alert or "")})
+    return out
+
+
+def _num(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _message(rows: pd.DataFrame, failing_drift: pd.DataFrame, memory_rows: pd.DataFrame,

@@ -12,8 +12,13 @@ them on a quiet night. Judged like time (:mod:`~.verdict`), with the same
   **robust z** ``(latest - median) / spread >= z_threshold`` (3.5), with
   ``spread = max(1.4826 * MAD, mad_floor_requests * median)``; the floor (10%) stands for
   the jitter of parallel reads on a night without change;
+* **minimum effect**: the increase is at least ``requests_min_per_chunk`` requests per
+  chunk (and that many half-MiB per chunk for ``bytes_per_chunk``);
 * at least ``min_history`` baseline runs must have the stage's figure
   (``insufficient-history`` otherwise).
+
+One night is never conclusive: a flagged night is ``suspected`` and the next night confirms
+or clears it (:func:`~.confirm.confirm_signals`, the lifecycle of :mod:`.alerts`).
 
 Both figures are per chunk, so a night that reads twice the catalogue items is not a
 request regression (its time verdict says "more tasks"). Runs stored without storage
@@ -36,12 +41,15 @@ __all__ = ["REQUEST_METRICS", "REQUEST_VERDICT_COLUMNS", "describe_requests",
            "detect_requests", "request_rows"]
 
 REQUEST_METRICS = ("requests_per_chunk", "bytes_per_chunk")
-REQUEST_VERDICT_COLUMNS = ["stage", "metric", "verdict", "baseline", "latest", "ratio",
-                           "robust_z", "n_history"]
+REQUEST_VERDICT_COLUMNS = ["stage", "metric", "verdict", "baseline", "latest", "delta",
+                           "ratio", "robust_z", "min_effect", "n_history"]
 MAD_TO_SIGMA = 1.4826
 # Night-to-night jitter of per-chunk request counts without any change (parallel range reads
 # are counted per batch by GDAL): the spread is never taken below 10% of the median.
 MAD_FLOOR = 0.10
+# The minimum effect of bytes_per_chunk per request of requests_min_per_chunk: half a MiB
+# (a COG tile of 512 x 512 16-bit pixels, compressed, is about this size).
+BYTES_PER_REQUEST = 2**19
 
 
 def request_rows(manifests: Iterable[dict[str, Any]]) -> pd.DataFrame:
@@ -98,17 +106,20 @@ def describe_requests(rows: pd.DataFrame) -> str:
 
 def _judge(stage: str, metric: str, now: float, past: np.ndarray,
            rule: RegressionRule) -> dict[str, Any]:
+    effect = rule.requests_min_per_chunk * (BYTES_PER_REQUEST if metric == "bytes_per_chunk"
+                                            else 1.0)
     row = {"stage": stage, "metric": metric, "verdict": "insufficient-history",
-           "baseline": np.nan, "latest": now, "ratio": np.nan, "robust_z": np.nan,
-           "n_history": len(past)}
+           "baseline": np.nan, "latest": now, "delta": np.nan, "ratio": np.nan,
+           "robust_z": np.nan, "min_effect": effect, "n_history": len(past)}
     if len(past) < rule.min_history:
         return row
     median = float(np.median(past))
     spread = max(MAD_TO_SIGMA * float(np.median(np.abs(past - median))), MAD_FLOOR * median)
     ratio = now / median if median > 0 else (1.0 if now == 0 else np.inf)
     z = (now - median) / spread if spread > 0 else (0.0 if now == median else np.inf)
-    flagged = ratio >= rule.requests_threshold and z >= rule.z_threshold
-    row.update(baseline=median, ratio=ratio, robust_z=z,
+    flagged = (ratio >= rule.requests_threshold and z >= rule.z_threshold
+               and now - median >= effect)
+    row.update(baseline=median, delta=now - median, ratio=ratio, robust_z=z,
                verdict="request-regression" if flagged else "ok")
     return row
 

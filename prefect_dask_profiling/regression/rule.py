@@ -116,6 +116,11 @@ class RegressionRule:
     requests_threshold
         Minimum ``latest / baseline median`` ratio of a request regression (> 1); 2.0:
         "the requests per chunk doubled".
+    requests_min_per_chunk
+        Minimum increase in requests per chunk for a request regression (>= 0): one more
+        request for every chunk read (0.5 MiB per chunk for ``bytes_per_chunk``), so a
+        stage that went from 1.1 to 2.3 requests per chunk on a handful of chunks is not
+        one.
 
     Raises
     ------
@@ -143,6 +148,7 @@ class RegressionRule:
     near_oom_headroom: float = 0.10
     requests_regression: bool = True
     requests_threshold: float = 2.0
+    requests_min_per_chunk: float = 1.0
 
     def __post_init__(self) -> None:
         _number("threshold", self.threshold, low=1, low_open=True)
@@ -165,6 +171,8 @@ class RegressionRule:
         _number("near_oom_headroom", self.near_oom_headroom, low=0, low_open=False, high=1)
         _flag("requests_regression", self.requests_regression)
         _number("requests_threshold", self.requests_threshold, low=1, low_open=True)
+        _number("requests_min_per_chunk", self.requests_min_per_chunk, low=0,
+                low_open=False)
 
     @classmethod
     def from_options(cls, threshold: float = 2.0, history: int = 8,

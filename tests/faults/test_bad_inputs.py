@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from prefect_dask_profiling.cli import app
+from prefect_dask_profiling.errors import HistoryUnavailable
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner
 from prefect_dask_profiling.regression.baseline import load_baseline
 from prefect_dask_profiling.stage import stage
@@ -247,16 +248,28 @@ def malformed_store(tmp_path_factory) -> tuple[RunStore, str, dict[str, str]]:
     return store, good, broken
 
 
-def test_history_skips_each_malformed_run_with_a_warning(malformed_store, bad_input, caplog):
-    store, good, broken = malformed_store
-    with caplog.at_level(logging.WARNING):
-        baseline = load_baseline(store, PIPE, VERSION, n=20)
-    assert baseline.runs == [good]
-    skipped = dict(baseline.skipped)
-    for case, run_id in broken.items():
-        clear = run_id in skipped and run_id in caplog.text and "\n" not in skipped[run_id]
-        bad_input.counted(clear)
-        assert clear, (case, skipped.get(run_id))
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_history_names_each_malformed_run_in_one_line(tmp_path, case, bad_input):
+    """A malformed night in the history stops the judgement with one line naming it (it
+    used to be skipped, and the run judged against a lighter history)."""
+    store = RunStore(str(tmp_path / "store"), {})
+    _write(store, 0)
+    tasks, damage = BROKEN[case]
+    run_id = _write(store, 1, tasks)
+    if damage is not None:
+        damage(store, run_id)
+    with pytest.raises(HistoryUnavailable) as caught:
+        load_baseline(store, PIPE, VERSION, n=20)
+    message = str(caught.value)
+    clear = run_id in message and "\n" not in message
+    bad_input.counted(clear)
+    assert clear, (case, message)
+
+
+def test_history_says_which_index_markers_it_skipped(malformed_store, bad_input, caplog):
+    store, _good, _broken = malformed_store
+    with caplog.at_level(logging.WARNING), pytest.raises(HistoryUnavailable):
+        load_baseline(store, PIPE, VERSION, n=20)
     for marker in ("README.txt", "junk.healthy"):
         bad_input.counted(marker in caplog.text)
         assert marker in caplog.text

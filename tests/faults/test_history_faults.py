@@ -16,6 +16,7 @@ import pytest
 from run_records import record_stages
 from s3_servers import boto_client, reset_moto, s3_options
 
+from prefect_dask_profiling.errors import HistoryUnavailable
 from prefect_dask_profiling.finishing import FinishSettings, finish_run
 from prefect_dask_profiling.regression.baseline import load_baseline
 from prefect_dask_profiling.store import layout
@@ -114,34 +115,45 @@ DAMAGES: dict[str, tuple[Callable[[RunStore, str], None], str, bool]] = {
 
 
 @pytest.mark.parametrize("damage", list(DAMAGES))
-def test_damaged_run_is_skipped_or_repaired_and_the_new_run_judged(
+def test_damaged_run_leaves_the_new_run_unjudged_or_is_repaired(
         damage, store, record, fault, caplog):
+    """A night that is in the store but cannot be read makes the next run ``unjudged``,
+    naming the night and the file: never judged against a lighter history (it used to be
+    skipped). A night whose folder is gone is not in the store any more; one whose index
+    marker is missing is repaired and still counts. Either way nothing of the new run is
+    lost."""
     do, named, repaired = DAMAGES[damage]
     ids = history(store, record)
     damaged = ids[-1]
+    gone = damage == "index marker whose run folder is gone"
     fault.inject(f"{damage} ({store.kind} store)")
     do(store, damaged)
     fault.expect_summary()
     with caplog.at_level(logging.WARNING):
         listed = [r["run_id"] for r in store.list_runs(PIPELINE, VERSION)]
-        base = load_baseline(store, PIPELINE, VERSION, n=HISTORY)
+        if repaired or gone:
+            base = load_baseline(store, PIPELINE, VERSION, n=HISTORY)
+        else:
+            with pytest.raises(HistoryUnavailable, match=damaged):
+                load_baseline(store, PIPELINE, VERSION, n=HISTORY)
         ctx = RunContext(run_id=new_run_id(), pipeline=PIPELINE, version=VERSION)
         result = finish_run(store, record, ctx, [], FinishSettings(history=HISTORY))
     warned = [r.message for r in caplog.records if r.name.startswith("prefect_dask_profiling")
               and r.levelno >= logging.WARNING and damaged in r.message and named in r.message]
     assert warned, f"no warning names run {damaged} and {named}: {caplog.messages}"
-    if repaired:
-        assert damaged in listed and damaged in base.runs
-        assert store.fs.exists(store._path(marker(damaged)))  # the index was repaired
-    else:
-        assert damaged not in base.runs
-    assert base.runs == [r for r in ids if r != damaged or repaired]
-    # the new run: stored complete and judged against the runs that could be read
-    assert result.judged, result.manifest.get("unjudged_reason")
-    assert result.status in ("healthy", "regressed")
     manifest = store.read_manifest(PIPELINE, ctx.run_id)
     assert manifest["status"] == result.status
-    assert damaged not in manifest["baseline"]["runs"] or repaired
+    if repaired or gone:
+        assert (damaged in listed and damaged in base.runs) if repaired \
+            else damaged not in base.runs
+        if repaired:
+            assert store.fs.exists(store._path(marker(damaged)))  # the index was repaired
+        assert base.runs == [r for r in ids if r != damaged or repaired]
+        assert result.judged, result.manifest.get("unjudged_reason")
+        assert result.status in ("healthy", "regressed")
+    else:
+        assert not result.judged and result.status == "unjudged"
+        assert damaged in manifest["unjudged_reason"] and named in manifest["unjudged_reason"]
     assert store.read_table(PIPELINE, ctx.run_id)["tasks"].sum() > 0
     assert ctx.run_id in [r["run_id"] for r in store.list_runs(PIPELINE)]
     fault.recovered()

@@ -77,14 +77,16 @@ def test_an_episode_lives_suspected_detected_resolved_and_a_blip_clears(
         day = 0
         for step in plan:
             if step == "ack":
-                for episode in out[-1].judgement.outcome.episodes:
-                    acknowledge(store, PIPELINE, "1", episode)
+                for episode in out[-1].judgement.outcome.episodes:  # the morning after
+                    acknowledge(store, PIPELINE, "1", episode,
+                                at=start + timedelta(days=day - 1, hours=6))
                 continue
             when = start + timedelta(days=day)
             day += 1
             ctx = RunContext(run_id=new_run_id(when), pipeline=PIPELINE, version="1",
                              started=when, flow_run_id=flow_run.id)
-            result = finish_run(store, scaled(record, {"read": step}), ctx, [], SETTINGS)
+            result = finish_run(store, scaled(record, {"read": step}), ctx, [], SETTINGS,
+                                ended=when + timedelta(hours=1))
             for _ in range(2):  # the second time is a retried run: nothing new on the server
                 emit_detection_events(result, fail_on_regression=True)
             out.append(result)

@@ -43,9 +43,13 @@ def result(flow_run_id: str | None, run_id: str, *, regression: bool = True,
     manifest = {"flow_run_id": flow_run_id, "flow_run_name": "nightly-ndvi-1",
                 "state": "FAILED" if failed else "COMPLETED",
                 "status": "failed" if failed else "regressed"}
+    failing = ((("read", "open_dataset", "total_s"),) if regression else ()) \
+        + ((("reduce", "nanmedian", "drift"),) if drift else ())
     outcome = Outcome(regressed=(regression or drift) and not failed,
                       reason="the run is failed: its regressed prefixes do not count"
-                      if failed else "")
+                      if failed else "", failing=() if failed else failing,
+                      episodes=() if failed else tuple(f"ep-{i:010x}"
+                                                       for i in range(len(failing))))
     judgement = Judgement(run_id=run_id, pipeline="ndvi", version="v3", rules=Rules(),
                           verdicts=verdicts, drift=drift_rows, outcome=outcome)
     return FinishResult(run_id=run_id, pipeline="ndvi", version="v3",
@@ -63,7 +67,9 @@ def test_payload_and_findings_are_pure_and_json_clean():
                             "https://x/trend.html", fails=True)
     assert payload["prefixes"] == [{"stage": "read", "prefix": "open_dataset",
                                     "verdict": "regression", "ratio": 2.5, "baseline_s": 10.0,
-                                    "latest_s": 25.0, "cause": "slower tasks"}]
+                                    "latest_s": 25.0, "cause": "slower tasks",
+                                    "episode": "ep-0000000000"}]
+    assert payload["episodes"] == ["ep-0000000000", "ep-0000000001"]
     assert payload["report_links"] == {"read": "https://x/read.html"}
     json.dumps(payload)
     assert findings(result("0" * 32, "r1", regression=False, drift=False)) == {}

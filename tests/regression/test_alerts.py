@@ -79,8 +79,9 @@ class Pipeline:
         history = self.baseline()
         verdicts = detect_regressions(history, self.values(**factors), rule=self.rule)
         table = confirm_verdicts(verdicts, priors(self.book), self.rule, noise_reach(history))
-        night = Night(run_id or self.next_id(), "nightly", "v1", table)
-        self.book, events = advance(self.book, night, self.acks, self.rule)
+        night = Night.from_tables(run_id or self.next_id(), "nightly", "v1", table,
+                                  rule=self.rule)
+        self.book, events = advance(self.book, night, self.acks)
         if not any(r == night.run_id for r, _, _ in self.runs):
             self._clear_previous(table)
             self.runs.append((night.run_id, table.assign(total_s=table["latest_s"],
@@ -177,23 +178,23 @@ def test_feeding_the_same_run_twice_emits_nothing_twice():
     _, _, again = p.judge(run_id=night.run_id, b=2.5)  # a retried flow run
     assert again == [] and p.book == before
     p.judge(b=2.5)
-    book, replayed = replay(p.nights, p.acks, p.rule)
+    book, replayed = replay(p.nights, p.acks)
     assert [(e.kind, e.id) for e in replayed] == [(e.kind, e.id) for e in p.events]
-    again_book, again_events = replay(p.nights, p.acks, p.rule, book=book)
+    again_book, again_events = replay(p.nights, p.acks, book=book)
     assert again_events == [] and again_book == book
     assert len({e.id for e in p.events}) == len(p.events)
 
 
 def test_advance_refuses_a_bad_rule():
     with pytest.raises(ValueError, match="rule must be a RegressionRule"):
-        advance(Book(), Night("r", "p", "v", pd.DataFrame()), [], {})  # type: ignore[arg-type]
+        Night.from_tables("r", "p", "v", pd.DataFrame(), rule={})  # type: ignore[arg-type]
 
 
 def test_runs_stored_before_confirmation_replay_as_failing_on_the_first_night():
     table = pd.DataFrame({"stage": ["s", "s"], "prefix": ["a", "b"],
                           "verdict": ["regression", "ok"], "ratio": [2.5, 1.0]})
-    night = Night("r1", "p", "v", table)
-    book, events = advance(Book(), night, [], RegressionRule())
+    night = Night.from_tables("r1", "p", "v", table)
+    book, events = advance(Book(), night, [])
     assert kinds(events) == ["detected"] and [e.prefix for e in failing(book, night)] == ["a"]
 
 

@@ -117,8 +117,8 @@ def test_confirm_never_reproduces_todays_verdicts_exactly(seed):
                 pd.testing.assert_frame_equal(out[verdicts.columns], verdicts)
                 assert (out["alert"] == "regression").tolist() == \
                     (verdicts["verdict"] == "regression").tolist()
-                night = Night("r1", "p", "v", out)
-                book, _ = advance(Book(), night, [], NEVER)
+                night = Night.from_tables("r1", "p", "v", out, rule=NEVER)
+                book, _ = advance(Book(), night, [])
                 fails = {e.prefix for e in failing(book, night)}
                 flagged = set(verdicts.loc[verdicts["verdict"] == "regression", "prefix"])
                 assert fails == flagged

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 from datetime import UTC, datetime, timedelta
 
@@ -98,7 +97,7 @@ def test_newest_healthy_runs_of_same_pipeline_and_version(store):
     assert list(base.history.columns[:len(HISTORY_COLUMNS)]) == HISTORY_COLUMNS
     assert base.history["run_id"].unique().tolist() == base.runs
     assert len(base.history) == 8 * 3
-    assert "left out 1 failed, 1 incomplete, 1 regressed run(s)" in base.note
+    assert "left out 1 regressed run(s)" in base.note  # failed, incomplete: never judged
     assert store.listings == 1 and sorted(store.table_reads) == sorted(base.runs)
 
 
@@ -140,22 +139,25 @@ def test_runs_without_manifest_are_invisible(store, tmp_path):
     assert base.runs == ids and base.skipped == [] and partial not in store.table_reads
 
 
-def test_malformed_runs_are_skipped_with_a_warning(store, tmp_path, caplog):
+@pytest.mark.parametrize("damage", ["changed table", "marker without manifest",
+                                    "manifest not json"])
+def test_an_unreadable_night_leaves_the_baseline_unavailable(store, tmp_path, damage):
+    """Never silently lighter: a damaged night inside the window stops the judgement, naming
+    the night (it used to be skipped, and an older night took its place)."""
     ids = [put(store, night) for night in range(6)]
     runs_dir = tmp_path / "store" / "runs" / PIPELINE
-    (runs_dir / ids[5] / "tasks.csv").write_text("stage,prefix\nread,x\n")  # changed
-    (runs_dir / ids[4] / "manifest.json").unlink()  # marker without manifest
-    (runs_dir / ids[3] / "manifest.json").write_text("{not json")
-    with caplog.at_level(logging.WARNING, logger="prefect_dask_profiling.regression.history"):
-        base = load_baseline(store, PIPELINE, "v1", n=3)
-    assert base.runs == ids[:3]  # older runs fill in for the skipped ones
-    assert [r for r, _ in base.skipped] == [ids[5], ids[4], ids[3]]
-    reasons = dict(base.skipped)
-    assert "truncated or changed" in reasons[ids[5]]
-    assert "not found" in reasons[ids[4]]
-    assert "not valid JSON" in reasons[ids[3]]
-    assert "skipped 3 unreadable run(s)" in base.note
-    assert sum("skipping run" in r.getMessage() for r in caplog.records) == 3
+    if damage == "changed table":
+        (runs_dir / ids[5] / "tasks.csv").write_text("stage,prefix\nread,x\n")
+        bad, why = ids[5], "truncated or changed"
+    elif damage == "marker without manifest":
+        (runs_dir / ids[4] / "manifest.json").unlink()
+        bad, why = ids[4], "not found"
+    else:
+        (runs_dir / ids[3] / "manifest.json").write_text("{not json")
+        bad, why = ids[3], "not valid JSON"
+    with pytest.raises(HistoryUnavailable, match=bad) as caught:
+        load_baseline(store, PIPELINE, "v1", n=8)
+    assert why in str(caught.value)
 
 
 def test_only_about_n_tables_are_read(store, tmp_path):

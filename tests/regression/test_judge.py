@@ -38,6 +38,7 @@ def record(inproc_client):
 def night(store: RunStore, record, when: datetime, settings: FinishSettings | None = None,
           **kwargs):
     ctx = RunContext(run_id=new_run_id(when), pipeline=PIPELINE, version="1", started=when)
+    kwargs.setdefault("ended", when + timedelta(hours=1))
     return finish_run(store, record, ctx, [], settings or FinishSettings(check_options=LOOSE),
                       **kwargs)
 

@@ -358,7 +358,7 @@ def test_the_rule_holds_every_setting_with_its_default():
         "confirm", "resolve_after",
         "memory_regression", "memory_threshold", "memory_z_threshold", "memory_mad_floor",
         "memory_min_fraction", "memory_min_bytes", "near_oom", "near_oom_headroom",
-        "requests_regression", "requests_threshold"}
+        "requests_regression", "requests_threshold", "requests_min_per_chunk"}
     history, latest = _history({"a": [10.0, 11, 9, 10], "b": [5.0] * 4}), _latest({"a": 25.0})
     strict = RegressionRule(threshold=3.0, min_history=4)
     by_rule = detect_regressions(history, latest, rule=strict)
@@ -420,7 +420,7 @@ def test_run_outcome_counts_only_judged_runs_that_ended_normally():
 
 @pytest.mark.parametrize(("run_id", "status", "restart", "counts"), [
     ("r2", "healthy", None, True),
-    ("r2", "regressed", None, False),
+    ("r2", "regressed", None, False),  # stored regressed, no signal says why: out
     ("r2", "failed", None, False),
     ("r2", "incomplete", None, False),
     ("r2", "unjudged", None, False),
@@ -430,6 +430,13 @@ def test_run_outcome_counts_only_judged_runs_that_ended_normally():
     ("r3", "regressed", "r2", False),
 ])
 def test_which_runs_count_in_a_baseline(run_id, status, restart, counts):
-    from prefect_dask_profiling.regression.baseline import counts_in_baseline
+    """The standing of one stored night among r1 < r2 < r3 (the rest healthy)."""
+    from prefect_dask_profiling.regression.alerts import Night, replay
 
-    assert counts_in_baseline(run_id, status, restart) is counts
+    day = {"r1": "2026-11-01", "r2": "2026-11-02", "r3": "2026-11-03"}
+    nights = [Night(r, "p", "v", status=status if r == run_id else "healthy",
+                    started=f"{day[r]}T02:00:00+00:00") for r in ("r1", "r2", "r3")]
+    book, _ = replay([n for n in nights if n.status in ("healthy", "regressed")], [],
+                     restart=restart)
+    for family in ("time", "memory", "requests"):
+        assert (run_id in book.baseline_runs(family)) is counts

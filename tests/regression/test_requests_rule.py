@@ -5,12 +5,15 @@ more chunks at the same per-chunk cost is not."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import pytest
 
+from prefect_dask_profiling.regression.alerts import Night, advance
 from prefect_dask_profiling.regression.baseline import Baseline
-from prefect_dask_profiling.regression.judge import History, Tonight, judge
+from prefect_dask_profiling.regression.judge import History, Tonight, judge, night_signals
 from prefect_dask_profiling.regression.requests import detect_requests, request_rows
 from prefect_dask_profiling.regression.rule import RegressionRule, Rules
 
@@ -76,7 +79,8 @@ def test_the_judgement_fails_a_night_whose_requests_doubled_before_its_time_move
     history = History(Baseline(times, [m["run_id"] for m in baseline_manifests], "1"),
                       pd.DataFrame(columns=["run_id", "started", "stage", "prefix", "tasks",
                                             "total_s"]),
-                      manifests=tuple(baseline_manifests))
+                      manifests=tuple(baseline_manifests),
+                      request_manifests=tuple(baseline_manifests))
     summary = pd.DataFrame([{"stage": "read", "prefix": "getitem", "tasks": 48,
                              "total_s": 10.2}])
     merge_off = Tonight(run_id="r999", pipeline="p", version="1", summary=summary,
@@ -85,7 +89,14 @@ def test_the_judgement_fails_a_night_whose_requests_doubled_before_its_time_move
     assert set(judgement.verdicts["verdict"]) == {"ok"}  # time did not move
     assert set(judgement.requests_flagged()["metric"]) == {"requests_per_chunk",
                                                            "bytes_per_chunk"}
-    assert judgement.regressed and "storage requests: read" in judgement.outcome.message
+    # one night is never conclusive for requests: suspected, and the next night confirms
+    assert not judgement.regressed and judgement.outcome.suspected
+    night = Night("r999", "p", "1", night_signals(judgement.verdicts, judgement.drift,
+                                                  judgement.memory, judgement.requests))
+    book, events = advance(history.alerts, night)
+    assert [e.kind for e in events] == ["suspected", "suspected"]
+    second = judge(replace(merge_off, run_id="r9991"), replace(history, alerts=book), Rules())
+    assert second.regressed and "storage requests: read" in second.outcome.message
     healthy = Tonight(run_id="r998", pipeline="p", version="1", summary=summary,
                       context=manifest("r998", 1.45))
     assert not judge(healthy, history, Rules()).regressed
