@@ -668,20 +668,24 @@ class Session:
         server), and the Failed state that follows is final. Never raises: when the API
         does not answer, a warning says a retry may follow.
         """
-        if self.options.retry_on_regression or self.ctx.flow_run_id is None:
+        if self.options.retry_on_regression:
             return
+        from prefect.context import FlowRunContext
+
+        ctx = FlowRunContext.get()
+        run = getattr(ctx, "flow_run", None)
+        if run is None or not run.empirical_policy.retries:
+            return  # no retries to switch off: no round trip to the API
         try:
-            from prefect.client.orchestration import get_client
             from prefect.client.schemas.objects import FlowRunPolicy
 
-            with get_client(sync_client=True) as client:
-                run = client.read_flow_run(self.ctx.flow_run_id)
-                policy = run.empirical_policy.model_dump()
-                if not policy.get("retries"):
-                    return
-                made = max(int(run.run_count or 1) - 1, 0)  # retries already used
-                policy["retries"] = policy["max_retries"] = min(policy["retries"], made)
+            policy = run.empirical_policy.model_dump()
+            made = max(int(run.run_count or 1) - 1, 0)  # the retries already used
+            policy["retries"] = policy["max_retries"] = min(policy["retries"], made)
+            # at most one client retry when the API is lost (as for the artifacts)
+            with artifacts._few_retries(), artifacts._run_client() as client:
                 client.update_flow_run(run.id, empirical_policy=FlowRunPolicy(**policy))
+            run.empirical_policy.retries = policy["retries"]
         except Exception as exc:
             _run_log(logging.WARNING, "dask-profiling: could not switch off this flow run's "
                      f"retries for the regression ({exc!r}): Prefect may retry it")
