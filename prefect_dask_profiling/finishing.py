@@ -196,11 +196,23 @@ class RunEnd:
     step_seconds: dict[str, float] = field(default_factory=dict)
     flagged_reports: Callable[[set[str]], list[str]] | None = None
     early_history: EarlyHistory | None = None
+    log_warnings: bool = True  # False: the caller logs FinishResult.warnings (once each)
+
+    @property
+    def flow_failed(self) -> bool:
+        """The flow itself did not complete: it raised (``error``), or its final state is
+        not ``COMPLETED`` (``FAILED``, ``CRASHED``, ``CANCELLED``, a retried attempt still
+        ``RUNNING``, ``UNKNOWN``...). Its timings are partial: no verdict of it counts.
+
+        On the runner's exit path Prefect has caught the flow's exception, so ``error`` is
+        None and only ``state`` says the flow failed.
+        """
+        return self.error is not None or (self.state is not None and self.state != "COMPLETED")
 
     @property
     def failed_otherwise(self) -> bool:
         """The run failed or is incomplete: a regression verdict would not be meaningful."""
-        return self.error is not None or self.record.incomplete
+        return self.flow_failed or self.record.incomplete
 
     @property
     def judged(self) -> bool:
@@ -208,7 +220,8 @@ class RunEnd:
 
     @property
     def regressed(self) -> bool:
-        return self.judgement is not None and self.judgement.regressed
+        """The judgement's outcome; never for a flow that failed (its timings are partial)."""
+        return self.judgement is not None and self.judgement.regressed and not self.flow_failed
 
 
 Step = Callable[[RunEnd], None]
@@ -353,7 +366,7 @@ def _judge(end: RunEnd) -> None:
     tonight = Tonight(
         run_id=end.ctx.run_id, pipeline=end.ctx.pipeline, version=end.ctx.version,
         summary=end.summary, started=end.ctx.started.isoformat(),
-        failed=end.error is not None, incomplete=end.record.incomplete,
+        failed=end.flow_failed, incomplete=end.record.incomplete,
         context={"version": end.ctx.version, "source_hash": end.ctx.source_hash,
                  "workers": end.record.n_workers, "threads": end.record.threads,
                  "environment": end.env, "stages": [s.__dict__ for s in end.stages],
@@ -502,7 +515,7 @@ def finish_run(store: RunStore, record: RunRecord, ctx: RunContext, stages: list
                flagged_reports: Callable[[set[str]], list[str]] | None = None,
                early_history: EarlyHistory | None = None,
                summarised: Callable[[pd.DataFrame], None] | None = None,
-               ended: datetime | None = None) -> FinishResult:
+               ended: datetime | None = None, log_warnings: bool = True) -> FinishResult:
     """Summarise, store, judge and complete one run; never raises for a failing step.
 
     Parameters
@@ -518,8 +531,10 @@ def finish_run(store: RunStore, record: RunRecord, ctx: RunContext, stages: list
     settings
         How the run is judged; default :class:`FinishSettings`.
     state
-        The flow's final state (``COMPLETED``, ``FAILED``...); default from ``error`` and the
-        verdict.
+        The flow's final state (``COMPLETED``, ``FAILED``...) when it is already known (the
+        runner's exit path); default from ``error`` and the verdict. Any state other than
+        ``COMPLETED`` is a failed flow: stored ``failed``, its flagged prefixes do not count
+        (never ``regressed``, no detection event).
     error
         The exception the flow body raised, if any: the run is stored but not judged regressed.
     env
@@ -541,6 +556,11 @@ def finish_run(store: RunStore, record: RunRecord, ctx: RunContext, stages: list
     ended
         When the flow's work ended (UTC); default now. A run that ended after another run
         started overlaps it and is not part of that run's history.
+    log_warnings
+        Log the warnings of failed steps and of the final write here (default). ``False``
+        when the caller logs :attr:`FinishResult.warnings` itself (the Prefect session, to
+        the flow run's logger): each warning is then logged once, by the caller (a failed
+        step's traceback still goes to this module's logger, at DEBUG).
 
     Returns
     -------
@@ -557,7 +577,7 @@ def finish_run(store: RunStore, record: RunRecord, ctx: RunContext, stages: list
                  env=env if env is not None else environment(),
                  warnings=[*(warnings or []), *record.warnings],
                  flagged_reports=flagged_reports, early_history=early_history,
-                 ended=ended)
+                 ended=ended, log_warnings=log_warnings)
     _run_step(end, "summary", _summarise)
     if summarised is not None and end.summary is not None:
         try:
@@ -576,8 +596,9 @@ def finish_run(store: RunStore, record: RunRecord, ctx: RunContext, stages: list
     final_warnings, location = _complete(end)
     location = location or first.location
     pending = _in_background(functools.partial(_draw_views, end.views)) if end.views else None
-    for w in final_warnings:
-        logger.warning("dask-profiling: %s", w)
+    if log_warnings:
+        for w in final_warnings:
+            logger.warning("dask-profiling: %s", w)
     judgement = end.judgement
     return FinishResult(
         run_id=ctx.run_id, pipeline=ctx.pipeline, version=ctx.version,
@@ -610,7 +631,9 @@ def _run_step(end: RunEnd, name: str, step: Step) -> None:
         end.warnings.append(message)
         if name in JUDGING_STEPS:
             end.unjudged_reason = end.unjudged_reason or message
-        logger.warning("dask-profiling: %s", message, exc_info=True)
+        # the traceback always; the warning itself once: here, or by the caller
+        logger.log(logging.WARNING if end.log_warnings else logging.DEBUG,
+                   "dask-profiling: %s", message, exc_info=True)
     finally:
         end.step_seconds[name] = time.perf_counter() - started
 
@@ -669,8 +692,7 @@ def _complete(end: RunEnd) -> tuple[list[str], str | None]:
     except Exception as exc:
         message = (f"the final write of run {end.ctx.run_id} failed: {type(exc).__name__}: "
                    f"{exc}; the run stays stored as provisional (unjudged)")
-        end.warnings.append(message)
-        return [message], None
+        return [message], None  # the manifest was not written: its warnings are moot
     return list(result.warnings), result.location
 
 

@@ -104,6 +104,12 @@ class ProfilingOptions:
         report, during which it schedules nothing). The manifest says which drew each.
     on_regression
         ``"fail"`` ends the flow run Failed on a regression; ``"warn"`` only reports.
+    retry_on_regression
+        ``False`` (default): a regression ends the flow run Failed **without** Prefect's
+        flow retries (``@flow(retries=N)`` is for flaky infrastructure; a regression is not
+        flaky, and a retry re-runs the whole pipeline). ``True``: a regression fails the
+        attempt like any error, and Prefect retries it while retries are left (each
+        attempt is stored as a run of its own, with its ``attempt`` in the manifest).
     threshold
         Ratio to the baseline median that counts as a regression (> 1).
     history
@@ -128,6 +134,7 @@ class ProfilingOptions:
     report_min_seconds: float = 20.0
     report_renderer: str = "flow"
     on_regression: str = "fail"
+    retry_on_regression: bool = False
     threshold: float = RegressionRule.threshold
     history: int = RegressionRule.history
     sample_interval: float = 1.0
@@ -139,6 +146,9 @@ class ProfilingOptions:
         if self.on_regression not in ON_REGRESSION:
             raise ValueError(f"on_regression must be one of {ON_REGRESSION}, "
                              f"got {self.on_regression!r}")
+        if not isinstance(self.retry_on_regression, bool):
+            raise ValueError("retry_on_regression must be True or False, "
+                             f"got {self.retry_on_regression!r}")
         self.rule  # noqa: B018 - threshold, history and check_options: refused here if bad
         positive_number(self.sample_interval, "sample_interval (seconds)", allow_zero=True)
         if not any(self.stage_reports is v or self.stage_reports == v == "auto"
@@ -210,7 +220,7 @@ class ProfiledDaskTaskRunner(DaskTaskRunner):
                  pipeline: str | None = None, version: str | None = None,
                  report_retention_days: int = 30, stage_reports: bool | str = True,
                  report_min_seconds: float = 20.0, report_renderer: str = "flow",
-                 on_regression: str = "fail",
+                 on_regression: str = "fail", retry_on_regression: bool = False,
                  threshold: float = RegressionRule.threshold,
                  history: int = RegressionRule.history,
                  sample_interval: float = 1.0, check_options: dict | None = None,
@@ -220,7 +230,8 @@ class ProfiledDaskTaskRunner(DaskTaskRunner):
             store=store, storage_options=storage_options, pipeline=pipeline, version=version,
             report_retention_days=report_retention_days, stage_reports=stage_reports,
             report_min_seconds=report_min_seconds, report_renderer=report_renderer,
-            on_regression=on_regression, threshold=threshold, history=history,
+            on_regression=on_regression, retry_on_regression=retry_on_regression,
+            threshold=threshold, history=history,
             sample_interval=sample_interval, check_options=_copy_dict(check_options),
             store_timeout=store_timeout)
         super().__init__(cluster=cluster, address=address, cluster_class=cluster_class,
@@ -347,8 +358,10 @@ def finish(error: BaseException | None = None, store: str | None = None):
     Raises
     ------
     RegressionDetected
-        On a regression in ``"fail"`` mode, so the flow run ends Failed and its
-        ``on_failure`` hooks fire.
+        On a regression in ``"fail"`` mode: let it propagate, so the flow run ends Failed
+        and its ``on_failure`` hooks fire. Before raising, the flow run's retries are
+        switched off (unless ``retry_on_regression=True``), so ``@flow(retries=N)`` does
+        not re-run the pipeline on it.
     """
     runner = _live_runner()
     if runner is None:
@@ -359,6 +372,12 @@ def finish(error: BaseException | None = None, store: str | None = None):
 
 def profiled(fn=None, *, store_parameter: str = "store"):
     """Decorate a flow function (under ``@flow``) so its run is finished and judged.
+
+    On a regression in ``"fail"`` mode the decorated function returns a ``Failed`` state
+    (:func:`regression_state`) instead of its value: the flow run ends Failed, its
+    ``on_failure`` hooks fire, and Prefect does not retry it (unless
+    ``retry_on_regression=True``). When the body raises, the run is stored ``failed`` and
+    the error propagates unchanged (Prefect retries it as usual).
 
     Parameters
     ----------
@@ -378,35 +397,67 @@ def profiled(fn=None, *, store_parameter: str = "store"):
         bound = signature.bind_partial(*args, **kwargs)
         return bound.arguments.get(store_parameter)
 
-    @contextlib.contextmanager
-    def finishing(args: tuple, kwargs: dict) -> Iterator[None]:
+    def begin(args: tuple, kwargs: dict) -> ProfiledDaskTaskRunner | None:
         runner = _live_runner()
         if runner is None:
             logger.warning("@profiled: the flow's task runner is not ProfiledDaskTaskRunner; "
                            "nothing is recorded")
-            yield
-            return
+            return None
         runner.session.use_store(store_from(args, kwargs))
         runner.session.preflight()
+        return runner
+
+    @contextlib.contextmanager
+    def failing(runner: ProfiledDaskTaskRunner | None) -> Iterator[None]:
+        """Store what ran when the flow body raises; never masks its error."""
         try:
             yield
         except BaseException as exc:
-            runner.session.finish(error=exc)  # stores what ran; never masks the error
+            if runner is not None:
+                runner.session.finish(error=exc)
             raise
-        runner.session.finish()  # raises RegressionDetected in "fail" mode
+
+    def ending(runner: ProfiledDaskTaskRunner | None, value: Any) -> Any:
+        if runner is None:
+            return value
+        from prefect_dask_profiling.regression.verdict import RegressionDetected
+
+        try:
+            runner.session.finish()
+        except RegressionDetected as exc:  # "fail" mode: the flow run ends Failed
+            return regression_state(exc)
+        return value
 
     if asyncio.iscoroutinefunction(fn):
         @functools.wraps(fn)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-            with finishing(args, kwargs):
-                return await fn(*args, **kwargs)
+            runner = begin(args, kwargs)
+            with failing(runner):
+                value = await fn(*args, **kwargs)
+            return ending(runner, value)
 
         return async_wrapper
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with finishing(args, kwargs):
-            return fn(*args, **kwargs)
+        runner = begin(args, kwargs)
+        with failing(runner):
+            value = fn(*args, **kwargs)
+        return ending(runner, value)
 
     return wrapper
+
+
+def regression_state(exc: RegressionDetected):
+    """The ``Failed`` state a flow function returns on a regression.
+
+    Returned rather than raised: the run ends Failed with the verdict as its message,
+    ``on_failure`` hooks fire and ``state.result()`` raises ``exc``, without Prefect's
+    "Encountered exception" traceback for what is a verdict, not a bug. (Whether Prefect
+    retries it is decided by ``retry_on_regression``: its server would retry a returned
+    Failed state as well, see :meth:`Session._stop_retries`.)
+    """
+    from prefect.states import Failed
+
+    return Failed(message=f"RegressionDetected: {exc}", data=exc)
 

@@ -65,6 +65,15 @@ LOCAL_WORK_FIX = (
 
 
 @dataclass
+class Stored:
+    """A run stored and judged by ``finish()``, before it is published."""
+
+    result: FinishResult
+    early_links: dict[str, str]  # report links whose posting started before the judgement
+    early: list[artifacts.Posting | None]  # those postings, then the summary's
+
+
+@dataclass
 class OpenStage:
     """A stage block that is open in the flow body."""
 
@@ -276,6 +285,8 @@ class Session:
             self.ctx.flow_run_id = str(flow_run.id)
             self.ctx.flow_run_name = flow_run.name
             self.ctx.deployment = str(flow_run.deployment_id) if flow_run.deployment_id else None
+            # Prefect's run_count (prefect.runtime.flow_run.run_count): 1, then each retry
+            self.ctx.attempt = int(flow_run.run_count) if flow_run.run_count else None
 
     def preflight(self, read_history: bool = True) -> None:
         """Check (once) that the workers can load what Prefect will send them; start reading
@@ -598,8 +609,14 @@ class Session:
     # -- finish ----------------------------------------------------------------------------
 
     def finish(self, error: BaseException | None = None, *, state: str | None = None,
-               publish: bool = True, extra_warning: str | None = None) -> FinishResult:
-        """Collect, store, publish and judge the run; idempotent.
+               publish: bool = True, extra_warning: str | None = None) -> FinishResult | None:
+        """Collect, store, judge and publish the run; idempotent.
+
+        The order is what keeps a regression's failure: the run is stored and judged
+        (:func:`~prefect_dask_profiling.finishing.finish_run`), then whether the flow fails
+        is decided, then the run is published (artifacts, events, report links). A failure
+        while publishing is a warning and never drops the failure; a failure before the
+        judgement never changes the flow's own outcome (it is logged, ``None`` returned).
 
         Raises
         ------
@@ -607,25 +624,79 @@ class Session:
             On a regression in ``"fail"`` mode (only when ``error`` is None and ``publish``).
         """
         if self.finished:
-            if self.result is not None and self.result.regressed and error is None and (
-                    publish and self.options.on_regression == "fail"):
-                raise RegressionDetected(self.result.verdicts, self.result.failure_message)
+            if self._fails(error, publish):
+                raise self._regression()
             return self.result
         self.finished = True
         self._gate.release()  # the last stage's report is drawn while the run is collected
         try:
-            self.result = self._finish(error, state, publish, extra_warning)
+            stored = self._store_run(error, state, publish, extra_warning)
         except Exception as exc:  # never change the flow's own outcome by our failure
             _run_log(logging.ERROR, f"dask-profiling could not store this run: {exc!r}",
                      exc_info=True)
             return None
-        if (self.result.regressed and error is None and publish
-                and self.options.on_regression == "fail"):
-            raise RegressionDetected(self.result.verdicts, self.result.failure_message)
+        self.result = stored.result
+        fails = self._fails(error, publish)  # decided before anything is published
+        if fails:
+            self._stop_retries()
+        try:
+            self._publish(stored, publish)
+        except Exception as exc:  # a bug while publishing: said, and the verdict stands
+            _run_log(logging.WARNING, f"dask-profiling: the run {stored.result.run_id} is "
+                     f"stored and judged, but publishing it failed: {exc!r}", exc_info=True)
+        if fails:
+            raise self._regression()
         return self.result
 
+    def _fails(self, error: BaseException | None, publish: bool) -> bool:
+        """Whether the stored result fails the flow: a regression, in ``"fail"`` mode, from
+        the flow body (``publish``) of a flow that did not raise."""
+        return (self.result is not None and self.result.regressed and error is None
+                and publish and self.options.on_regression == "fail")
+
+    def _regression(self) -> RegressionDetected:
+        return RegressionDetected(self.result.verdicts, self.result.failure_message)
+
+    def _stop_retries(self) -> None:
+        """Keep Prefect from retrying the flow run on this regression (unless
+        ``retry_on_regression``): a regression is not flaky, and a retry re-runs the whole
+        pipeline to regress again.
+
+        Prefect's server turns any Running → Failed of a flow run with retries left into
+        ``AwaitingRetry``, whether the flow raised or returned a ``Failed`` state; so the
+        run's retries are set to the attempts already made (its ``empirical_policy`` on the
+        server), and the Failed state that follows is final. Never raises: when the API
+        does not answer, a warning says a retry may follow.
+        """
+        if self.options.retry_on_regression:
+            return
+        from prefect.context import FlowRunContext
+
+        ctx = FlowRunContext.get()
+        run = getattr(ctx, "flow_run", None)
+        if run is None or not run.empirical_policy.retries:
+            return  # no retries to switch off: no round trip to the API
+        try:
+            from prefect.client.schemas.objects import FlowRunPolicy
+
+            policy = run.empirical_policy.model_dump()
+            made = max(int(run.run_count or 1) - 1, 0)  # the retries already used
+            policy["retries"] = policy["max_retries"] = min(policy["retries"], made)
+            # at most one client retry when the API is lost (as for the artifacts)
+            with artifacts._few_retries(), artifacts._run_client() as client:
+                client.update_flow_run(run.id, empirical_policy=FlowRunPolicy(**policy))
+            run.empirical_policy.retries = policy["retries"]
+        except Exception as exc:
+            _run_log(logging.WARNING, "dask-profiling: could not switch off this flow run's "
+                     f"retries for the regression ({exc!r}): Prefect may retry it")
+
     def finish_unattended(self, error: BaseException | None) -> None:
-        """From the runner's ``__exit__``: store the summaries, say finish() was missed."""
+        """From the runner's ``__exit__``: store the summaries, say finish() was missed.
+
+        The flow's final state is read from Prefect (it caught the flow's exception, so
+        ``error`` is None for a flow that raised): any state but ``COMPLETED`` stores the
+        run ``failed``, never ``regressed``.
+        """
         logger.warning("dask-profiling: %s", FORGOT_FINISH)
         self.finish(error, state=self._final_state(error), publish=False,
                     extra_warning=FORGOT_FINISH)
@@ -658,8 +729,10 @@ class Session:
         record.io = io_frame(self.io_rows)
         return record
 
-    def _finish(self, error: BaseException | None, state: str | None, publish: bool,
-                extra_warning: str | None) -> FinishResult:
+    def _store_run(self, error: BaseException | None, state: str | None, publish: bool,
+                   extra_warning: str | None) -> Stored:
+        """Collect, store and judge the run (:func:`finish_run`); start posting the report
+        links and the summary meanwhile. Raises only when the run could not be stored."""
         self.capture()
         if not self.ctx.pipeline:  # no flow context ever seen: name after the runner
             self.ctx.pipeline = self.options.pipeline or "unnamed"
@@ -667,7 +740,6 @@ class Session:
         record = self._collect()  # first: a failed collection adds its warning to self.warnings
         self.wait_reports()  # the last stage's report rendered during the collection
         warnings = [*self.warnings, *([extra_warning] if extra_warning else [])]
-        options = self.options
         settings = self._settings()
         env = environment(self.client) if _alive(self.client) else environment()
         if self.storage_counted and _alive(self.client):
@@ -688,38 +760,55 @@ class Session:
             result = finish_run(self.store, record, self.ctx, self.stages, settings,
                                 state=state, error=error, env=env, warnings=warnings,
                                 flagged_reports=self.render_flagged if self._deferred else None,
-                                early_history=self._early_history, summarised=summarised)
+                                early_history=self._early_history, summarised=summarised,
+                                log_warnings=False)  # logged once each, below, to the run
         except BaseException:
             for w in self._wait_early([*early, *self._link_postings]):
                 logger.warning("dask-profiling: %s", w)
             raise
+        return Stored(result=result, early_links=early_links, early=early)
+
+    def _publish(self, stored: Stored, publish: bool) -> None:
+        """Log the run's warnings; post its artifacts (``publish``) and emit its events.
+
+        Each part is isolated: one that raises is a warning and the others still run.
+        """
+        result, early_links, early = stored.result, stored.early_links, stored.early
         for w in result.warnings:
             _run_log(logging.WARNING, f"dask-profiling: {w}")
         if not result.judged:
             _run_log(logging.WARNING, f"dask-profiling: run {result.run_id} stored unjudged: "
                      f"{result.manifest.get('unjudged_reason')}")
-        links = self._report_links(self.stages)
-        trend = self._link(result.trend_location)  # where it is being written
+        problems: list[str] = []
+        links = _attempt(lambda: self._report_links(self.stages), "report links", problems,
+                         {})
+        trend = _attempt(lambda: self._link(result.trend_location), "trend link", problems)
         posting = None
         if publish:
-            late = self._report_links(self._links_unposted())  # auto mode: flagged ones
-            late = {k: v for k, v in late.items() if k not in early_links}
-            summary_posted = any(p is not None for p in early[1:])
-            posting = artifacts.post([
-                *artifacts.run_artifacts(result, links, trend, summary=not summary_posted),
-                *artifacts.report_link_artifacts(result.pipeline, result.run_id, late)])
+            def post() -> artifacts.Posting:
+                late = self._report_links(self._links_unposted())  # auto mode: flagged ones
+                late = {k: v for k, v in late.items() if k not in early_links}
+                summary_posted = any(p is not None for p in early[1:])
+                return artifacts.post([
+                    *artifacts.run_artifacts(result, links, trend, summary=not summary_posted),
+                    *artifacts.report_link_artifacts(result.pipeline, result.run_id, late)])
+
+            posting = _attempt(post, "artifacts", problems)
         from prefect_dask_profiling.prefect.events import emit_detection_events
 
-        # built while the artifacts are being posted; only a published finish (in the flow
-        # body) can fail the flow: the runner's exit path runs after its state is final
-        _, event_warnings = emit_detection_events(
-            result, links, trend,
-            fail_on_regression=publish and options.on_regression == "fail")
-        posted = [*(posting.wait() if posting is not None else []),
-                  *self._wait_early([*early, *self._link_postings])]
-        for w in [*posted, *event_warnings]:
+        # built while the artifacts are being posted; the flow fails only from a published
+        # finish (in the flow body): the runner's exit path runs after its state is final
+        _, event_warnings = _attempt(
+            lambda: emit_detection_events(
+                result, links, trend,
+                fail_on_regression=publish and self.options.on_regression == "fail"),
+            "events", problems, ([], []))
+        posted = [*(_attempt(posting.wait, "artifacts", problems, [])
+                    if posting is not None else []),
+                  *_attempt(lambda: self._wait_early([*early, *self._link_postings]),
+                            "early artifacts", problems, [])]
+        for w in [*posted, *event_warnings, *problems]:
             logger.warning("dask-profiling: %s", w)
-        return result
 
     def _post_links(self, links: dict[str, str]) -> artifacts.Posting | None:
         """Start posting the report links' artifacts (None when there are none)."""
@@ -783,6 +872,18 @@ class Session:
                 logger.debug("presign failed: %r", exc)
             links[info.name] = link or location
         return links
+
+
+def _attempt(job: Callable[[], Any], what: str, problems: list[str],
+             default: Any = None) -> Any:
+    """``job()``, or ``default`` with a warning naming ``what`` in ``problems`` (a part of
+    publishing that raised: the others still run, the verdict is unchanged)."""
+    try:
+        return job()
+    except Exception as exc:
+        logger.debug("dask-profiling: %s failed", what, exc_info=True)
+        problems.append(f"{what} not published: {type(exc).__name__}: {exc}")
+        return default
 
 
 def _outcome(read: Callable[[], Any]) -> Any:

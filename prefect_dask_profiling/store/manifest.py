@@ -27,7 +27,7 @@ STATUSES = ("healthy", "regressed", "suspected", "failed", "incomplete", "unjudg
 MANIFEST_REQUIRED = ("schema_version", "run_id", "pipeline", "version", "status", "files")
 # Manifest keys copied into a run's index marker (readable without opening the run).
 INDEX_FIELDS = ("run_id", "pipeline", "version", "status", "state", "regressed", "started",
-                "ended", "wall_s", "source_hash", "flow_run_id", "flow_run_name")
+                "ended", "wall_s", "source_hash", "flow_run_id", "flow_run_name", "attempt")
 
 
 class FileEntry(TypedDict):
@@ -58,6 +58,7 @@ class Manifest(TypedDict, total=False):
     source_hash: str | None
     flow_run_id: str | None
     flow_run_name: str | None
+    attempt: int | None  # the flow run's attempt (Prefect's run_count: 1, then each retry)
     deployment: str | None
     baseline: dict[str, Any]
     started: str
@@ -125,6 +126,9 @@ class RunContext:
     flow_run_id: str | None = None
     flow_run_name: str | None = None
     deployment: str | None = None
+    # which attempt of the flow run this is (Prefect's ``flow_run.run_count``: 1, then 2...
+    # for each retry); every attempt is a run of its own, with the same flow_run_id
+    attempt: int | None = None
     started: datetime = field(default_factory=lambda: datetime.now(UTC))
 
 
@@ -162,7 +166,8 @@ def build_manifest(ctx: RunContext, *, state: str, regressed: bool,
         "schema_version": SCHEMA_VERSION,
         "run_id": ctx.run_id, "pipeline": ctx.pipeline, "version": ctx.version,
         "source_hash": ctx.source_hash, "flow_run_id": ctx.flow_run_id,
-        "flow_run_name": ctx.flow_run_name, "deployment": ctx.deployment,
+        "flow_run_name": ctx.flow_run_name, "attempt": ctx.attempt,
+        "deployment": ctx.deployment,
         "state": state, "status": status_for(state, regressed, judged, suspected),
         "regressed": regressed,
         "unjudged_reason": None if judged else unjudged_reason,

@@ -44,6 +44,8 @@ def manifests(store_url: str, pipeline: str) -> list[dict]:
     ({"threshold": 1.0}, "threshold"),
     ({"threshold": 0.5}, "threshold"),
     ({"on_regression": "explode"}, "on_regression"),
+    ({"retry_on_regression": "yes"}, "retry_on_regression"),
+    ({"retry_on_regression": 1}, "retry_on_regression"),
     ({"store": "nosuchproto://bucket/x"}, "unknown protocol"),
     ({"pipeline": "../etc"}, "pipeline"),
     ({"version": "a/b"}, "version"),
@@ -63,10 +65,12 @@ def test_bad_arguments_fail_before_any_cluster(kwargs, field):
 def test_duplicate_keeps_profiling_options_and_base_arguments():
     runner = ProfiledDaskTaskRunner(cluster_kwargs={"n_workers": 1}, store="memory://x",
                                     pipeline="p", version="2", report_retention_days=7,
-                                    on_regression="warn", threshold=3.0, stage_reports=False)
+                                    on_regression="warn", threshold=3.0, stage_reports=False,
+                                    retry_on_regression=True)
     copy = runner.duplicate()
     assert type(copy) is ProfiledDaskTaskRunner
     assert copy.profiling == runner.profiling
+    assert copy.profiling.retry_on_regression is True
     assert copy.cluster_kwargs == {"n_workers": 1}
     assert copy == runner
     assert copy != DaskTaskRunner(cluster_kwargs={"n_workers": 1})
