@@ -14,9 +14,13 @@ Then, once per command, ``python -X importtime``: the process's total import tim
 the heavy libraries (Prefect, distributed, pandas, dask, numpy), whether the command imported
 them and their cumulative import time.
 
+``--also DIR`` runs every command of another checkout too (``PYTHONPATH=DIR``: an older
+commit, from ``git archive``), against the same store, alternating with this one's: a paired
+figure without storing the nights twice.
+
 Run with::
 
-    .venv/bin/python -m benchmarks.cli_latency [--runs 100] [--repeats 5]
+    .venv/bin/python -m benchmarks.cli_latency [--runs 100] [--repeats 5] [--also DIR]
 
 Targets (issue 34, item 7): ``--help`` <= 0.5 s; ``runs``, ``show``, ``check`` on 100 runs
 <= 2 s; ``import prefect_dask_profiling.cli`` imports none of Prefect, distributed, pandas.
@@ -41,6 +45,9 @@ HEAVY = ("prefect", "distributed", "pandas", "dask", "numpy")
 T0 = datetime(2026, 1, 1, 2, 0, tzinfo=UTC)
 # The CLI as the console script ``dask-profiling`` runs it (pyproject's [project.scripts]).
 CLI = (sys.executable, "-c", "from prefect_dask_profiling.cli import app; app()")
+# Where the commands run: ``python -c`` puts the working directory first on sys.path, which
+# would beat the checkout named by PYTHONPATH.
+NEUTRAL = tempfile.gettempdir()
 
 
 @dataclass(frozen=True)
@@ -109,7 +116,7 @@ def wall(argv: list[str], env: dict[str, str], repeats: int) -> list[float]:
     out = []
     for _ in range(repeats):
         start = time.perf_counter()
-        done = subprocess.run(argv, env=env, capture_output=True, check=False)
+        done = subprocess.run(argv, env=env, capture_output=True, check=False, cwd=NEUTRAL)
         out.append(time.perf_counter() - start)
         if done.returncode not in (0, 1):
             raise SystemExit(f"{argv[3:]} exited {done.returncode}: {done.stderr.decode()}")
@@ -119,7 +126,7 @@ def wall(argv: list[str], env: dict[str, str], repeats: int) -> list[float]:
 def imports(args: list[str], env: dict[str, str]) -> Imports:
     """``python -X importtime`` of the CLI running ``args``."""
     done = subprocess.run([CLI[0], "-X", "importtime", *CLI[1:], *args], env=env,
-                          capture_output=True, check=False, text=True)
+                          capture_output=True, check=False, text=True, cwd=NEUTRAL)
     return _parse(done.stderr)
 
 
@@ -127,6 +134,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=100, help="Nights stored (default 100).")
     parser.add_argument("--repeats", type=int, default=5, help="Runs per command (default 5).")
+    parser.add_argument("--also", default=None,
+                        help="Another checkout whose CLI runs too (alternating).")
     args = parser.parse_args()
 
     import logging
@@ -154,6 +163,9 @@ def main() -> None:
             env = {**os.environ, "DASK_PROFILING_STORAGE_OPTIONS": json.dumps(options),
                    "DASK_PROFILING_SPOOL": str(Path(tmp) / "spool"),
                    "DASK_PROFILING_STORE": url, "COLUMNS": "200"}
+            here = str(Path(__file__).resolve().parent.parent)
+            checkouts = {"this": here, **({"also": args.also} if args.also else {})}
+            envs = {label: {**env, "PYTHONPATH": path} for label, path in checkouts.items()}
             commands = {"--help": ["--help"],
                         "runs": ["runs", "--pipeline", PIPELINE],
                         "show": ["show", ids[-1]],
@@ -161,17 +173,26 @@ def main() -> None:
                         "alerts": ["alerts"]}
             print(f"\nwall time per command, {args.repeats} new processes each "
                   f"(python {sys.version.split()[0]}, {os.cpu_count()} cores, load "
-                  f"{os.getloadavg()[0]:.1f}):")
-            print(f"  {'command':<10} {'median':>8} {'min':>8} {'max':>8}")
+                  f"{os.getloadavg()[0]:.1f}); checkouts: "
+                  + ", ".join(f"{k} = {v}" for k, v in checkouts.items()))
+            print(f"  {'command':<10} {'checkout':<8} {'median':>8} {'min':>8} {'max':>8}")
             for name, argv in commands.items():
-                times = wall([*CLI, *argv], env, args.repeats)
-                print(f"  {name:<10} {statistics.median(times):7.2f}s {min(times):7.2f}s "
-                      f"{max(times):7.2f}s")
-            print("\nimports per command (python -X importtime; cumulative seconds):")
+                times: dict[str, list[float]] = {label: [] for label in envs}
+                for _ in range(args.repeats):
+                    for label, label_env in envs.items():
+                        times[label] += wall([*CLI, *argv], label_env, 1)
+                for label, found in times.items():
+                    print(f"  {name:<10} {label:<8} {statistics.median(found):7.2f}s "
+                          f"{min(found):7.2f}s {max(found):7.2f}s")
+            print(f"\nimports per command (python -X importtime; cumulative seconds; load "
+                  f"{os.getloadavg()[0]:.1f}):")
             for name, argv in {"import cli": None, **commands}.items():
-                found = imports(argv or [], env) if argv is not None else _cli_import(env)
-                heavy = ", ".join(f"{k} {v:.2f}" for k, v in found.heavy_s.items()) or "none"
-                print(f"  {name:<10} total {found.total_s:5.2f}s; heavy: {heavy}")
+                for label, label_env in envs.items():
+                    found = imports(argv, label_env) if argv is not None else \
+                        _cli_import(label_env)
+                    heavy = ", ".join(f"{k} {v:.2f}" for k, v in found.heavy_s.items()) or \
+                        "none"
+                    print(f"  {name:<10} {label:<8} total {found.total_s:5.2f}s; heavy: {heavy}")
     finally:
         server.stop()
 
@@ -180,7 +201,7 @@ def _cli_import(env: dict[str, str]) -> Imports:
     """``python -X importtime -c 'import prefect_dask_profiling.cli'``."""
     done = subprocess.run([sys.executable, "-X", "importtime", "-c",
                            "import prefect_dask_profiling.cli"], env=env, capture_output=True,
-                          check=False, text=True)
+                          check=False, text=True, cwd=NEUTRAL)
     return _parse(done.stderr)
 
 

@@ -54,6 +54,16 @@ def test_help_imports_no_heavy_library(args):
     assert imported_after(code) == []
 
 
+def test_what_runs_show_check_and_alerts_import_loads_no_prefect_dask_or_distributed():
+    """The modules behind ``runs``, ``show``, ``check`` and ``alerts`` need pandas, not the
+    cluster side: reading a stored summary must not import distributed (via timing)."""
+    code = "\n".join(f"import prefect_dask_profiling.{module}" for module in (
+        "cli.history", "cli.alerts", "regression.history", "regression.judge",
+        "regression.alert_history", "summary.io", "summary.memory", "diagnosis.stages",
+        "store.runs"))
+    assert imported_after(code) == ["numpy", "pandas"]
+
+
 def test_the_check_above_can_fail():
     """A command module importing pandas at module level would be caught."""
     assert "pandas" in imported_after("import prefect_dask_profiling.regression.history")

@@ -119,3 +119,18 @@ def test_load_acks_fails_at_once_while_the_breaker_holds_the_store_down(store_be
     with pytest.raises(StoreUnreachable, match="did not answer moments ago"):
         alert_history.load_acks(store, "nightly", "v1")
     assert sum(action == "hang" for _, action in proxy.log) == hung  # nothing was sent
+
+
+def test_a_damaged_ack_marker_still_counts_by_its_name(tmp_path):
+    store = RunStore(str(tmp_path / "store"), spool_dir=tmp_path / "spool")
+    first = alert_history.acknowledge(store, "nightly", "v1", "ep-0000000001", note="why")
+    alert_history.acknowledge(store, "nightly", "v1", "ep-0000000002")
+    alert_history.acknowledge(store, "nightly", "v1", "ep-0000000003")
+    marker = tmp_path / "store" / alert_history.ack_marker("nightly", "v1", "ep-0000000002")
+    marker.write_bytes(b"{truncated")
+    listed = tmp_path / "store" / alert_history.ack_marker("nightly", "v1", "ep-0000000003")
+    listed.write_bytes(b"[1, 2]")
+    acks = alert_history.load_acks(store, "nightly", "v1")
+    assert [a.target for a in acks] == ["ep-0000000001", "ep-0000000002", "ep-0000000003"]
+    assert acks[0] == first and acks[1].at == "" and acks[2].at == ""
+    assert alert_history.load_acks(store, "nightly", "v2") == []
