@@ -10,18 +10,18 @@ The functional API (usable without Prefect)::
 
 The Prefect task runner and helpers (``ProfiledDaskTaskRunner``, ``profiled``, ``finish``),
 the Prefect-free end of a run (``finish_run``: store the record, then judge it) and the
-checks (``detect_regressions``, ``detect_drift``) are reachable from here too, imported on
-first use so that importing the package does not import Prefect (nor pandas). The scheduler
-plugin itself (``TaskTimings``) is an internal of :mod:`prefect_dask_profiling.timing`.
+checks (``detect_regressions``, ``detect_drift``) are reachable from here too. Every name is
+imported on first use, so importing the package (as every ``dask-profiling`` command does)
+imports none of Prefect, distributed, dask or pandas. The scheduler plugin itself
+(``TaskTimings``) is an internal of :mod:`prefect_dask_profiling.timing`.
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import TYPE_CHECKING, Any
-
-from prefect_dask_profiling.stage import stage
-from prefect_dask_profiling.timing import install, uninstall
 
 # The Prefect-free names of _LAZY, for type checkers and the API docs (griffe). The Prefect
 # ones are not imported here even so: tests/test_architecture.py counts every import, and
@@ -30,9 +30,15 @@ if TYPE_CHECKING:
     from prefect_dask_profiling.finishing import finish_run
     from prefect_dask_profiling.regression.drift import detect_drift
     from prefect_dask_profiling.regression.verdict import RegressionDetected, detect_regressions
+    from prefect_dask_profiling.stage import stage
     from prefect_dask_profiling.summary import RunRecord, collect, summarise, utilisation
+    from prefect_dask_profiling.timing import install, uninstall
 
 _LAZY = {
+    # dask and distributed are loaded on first use too: the command line needs neither
+    "stage": "prefect_dask_profiling.stage",
+    "install": "prefect_dask_profiling.timing",
+    "uninstall": "prefect_dask_profiling.timing",
     # summary (pandas) is loaded on first use: Dask workers import this package to unpickle
     # the task runner around every Prefect task and need none of it
     "RunRecord": "prefect_dask_profiling.summary",
@@ -75,6 +81,25 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'prefect_dask_profiling' has no attribute {name!r}")
+
+
+class _Package(types.ModuleType):
+    """The package module: ``stage`` stays the function when its submodule is imported.
+
+    ``prefect_dask_profiling.stage`` is both a submodule and the function it defines. The
+    import system sets a package attribute to each submodule it loads, which would make
+    ``from prefect_dask_profiling import stage`` the module once anything imported
+    ``prefect_dask_profiling.stage`` directly (the task runner does). An eager import used to
+    put the function back; a lazy one needs this.
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "stage" and isinstance(value, types.ModuleType):
+            value = value.stage
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __dir__() -> list[str]:

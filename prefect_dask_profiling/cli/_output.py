@@ -19,6 +19,9 @@ code meaning
 ==== ===========================================================================================
 
 Every error prints as one line on stderr (``error: ...``).
+
+Nothing here imports more than Typer at module level: rich's consoles are made on first use
+(:func:`out_console`, :func:`err_console`), so ``--help`` and a typo cost no rich import.
 """
 
 from __future__ import annotations
@@ -29,11 +32,10 @@ import math
 import os
 import sys
 from collections.abc import Callable
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from prefect_dask_profiling._util import json_clean
 from prefect_dask_profiling.errors import (
@@ -45,9 +47,7 @@ from prefect_dask_profiling.errors import (
 
 if TYPE_CHECKING:
     import pandas as pd
-
-console = Console()
-err_console = Console(stderr=True)
+    from rich.console import Console
 
 EXIT_OK, EXIT_VERDICT, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_STORE = 0, 1, 2, 3, 4
 # The one map from errors to exit codes, most specific first (see the module docstring).
@@ -77,14 +77,30 @@ def debugging() -> bool:
     return _debug["on"] or os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
+@cache
+def out_console() -> Console:
+    """The rich console on stdout (made on first use; it follows ``sys.stdout``)."""
+    from rich.console import Console
+
+    return Console()
+
+
+@cache
+def err_console() -> Console:
+    """The rich console on stderr (made on first use; it follows ``sys.stderr``)."""
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
 def say(text: str) -> None:
     """One line on stdout, as is (no markup, no wrapping at the terminal width)."""
-    console.print(text, markup=False, highlight=False, soft_wrap=True)
+    out_console().print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 def warn(text: str) -> None:
     """One line on stderr, as is."""
-    err_console.print(text, markup=False, highlight=False, soft_wrap=True)
+    err_console().print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 def exit_code(exc: BaseException) -> int:
@@ -146,6 +162,8 @@ def format_value(value: Any, digits: int = 2) -> str:
 def print_table(frame: pd.DataFrame, title: str | None = None,
                 float_digits: int = FLOAT_DIGITS) -> None:
     """Print a pandas DataFrame as a rich table."""
+    from rich.table import Table
+
     table = Table(title=title, show_lines=False)
     for col in frame.columns:
         numeric = frame[col].dtype.kind in "fiu"
@@ -160,4 +178,4 @@ def print_table(frame: pd.DataFrame, title: str | None = None,
             else:
                 cells.append(str(v))
         table.add_row(*cells)
-    console.print(table)
+    out_console().print(table)

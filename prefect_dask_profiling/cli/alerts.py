@@ -1,10 +1,13 @@
-"""Alert commands: ``alerts`` (open episodes, ``--stats``) and ``ack``."""
+"""Alert commands: ``alerts`` (open episodes, ``--stats``) and ``ack``.
+
+The command bodies import what they use (the alert history brings pandas): listing the
+commands, or ``--help``, imports none of it.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import pandas as pd
 import typer
 
 from prefect_dask_profiling._util import validate_name
@@ -15,16 +18,20 @@ from prefect_dask_profiling.cli._params import (
     StoreOption,
     existing_store,
 )
-from prefect_dask_profiling.regression import alert_history, history
-from prefect_dask_profiling.regression.alerts import Book, Episode
-from prefect_dask_profiling.store.runs import StoreError
+from prefect_dask_profiling.store.errors import StoreNotFound
 
 if TYPE_CHECKING:
+    import pandas as pd
+
+    from prefect_dask_profiling.regression.alerts import Book, Episode
     from prefect_dask_profiling.store.runs import RunStore
 
 # The columns of the human table; --json has every field.
 ALERT_COLUMNS = ["id", "state", "stage", "prefix", "start_run", "last_run", "nights",
                  "peak_ratio", "last_ratio"]
+# ``alert_history.LOOKBACK_RUNS``, the default of --runs (spelled here so that the help
+# imports no pandas; tests/cli/test_cli_imports.py checks they agree).
+LOOKBACK_RUNS = 60
 
 
 def register(app: typer.Typer) -> None:
@@ -34,15 +41,22 @@ def register(app: typer.Typer) -> None:
 
 
 def _versions(store: RunStore, pipeline: str, version: str | None) -> list[str]:
-    """``[version]``, or the pipeline's newest version (its open episodes are the live ones)."""
+    """``[version]`` when ``pipeline`` has runs of it (``[]`` otherwise), or the pipeline's
+    newest version (its open episodes are the live ones)."""
     if version is not None:
-        return [validate_name(version, "version")]
+        return [version] if store.list_runs(pipeline, version, newest=1) else []
     runs = store.list_runs(pipeline)
     return [runs[0]["version"]] if runs else []
 
 
 def _books(store: RunStore, pipeline: str | None, version: str | None,
            runs: int) -> list[tuple[str, str, Book]]:
+    """The episodes of each pipeline (``pipeline``, else every one) and version; an unknown
+    pipeline, or a ``version`` no pipeline asked about has runs of, is a ``StoreNotFound``."""
+    from prefect_dask_profiling.regression import alert_history, history
+
+    if version is not None:
+        validate_name(version, "version")
     pipelines = [history.resolve_pipeline(store, pipeline)] if pipeline else \
         store.list_pipelines()
     out = []
@@ -50,7 +64,19 @@ def _books(store: RunStore, pipeline: str | None, version: str | None,
         for ver in _versions(store, name, version):
             book, _ = alert_history.episodes_of(store, name, ver, runs=runs)
             out.append((name, ver, book))
+    if version is not None and not out:
+        raise StoreNotFound(_unknown_version(store, pipelines, version))
     return out
+
+
+def _unknown_version(store: RunStore, pipelines: list[str], version: str) -> str:
+    """The message for ``--version`` naming no stored run: the versions there are."""
+    known = {name: ", ".join(dict.fromkeys(r["version"] for r in store.list_runs(name)))
+             or "none" for name in pipelines}
+    where = "; ".join(f"{name}: {versions}" for name, versions in known.items()) or "none"
+    whose = f"pipeline {pipelines[0]!r}" if len(pipelines) == 1 else "any pipeline"
+    return (f"unknown version {version!r} of {whose} in store {store.url} "
+            f"(versions stored: {where})")
 
 
 def alerts_command(
@@ -60,7 +86,7 @@ def alerts_command(
     show_all: bool = typer.Option(False, "--all", help="Closed episodes too."),
     show_stats: bool = typer.Option(False, "--stats",
                                     help="Per pipeline: confirmed, cleared, acknowledged."),
-    runs: int = typer.Option(alert_history.LOOKBACK_RUNS, "--runs", min=1,
+    runs: int = typer.Option(LOOKBACK_RUNS, "--runs", min=1,
                              help="Judged runs replayed per pipeline."),
     store: StoreOption = None,
     as_json: JsonOption = False,
@@ -83,12 +109,19 @@ def alerts_command(
 
 
 def _frame(episodes: list[Episode]) -> pd.DataFrame:
+    from prefect_dask_profiling.regression import alert_history
+    from prefect_dask_profiling.regression.alerts import Book
+
     frame = alert_history.episodes_frame(Book(tuple(episodes)))
     several = frame["pipeline"].nunique() > 1
     return frame[["pipeline", *ALERT_COLUMNS] if several else ALERT_COLUMNS]
 
 
 def _print_stats(books: list[tuple[str, str, Book]], runs: int, as_json: bool) -> None:
+    import pandas as pd
+
+    from prefect_dask_profiling.regression import alert_history
+
     rows = [alert_history.stats(book, name, ver, runs) for name, ver, book in books]
     frame = pd.DataFrame([{**r.__dict__, "precision": r.suspected_precision} for r in rows],
                          columns=["pipeline", "version", "runs", "confirmed", "cleared",
@@ -105,10 +138,17 @@ def ack_command(
                                  help="An episode id (ep-…) or a run id."),
     pipeline: PipelineOption = None,
     note: str = typer.Option("", "--note", help="Why (kept in the marker)."),
+    nights: int | None = typer.Option(None, "--nights", min=1,
+                                      help="Silence it for this many nights only "
+                                           "(default: until it resolves)."),
     store: StoreOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Acknowledge an episode (or every episode open at a run): it fails no more runs."""
+    """Acknowledge an episode (or every episode open at a run): it fails no more runs
+    (for ``--nights`` nights, or until it resolves) and its nights stay out of the
+    baseline."""
+    from prefect_dask_profiling.regression import alert_history, history
+
     run_store = existing_store(store)
     validate_name(target, "ALERT_OR_RUN")
     if target.startswith("ep-"):
@@ -116,17 +156,23 @@ def ack_command(
     else:
         name = history.find_run(run_store, target, pipeline)
         ver = run_store.read_manifest(name, target)["version"]
-    ack = alert_history.acknowledge(run_store, name, ver, target, note)
+    ack = alert_history.acknowledge(run_store, name, ver, target, note, nights=nights)
     if as_json:
-        emit_json({"pipeline": name, "version": ver, "acknowledged": target, "at": ack.at})
+        emit_json({"pipeline": name, "version": ver, "acknowledged": target, "at": ack.at,
+                   "nights": nights})
     else:
         what = "episode" if target.startswith("ep-") else "the episodes open at run"
-        say(f"acknowledged {what} {target} of {name} {ver}: it fails no more runs "
-            "(the baseline is unchanged; `accept` restarts it)")
+        until = f"for {nights} night(s)" if nights else "until it resolves"
+        say(f"acknowledged {what} {target} of {name} {ver}: it fails no runs {until} "
+            "from the next run on (its nights stay out of the baseline; `accept` makes "
+            "it the new normal)")
 
 
 def _find_episode(store: RunStore, episode: str, pipeline: str | None) -> tuple[str, str]:
     """The pipeline and version whose recent runs hold ``episode``."""
+    from prefect_dask_profiling.regression import alert_history, history
+    from prefect_dask_profiling.store.errors import StoreError
+
     pipelines = [history.resolve_pipeline(store, pipeline)] if pipeline else \
         store.list_pipelines()
     for name in pipelines:

@@ -8,10 +8,10 @@ import typer
 
 from prefect_dask_profiling.cli._output import (
     BadInput,
-    console,
     emit_json,
     err_console,
     guarded,
+    out_console,
     print_table,
 )
 from prefect_dask_profiling.cli._params import JsonOption
@@ -45,7 +45,7 @@ def bench(
     started = time.monotonic()
 
     def progress(message: str) -> None:
-        err_console.print(f"[dim]{time.monotonic() - started:6.1f}s[/dim] {message}",
+        err_console().print(f"[dim]{time.monotonic() - started:6.1f}s[/dim] {message}",
                           highlight=False)
 
     try:
@@ -56,8 +56,8 @@ def bench(
                              local_memory_limit=local_memory_limit,
                              calibration_repeats=calibration_repeats,
                              connect_timeout=connect_timeout)
-        if err_console.is_terminal:
-            with err_console.status("benchmarking…"):
+        if err_console().is_terminal:
+            with err_console().status("benchmarking…"):
                 result = run_bench(config, progress)
         else:
             result = run_bench(config, progress)
@@ -71,6 +71,6 @@ def bench(
     print_table(pd.DataFrame(result.comparison["table"]), title="local vs remote")
     for side, s in result.summaries.items():
         b = s["bottleneck"]
-        console.print(f"{side}: [bold]{b['primary']}[/bold]-bound (secondary "
+        out_console().print(f"{side}: [bold]{b['primary']}[/bold]-bound (secondary "
                       f"{b['secondary']}, {b['confidence']}): {b['note']}", highlight=False)
-    console.print(f"artifacts: {result.directory}", highlight=False)
+    out_console().print(f"artifacts: {result.directory}", highlight=False)

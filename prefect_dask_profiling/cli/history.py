@@ -1,4 +1,8 @@
-"""History commands: ``runs``, ``show``, ``compare``, ``check``, ``accept``."""
+"""History commands: ``runs``, ``show``, ``compare``, ``check``, ``accept``.
+
+The command bodies import what they use (:mod:`~prefect_dask_profiling.regression.history`
+brings pandas): listing the commands, or ``--help``, imports none of it.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +26,6 @@ from prefect_dask_profiling.cli._params import (
     StoreOption,
     existing_store,
 )
-from prefect_dask_profiling.regression import history
 
 if TYPE_CHECKING:
     from prefect_dask_profiling.store.runs import RunStore
@@ -42,12 +45,16 @@ def register(app: typer.Typer) -> None:
 
 
 def _store_and_pipeline(store: str | None, pipeline: str | None) -> tuple[RunStore, str]:
+    from prefect_dask_profiling.regression import history
+
     run_store = existing_store(store)
     return run_store, history.resolve_pipeline(run_store, pipeline)
 
 
 def _store_and_run(store: str | None, pipeline: str | None, *runs: str) -> tuple[RunStore, str]:
     """The store, and the pipeline holding the first run (found when not given)."""
+    from prefect_dask_profiling.regression import history
+
     run_store = existing_store(store)
     for run_id in runs:
         validate_name(run_id, "run_id")
@@ -61,6 +68,8 @@ def runs_command(
     as_json: JsonOption = False,
 ) -> None:
     """List a pipeline's runs (run id, version, status), newest first; or the pipelines."""
+    from prefect_dask_profiling.regression import history
+
     run_store = existing_store(store)
     if pipeline is None:
         names = run_store.list_pipelines()
@@ -148,6 +157,8 @@ def show_command(
     as_json: JsonOption = False,
 ) -> None:
     """A run's manifest summary and its per-prefix table."""
+    from prefect_dask_profiling.regression import history
+
     run_store, pipeline = _store_and_run(store, pipeline, run_id)
     summary, tasks = history.show_run(run_store, pipeline, run_id)
     if as_json:
@@ -185,6 +196,8 @@ def compare_command(
     as_json: JsonOption = False,
 ) -> None:
     """Per-prefix differences between two runs (ratio = B / A)."""
+    from prefect_dask_profiling.regression import history
+
     run_store, pipeline = _store_and_run(store, pipeline, run_a, run_b)
     diff = history.compare_runs(run_store, pipeline, run_a, run_b)
     if as_json:
@@ -255,6 +268,8 @@ def accept_command(
     as_json: JsonOption = False,
 ) -> None:
     """Accept a run: its version's baseline restarts there (an intended change)."""
+    from prefect_dask_profiling.regression import history
+
     run_store, pipeline = _store_and_run(store, pipeline, run_id)
     version = history.accept_run(run_store, pipeline, run_id)
     if as_json:

@@ -65,7 +65,7 @@ def upload_pending_command(
     from rich.progress import Progress
 
     run_store = make_store(store)
-    with Progress(console=err_console, transient=True, disable=as_json) as progress:
+    with Progress(console=err_console(), transient=True, disable=as_json) as progress:
         task = progress.add_task("uploading", total=None)
         result = run_store.upload_pending(
             progress=lambda done, total: progress.update(task, completed=done, total=total))

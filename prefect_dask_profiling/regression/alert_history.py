@@ -8,9 +8,11 @@ The pure lifecycle is :mod:`.alerts`; this module reads what it needs from a
   partial times and are skipped) of one pipeline and version, read in one wave;
 * **acks**: one small JSON marker per acknowledgement at
   ``acks/<pipeline>/<version>/<target>``, ``target`` an episode id or a run id. The path is
-  built by :func:`ack_marker` — the one place; it belongs in ``store/layout.py`` once the
-  store split lands — and written through the store's filesystem (``store.fs``), as
-  ``open_store`` already reads it.
+  built by :func:`~prefect_dask_profiling.store.layout.ack_marker`; markers are read and
+  written through the store's own timed, breaker-guarded calls
+  (:meth:`~prefect_dask_profiling.store.reads.Reading.ack_markers`,
+  :meth:`~prefect_dask_profiling.store.writing.Writing.write_ack`), so a store that is down
+  fails them as it fails every other read: ``StoreUnreachable``, not a generic error.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 
 import pandas as pd
 
-from prefect_dask_profiling._util import InvalidInput, validate_name
+from prefect_dask_profiling._util import InvalidInput
 from prefect_dask_profiling.errors import HistoryUnavailable
 from prefect_dask_profiling.regression.alerts import (
     JUDGED_STATUSES,
@@ -38,6 +40,7 @@ from prefect_dask_profiling.regression.alerts import (
 )
 from prefect_dask_profiling.regression.rule import RegressionRule, Rules
 from prefect_dask_profiling.store import layout
+from prefect_dask_profiling.store.errors import StoreUnavailable
 from prefect_dask_profiling.store.runs import RunStore, StoreError
 
 logger = logging.getLogger(__name__)
@@ -45,7 +48,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["ACKS", "JUDGED_STATUSES", "LOOKBACK_RUNS", "Stats", "ack_marker", "acknowledge",
            "episodes_frame", "episodes_of", "load_acks", "load_nights", "stats"]
 
-ACKS = "acks"
+ACKS = layout.ACKS
 # How many judged runs are replayed by default: an episode open longer than this is seen
 # from the window's first run (a new id); two months of nightly runs.
 LOOKBACK_RUNS = 60
@@ -54,27 +57,26 @@ REGRESSION_FILE = "regression.csv"
 
 def ack_marker(pipeline: str, version: str, target: str) -> str:
     """``acks/<pipeline>/<version>/<target>``: one acknowledgement (episode or run id)."""
-    return layout.join(ACKS, validate_name(pipeline, "pipeline"),
-                       validate_name(version, "version"), validate_name(target, "ack target"))
+    return layout.ack_marker(pipeline, version, target)
 
 
 def load_acks(store: RunStore, pipeline: str, version: str) -> list[Ack]:
-    """Every acknowledgement of ``pipeline``/``version`` (unreadable markers skipped)."""
-    base = f"{store.root}/{layout.join(ACKS, pipeline, version)}"
-    try:
-        found = store.fs.find(base, detail=False)
-    except FileNotFoundError:
-        return []
-    except Exception as exc:
-        raise StoreError(f"could not list the acks of {pipeline} {version} in "
-                         f"{store.url}: {exc}") from None
+    """Every acknowledgement of ``pipeline``/``version``, by target.
+
+    Read through the store's timed, breaker-guarded reads
+    (:meth:`~prefect_dask_profiling.store.reads.Reading.ack_markers`): a store that cannot
+    be used raises its ``StoreUnavailable`` leaf (the command line's exit 4), for the
+    listing and for any marker. A marker that is damaged, or gone since the listing, still
+    names its target and counts (with a warning).
+    """
     acks = []
-    for path in sorted(found):
-        target = str(path).rstrip("/").rsplit("/", 1)[-1]
-        try:
-            doc = json.loads(store.fs.cat_file(path))
-        except Exception as exc:  # a damaged marker still names its target
-            logger.warning("ack marker %s unreadable (%s): counted by its name", path, exc)
+    for target, found in store.ack_markers(pipeline, version).items():
+        if isinstance(found, StoreUnavailable):
+            raise found
+        doc = _ack_doc(found)
+        if doc is None:
+            logger.warning("ack marker %s unreadable (%s): counted by its name",
+                           store.location(ack_marker(pipeline, version, target)), found)
             doc = {}
         nights = doc.get("nights")
         acks.append(Ack(target=target, at=str(doc.get("at", "")), by=str(doc.get("by", "")),
@@ -82,12 +84,28 @@ def load_acks(store: RunStore, pipeline: str, version: str) -> list[Ack]:
     return acks
 
 
+def _ack_doc(found: bytes | StoreError) -> dict | None:
+    """The marker's JSON object, or ``None`` when it cannot be read as one."""
+    if isinstance(found, StoreError):
+        return None
+    try:
+        doc = json.loads(found)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def acknowledge(store: RunStore, pipeline: str, version: str, target: str,
                 note: str = "", nights: int | None = None, at: datetime | None = None) -> Ack:
     """Write an ack marker for ``target`` (an episode id ``ep-…`` or a run id), silencing
     it from the first night that starts after ``at`` (default now) until it resolves or,
-    with ``nights``, for that many nights."""
-    rel = ack_marker(pipeline, version, target)
+    with ``nights``, for that many nights.
+
+    Through the store's timed, breaker-guarded write
+    (:meth:`~prefect_dask_profiling.store.writing.Writing.write_ack`); a failure raises the
+    ``StoreError`` leaf naming the marker (never spooled).
+    """
+    ack_marker(pipeline, version, target)  # bad names fail before anything is sent
     try:
         by = getpass.getuser()
     except Exception:  # no user name in some containers
@@ -96,10 +114,7 @@ def acknowledge(store: RunStore, pipeline: str, version: str, target: str,
               nights=nights)
     body = json.dumps({"target": target, "at": ack.at, "by": by, "note": note,
                        "nights": nights}).encode()
-    try:
-        store.fs.pipe_file(f"{store.root}/{rel}", body)
-    except Exception as exc:
-        raise StoreError(f"could not write {store.location(rel)}: {exc}") from None
+    store.write_ack(pipeline, version, target, body)
     return ack
 
 

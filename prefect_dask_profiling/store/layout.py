@@ -6,6 +6,7 @@ Paths are relative to the store's root (a local folder, ``s3://bucket/prefix``, 
     reports/<pipeline>/<run_id>/<stage>.html                           expire after N days
     index/<pipeline>/<version>/<YYYY-MM>/<run_id>.<status>             recent runs: few listings
     accepted/<pipeline>/<version>/<run_id>                             a baseline restart
+    acks/<pipeline>/<version>/<target>                                 an acknowledgement
     fleet/pipeline=<pipeline>/<run_id>.parquet                         derived Parquet view
 
 Index markers are partitioned by the month of their run id (``undated`` for run ids that do
@@ -30,6 +31,7 @@ RUNS = "runs"
 REPORTS = "reports"
 INDEX = "index"
 ACCEPTED = "accepted"
+ACKS = "acks"
 FLEET = "fleet"
 MANIFEST = "manifest.json"
 REPORT_SUFFIX = ".html"
@@ -157,6 +159,17 @@ def accepted_marker(pipeline: str, version: str, run_id: str) -> str:
     return join(accepted_dir(pipeline, version), validate_name(run_id, "run_id"))
 
 
+def ack_dir(pipeline: str, version: str) -> str:
+    """``acks/<pipeline>/<version>``."""
+    return join(ACKS, validate_name(pipeline, "pipeline"), validate_name(version, "version"))
+
+
+def ack_marker(pipeline: str, version: str, target: str) -> str:
+    """``acks/<pipeline>/<version>/<target>``: one acknowledgement, ``target`` an episode id
+    (``ep-…``) or a run id."""
+    return join(ack_dir(pipeline, version), validate_name(target, "ack target"))
+
+
 def fleet_dir(pipeline: str | None = None) -> str:
     """``fleet`` or ``fleet/pipeline=<pipeline>`` (a Hive partition of the Parquet view)."""
     if pipeline is None:
@@ -220,6 +233,14 @@ def parse_accepted(rel: str) -> tuple[str, str, str] | None:
     if len(parts) != 4 or parts[0] != ACCEPTED or not valid_names(*parts[1:]):
         return None
     return parts[1], parts[2], parts[3]
+
+
+def parse_ack(rel: str) -> tuple[str, str, str] | None:
+    """``(pipeline, version, target)`` of an ack marker path, else ``None``."""
+    parts = rel.split("/")
+    if len(parts) == 4 and parts[0] == ACKS and valid_names(*parts[1:]):
+        return parts[1], parts[2], parts[3]
+    return None
 
 
 def run_of(rel: str) -> tuple[str, str] | None:

@@ -1,4 +1,5 @@
-"""Reading runs: the index, manifests and tables, accepted restarts, remembered reads.
+"""Reading runs: the index, manifests and tables, accepted restarts, acknowledgements,
+remembered reads.
 
 Readers survive damaged runs: a run that cannot be read is skipped (or its index repaired)
 with a warning naming the run and the file. Batch reads answer each run with its value or
@@ -478,6 +479,23 @@ class Reading(StoreAccess):
             return sorted((f[2] for f in found if f is not None), reverse=True)
 
         return list(self.memory.recall(("accepted", pipeline, version), listed))
+
+    # ------------------------------------------------------------------ acknowledgements
+    def ack_markers(self, pipeline: str, version: str) -> dict[str, bytes | StoreError]:
+        """The ack markers of ``pipeline``/``version``: ``{target: the marker's bytes, or the
+        StoreError reading it}``, by target.
+
+        One listing and one wave of reads, each within the store's timeout and behind its
+        breaker like every other read. The listing's failure raises (``StoreUnreachable``
+        when the store did not answer): without it no acknowledgement is known.
+        """
+        def listed() -> list[str]:
+            return sorted(rel for rel in self._find(layout.ack_dir(pipeline, version))
+                          if layout.parse_ack(rel) is not None)
+
+        rels = self.memory.recall(("acks", pipeline, version), listed)
+        found = self._read_many(dict.fromkeys(rels, "ack marker"))
+        return {layout.parse_ack(rel)[2]: found[rel] for rel in rels}  # type: ignore[index]
 
 
 @dataclass(frozen=True)

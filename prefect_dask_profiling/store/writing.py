@@ -132,6 +132,22 @@ class Writing(StoreAccess):
         payload = data.encode() if isinstance(data, str) else bytes(data)
         return self._write_items([(rel, payload, False)], self.location(rel))
 
+    def write_ack(self, pipeline: str, version: str, target: str, body: bytes) -> str:
+        """Write the ack marker of ``target`` (an episode id or a run id); its location.
+
+        Unlike a run's files, an acknowledgement is never spooled: it is a user's command,
+        answered now. The write is bounded by the store's timeout and refused at once while
+        the breaker holds the store down; a failure raises the ``StoreError`` leaf
+        (``StoreUnreachable``, ``StoreAccessDenied``...) naming the marker.
+        """
+        rel = layout.ack_marker(pipeline, version, target)
+        self._check_reachable()
+        try:
+            self._put(rel, bytes(body), False)
+        except Exception as exc:
+            raise self._failure(exc, f"could not write {self.location(rel)}") from None
+        return self.location(rel)
+
     def _forget_marker(self, rel: str, spooled: bool) -> None:
         """Remove a superseded index marker (best effort: readers prefer the final one)."""
         try:

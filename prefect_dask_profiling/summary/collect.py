@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from prefect_dask_profiling.summary.record import RunRecord
-from prefect_dask_profiling.timing.plugin import cluster_size, snapshot
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -31,6 +30,9 @@ def collect(client: Client, name: str) -> RunRecord:
     KeyError
         When no plugin of that name is on the scheduler.
     """
+    # imported here: the summary's readers (the command line's ``show``) need no distributed
+    from prefect_dask_profiling.timing.plugin import cluster_size, snapshot
+
     snap = snapshot(client, name)
     workers, threads = cluster_size(client, snap)
     return RunRecord.from_snapshot(snap, workers=workers, threads=threads)

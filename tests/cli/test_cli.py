@@ -179,3 +179,21 @@ def test_the_errors_column_is_shown_only_when_a_task_erred(store):
     assert "errors" in cli("show", erred, "--store", store.url).stdout
     shown = cli("show", quiet, "--store", store.url)
     assert shown.exit_code == 0 and "errors" not in shown.stdout
+
+
+@pytest.mark.parametrize("args", [["--version", "nope"],
+                                  ["--version", "nope", "--pipeline", "ndvi"],
+                                  ["--version", "nope", "--stats"]])
+def test_alerts_of_an_unknown_version_is_exit_2_naming_the_known_ones(store, args):
+    line = one_line(cli("alerts", "--store", store.url, *args), 2)
+    assert "unknown version 'nope'" in line and "v1" in line, line
+
+
+def test_alerts_of_an_unknown_pipeline_is_exit_2(store):
+    line = one_line(cli("alerts", "--store", store.url, "--pipeline", "nope"), 2)
+    assert "unknown pipeline 'nope'" in line, line
+
+
+def test_alerts_of_a_known_version_without_episodes_is_exit_0(store):
+    result = cli("alerts", "--store", store.url, "--version", "v1")
+    assert result.exit_code == 0 and "no open alert episodes" in result.stdout, result.output
