@@ -18,11 +18,11 @@ import pytest
 import xarray as xr
 from distributed import wait
 from prefect import flow
-from prefect_dask import get_dask_client
+from prefect.context import FlowRunContext
 from s3_servers import LoggingProxy, boto_client, moto_server, s3_options, tag_process
 
 from prefect_dask_profiling import stage
-from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner
+from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner, profiled
 from prefect_dask_profiling.store.runs import RunStore
 from prefect_dask_profiling.summary.io import stage_io_metrics
 from tasks import scenes
@@ -66,32 +66,40 @@ def served():
                 os.environ[key] = value
 
 
+PROXY: dict[str, LoggingProxy] = {}  # the module's proxy, for the flow (pickled by name)
+
+
+@profiled
+def opened(catalog: str, options: dict, store: str | None = None) -> dict:
+    """Search and open in the flow body, read on the workers, in stage "read"."""
+    proxy, seen = PROXY["proxy"], {}
+    client = FlowRunContext.get().task_runner.client  # the runner's: flow body work
+    scenes.configure_workers(client, options)
+    seen["worker_pids"] = sorted(set(client.run(tag_process).values()))
+    seen["flow_pid"] = tag_process()
+    seen["start"] = proxy.mark()
+    with stage("read"):
+        found = scenes.search(catalog, SPEC.dates, s3_options(proxy.endpoint))
+        bands = [scenes.open_band(s.hrefs[name], CHUNK) for s in found
+                 for name in ("red", "nir")]  # headers read here, in the flow process
+        data = client.persist([band.data for band in bands])
+        with client.as_current():
+            wait(data)
+        seen["end"] = proxy.mark()  # before the stage's closing reading
+    with stage("reduce"):
+        seen["total"] = float(client.compute(xr.concat(bands, "file").sum()).result())
+    return seen
+
+
 def open_in_flow_body(served, store: str):
-    """The flow: search and open in the flow body, read on the workers, in stage "read"."""
-    proxy, seen = served["proxy"], {}
-
-    @flow(name=PIPELINE, task_runner=ProfiledDaskTaskRunner(
+    """Run :func:`opened` on the profiled runner; the proxy's requests in its read stage."""
+    proxy = PROXY["proxy"] = served["proxy"]
+    run = flow(name=PIPELINE, task_runner=ProfiledDaskTaskRunner(
         cluster_kwargs=CLUSTER, store=store, pipeline=PIPELINE, stage_reports=False,
-        on_regression="warn"))
-    def opened() -> float:
-        with get_dask_client() as client:
-            scenes.configure_workers(client, served["options"])
-            seen["worker_pids"] = set(client.run(tag_process).values())
-            seen["flow_pid"] = tag_process()
-            seen["start"] = proxy.mark()
-            with stage("read"):
-                found = scenes.search(served["catalog"], SPEC.dates,
-                                      s3_options(proxy.endpoint))
-                bands = [scenes.open_band(s.hrefs[name], CHUNK) for s in found
-                         for name in ("red", "nir")]  # headers read here, in the flow process
-                data = client.persist([band.data for band in bands])
-                wait(data)
-                seen["end"] = proxy.mark()  # before the stage's closing reading
-            with stage("reduce"):
-                return float(client.compute(xr.concat(bands, "file").sum()).result())
-
-    state = opened(return_state=True)
+        on_regression="warn"))(opened)
+    state = run(served["catalog"], served["options"], store=store, return_state=True)
     assert state.is_completed(), state.message
+    seen = state.result()
     requests = proxy.since(seen["start"])[:seen["end"] - seen["start"]]
     return requests, seen
 
@@ -105,7 +113,10 @@ def test_the_stored_requests_of_a_stage_equal_what_the_store_saw(served, tmp_pat
     def gdal(pids: set[str]) -> int:
         return sum(q.pid in pids and q.kind in ("GET", "HEAD", "LIST") for q in requests)
 
-    flow_seen, workers_seen = gdal({seen["flow_pid"]}), gdal(seen["worker_pids"])
+    flow_seen, workers_seen = gdal({seen["flow_pid"]}), gdal(set(seen["worker_pids"]))
+    print(f"read stage: proxy saw {len(requests)} requests (GDAL flow process {flow_seen}, "
+          f"GDAL workers {workers_seen}, s3fs {sum(q.pid is None for q in requests)}); "
+          f"stored {io}")  # the figures docs/raster-io.md quotes (pytest -s)
     assert flow_seen > 0, "rioxarray read the headers in the flow process"
     assert workers_seen > 0
     assert io["flow_process"]["requests"] == flow_seen, (io, flow_seen)
