@@ -11,18 +11,44 @@ boundary and :func:`stage_deltas` turns two readings into the stage's requests p
   wheel). The option must be on before GDAL first reads a file: the plugin sets it in the
   worker's environment at setup and, when GDAL was already in use, resets the statistics once
   so that GDAL reads it again. GDAL is never imported by the plugin: a worker that never loads
-  rasterio reports no GDAL counts (absent, not zero).
+  rasterio reports no GDAL counts (absent, not zero). The plugin attaches to GDAL once per
+  process, when rasterio has finished importing; a GDAL it cannot attach to (older than 3.2,
+  without network statistics, or not found) is remembered with the reason (``gdal_error``
+  in the readings) and not tried again at every task end.
 * **s3fs** (Zarr, pystac through fsspec, ...): calls of ``S3FileSystem._call_s3`` by kind.
 
 The counts are process-wide: with several threads per worker, or two stages running at the
 same time, a stage's delta includes the other's requests (said in the run's warnings by the
-caller). ``chunks`` and ``decoded_bytes`` count the array chunks (results of type
-``ndarray``) that tasks of *reading* key prefixes returned, and their bytes; a prefix becomes
-a reading one in a process the first time one of its tasks ran while the process made GDAL
-requests (with several threads per worker a prefix that ran alongside a read can be taken for
-one); after :data:`CHECKS_PER_PREFIX` tasks without a request it is no longer checked, which
-keeps the per-task cost to a dictionary lookup. Tasks that secede (a Prefect task waiting on
-the graph it submitted) are not chunks.
+caller). Workers that share one process (``processes=False``) share its counters: they are
+counted once per process (:func:`stage_deltas`).
+
+**Chunks** (``chunks``, ``decoded_bytes``: the denominator of ``requests_per_chunk``) are
+counted from the graph, not from thread timing. A task is a *source chunk* when it returned
+an array chunk (a result of type ``ndarray``) and none of its inputs is an array chunk: the
+tasks that bring pixels into the graph (a rioxarray/odc-stac/``from_array`` read, fused with
+whatever elementwise work Dask fused into it), never the tasks that compute on chunks
+(``sum``, ``concatenate``, a ``map_blocks`` of an array). Every source chunk is counted per
+key prefix, always; the stage's chunks are the source chunks of *reading* prefixes: those of
+which one task ran while the process's GDAL counters moved (checked on at most
+:data:`CHECKS_PER_PREFIX` tasks per prefix and process, and only on source tasks, so the
+per-task cost of other tasks is a dictionary lookup). Why not per task's own requests:
+GDAL's network statistics are process-wide (no per-thread or per-task figures) and s3fs
+makes its requests on fsspec's I/O thread, so a task's own requests cannot be told apart
+from its neighbours'; the graph can. Which prefixes read still comes from timing, but only
+among source prefixes, and a prefix's chunks count whatever task revealed it, so a stage
+stores the same chunks on every repeat. What this cannot tell apart: a source prefix that
+does not read (``da.random``, ``da.ones``, ``from_array`` of an in-memory array) running
+beside reads in the same process can be taken for a reading one; create such arrays in
+another stage, or persist them first. A read task whose input is an array chunk (rare: a
+``map_blocks`` whose function reads a window per block) is not a chunk. Tasks that secede
+(a Prefect task waiting on the graph it submitted) are not chunks.
+
+**The flow process** (where ``with stage(...)`` runs: odc-stac and rioxarray open files and
+read headers there while the graph is built) is counted as well: :func:`install` starts the
+same counters in the calling process and :func:`io_counters` reads them beside the workers'
+under :data:`FLOW_PROCESS`, unless a worker runs in this process (``processes=False``),
+whose process-wide counters already hold them. The run store's own s3fs calls are not
+counted (its filesystem is marked :data:`UNCOUNTED_ATTRIBUTE`).
 GDAL's statistics count one GET per *batch* of parallel range requests (its default
 ``GDAL_HTTP_MULTIRANGE=PARALLEL``; bytes are exact) and one per HTTP request otherwise.
 Nothing here raises into the worker: failures are counted and reported.
@@ -47,12 +73,16 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from dask.utils import key_split
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from prefect_dask_profiling.errors import InvalidInput
 from prefect_dask_profiling.timing.cpu import process_cpu, threads_wait
 
 if TYPE_CHECKING:
     from distributed import Client
 
 PLUGIN_NAME = "dask-profiling-storage-requests"
+FLOW_PROCESS = "flow-process"  # io_counters' key of the calling (flow) process's reading
+# an fsspec filesystem with this attribute true is not counted (the run store's own calls)
+UNCOUNTED_ATTRIBUTE = "dask_profiling_uncounted"
 STATS_OPTION = "CPL_VSIL_NETWORK_STATS_ENABLED"
 METHODS = ("GET", "HEAD", "LIST", "PUT", "POST", "DELETE")
 LIST_ACTIONS = ("ReadDir", "OpenDir", "ListBucket")
@@ -90,20 +120,30 @@ class SourceCounts(TypedDict, total=False):
     bytes: int
 
 
-class WorkerCounters(TypedDict):
-    """One reading of one worker process's counters (:func:`io_counters`)."""
+class WorkerCounters(TypedDict, total=False):
+    """One reading of one process's counters (:func:`io_counters`).
+
+    ``sources`` is ``{prefix: [source chunks, their bytes]}`` of every prefix whose tasks
+    returned source chunks, ``readers`` the prefixes known to read; ``chunks`` and
+    ``decoded_bytes`` are the readers' sums (older readings have only those).
+    ``process`` is ``"worker"`` or ``"flow"``; ``gdal_error`` why GDAL is not counted.
+    """
 
     pid: int
     instance: str
     time: float
+    process: str
     gdal: SourceCounts | None
+    gdal_error: str | None
     s3fs: SourceCounts | None
     chunks: int
     decoded_bytes: int
+    sources: dict[str, list[int]]
+    readers: list[str]
     errors: int
     shapes: dict[str, int]
     files: dict[str, int]
-    cpu_s: float
+    cpu_s: float | None
     task_waits: dict[int, float] | None
 
 
@@ -253,30 +293,45 @@ def effective_options(environ: dict[str, str], config: dict[str, str],
 
 
 class StorageRequests(WorkerPlugin):
-    """Counts storage requests in one worker process (bounded; never raises).
+    """Counts storage requests in one process (bounded; never raises).
 
-    State is a handful of integers plus the GDAL statistics text of each task executing
+    State is a handful of integers, the source chunks per key prefix (at most
+    :data:`MAX_READERS` prefixes) and the GDAL statistics text of each source task executing
     right now (at most :data:`MAX_EXECUTING`).
+
+    Parameters
+    ----------
+    gdal_library
+        Path of the ``libgdal`` to read the statistics from; default: the one rasterio
+        loaded in the process. A library without GDAL's network statistics leaves GDAL
+        uncounted, with the reason in the readings.
     """
 
     name = PLUGIN_NAME
 
-    def __init__(self) -> None:
+    def __init__(self, gdal_library: str | None = None) -> None:
         self.worker: Any = None
+        self.gdal_library = gdal_library
         self.instance = f"{os.getpid()}-{id(self):x}-{time.time():.6f}"
         self.gdal: Gdal | None = None
+        self.gdal_error: str | None = None
+        self.attach_attempts = 0
         self.s3fs: dict[str, int] | None = None
         self._s3fs_original: Any = None
-        self.chunks = 0
-        self.decoded_bytes = 0
         self.errors = 0
         self.readers: set[str] = set()
+        self.sources: dict[str, list[int]] = {}  # prefix -> [source chunks, decoded bytes]
         self._checked: dict[str, int] = {}  # prefix -> tasks checked without a request
         self.shapes: dict[str, int] = {}  # "rows x cols" of chunks read -> count
-        self._executing: dict[Any, tuple[str, str | None]] = {}
+        # key -> (prefix, GDAL statistics at its start or None: not checked, source task)
+        self._executing: dict[Any, tuple[str, str | None, bool]] = {}
 
     def setup(self, worker: Any) -> None:
         self.worker = worker
+        self.start_counting()
+
+    def start_counting(self) -> None:
+        """Turn GDAL's statistics on in this process and attach (never raises)."""
         try:
             os.environ.setdefault(STATS_OPTION, "YES")
             # GDAL already in use: it read the option before we set it, so reset once
@@ -293,17 +348,16 @@ class StorageRequests(WorkerPlugin):
     def attach(self, reset: bool = False) -> None:
         """Start counting GDAL and s3fs once the process has loaded them (idempotent).
 
-        GDAL loaded after :meth:`setup` read the option from the environment at its first
-        request, so its statistics are kept (``reset=False``): they are this process's
-        requests since then.
+        GDAL is attached once: after rasterio finished importing, one attempt, whose
+        failure is remembered in :attr:`gdal_error`. GDAL loaded after :meth:`setup` read
+        the option from the environment at its first request, so its statistics are kept
+        (``reset=False``): they are this process's requests since then.
         """
-        if self.gdal is None and "rasterio" in sys.modules:
-            path = loaded_gdal_path()
-            if path is not None:
-                gdal = Gdal(path)
-                if reset:
-                    gdal.enable_stats()
-                self.gdal = gdal
+        if self.gdal is None and self.gdal_error is None and _rasterio_imported():
+            self.attach_attempts += 1
+            self.gdal, self.gdal_error = _attach_gdal(self.gdal_library, reset)
+            if self.gdal_error is not None:
+                self.errors += 1
         if self.s3fs is None and "s3fs" in sys.modules:
             self._patch_s3fs()
 
@@ -316,10 +370,11 @@ class StorageRequests(WorkerPlugin):
         async def counted(fs: Any, method: Any, *args: Any, **kwargs: Any) -> Any:
             out = await original(fs, method, *args, **kwargs)
             try:
-                kind = S3FS_KINDS.get(getattr(method, "__name__", method), "OTHER")
-                counts[kind] = counts.get(kind, 0) + 1
-                if kind == "GET" and isinstance(out, dict):
-                    counts["bytes"] += int(out.get("ContentLength") or 0)
+                if not getattr(fs, UNCOUNTED_ATTRIBUTE, False):
+                    kind = S3FS_KINDS.get(getattr(method, "__name__", method), "OTHER")
+                    counts[kind] = counts.get(kind, 0) + 1
+                    if kind == "GET" and isinstance(out, dict):
+                        counts["bytes"] += int(out.get("ContentLength") or 0)
             except Exception:
                 self.errors += 1
             return out
@@ -335,35 +390,51 @@ class StorageRequests(WorkerPlugin):
 
             S3FileSystem._call_s3 = self._s3fs_original
             self._s3fs_original = None
+            self.s3fs = None
 
     def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
         try:
             if finish == "executing":
                 if len(self._executing) < MAX_EXECUTING:
+                    ts = self.worker.state.tasks.get(key)
+                    source = ts is not None and not any(
+                        _is_array(getattr(dep, "type", None)) for dep in ts.dependencies)
                     prefix = key_split(key)
-                    check = prefix not in self.readers and self._checked.get(
+                    check = source and prefix not in self.readers and self._checked.get(
                         prefix, 0) < CHECKS_PER_PREFIX
                     self._executing[key] = (
                         prefix, (self.gdal.stats_text() if self.gdal else "") if check
-                        else None)
+                        else None, source)
             elif start == "executing":
                 entry = self._executing.pop(key, None)
                 if entry is None or finish == "long-running":
                     return  # a seceded task waits on others: not a chunk of its own
-                prefix, before = entry
+                prefix, before, source = entry
                 self.attach()
+                if not source:
+                    return
+                ts = self.worker.state.tasks.get(key)
+                if not _is_array(getattr(ts, "type", None)):
+                    return
+                self._count_source(prefix, int(getattr(ts, "nbytes", 0) or 0))
                 if self.gdal is None:
                     return
                 if before is not None:
                     self._classify(prefix, self.gdal.stats_text() != before)
                 if prefix in self.readers:
-                    ts = self.worker.state.tasks.get(key)
-                    if "ndarray" in str(getattr(ts, "type", "") or ""):  # an array chunk
-                        self.chunks += 1
-                        self.decoded_bytes += int(getattr(ts, "nbytes", 0) or 0)
-                        self._count_shape(key)
+                    self._count_shape(key)
         except Exception:
             self.errors += 1
+
+    def _count_source(self, prefix: str, nbytes: int) -> None:
+        """One more source chunk of ``prefix`` (bounded by :data:`MAX_READERS` prefixes)."""
+        counted = self.sources.get(prefix)
+        if counted is None:
+            if len(self.sources) >= MAX_READERS:
+                return
+            counted = self.sources[prefix] = [0, 0]
+        counted[0] += 1
+        counted[1] += nbytes
 
     def _classify(self, prefix: str, fetched: bool) -> None:
         """A prefix is a reading one once a task of it fetched; checked at most a few times."""
@@ -384,8 +455,8 @@ class StorageRequests(WorkerPlugin):
         if name in self.shapes or len(self.shapes) < MAX_SHAPES:
             self.shapes[name] = self.shapes.get(name, 0) + 1
 
-    def counters(self) -> WorkerCounters:
-        """A reading of this process's cumulative counters."""
+    def counters(self, cpu: bool = True) -> WorkerCounters:
+        """A reading of this process's cumulative counters (``cpu``: with the process's CPU)."""
         files: dict[str, int] = {}
         try:
             self.attach()
@@ -395,14 +466,18 @@ class StorageRequests(WorkerPlugin):
         except Exception:
             self.errors += 1
             gdal = None
-        cpu, wait = process_cpu()
+        cpu_s, wait = process_cpu() if cpu else (None, None)
+        sources = {p: list(v) for p, v in self.sources.items()}
+        readers = sorted(self.readers)
+        read = [sources[p] for p in readers if p in sources]
         return {"pid": os.getpid(), "instance": self.instance, "time": time.time(),
-                "cpu_s": cpu, "task_waits": None if wait is None else self._task_waits(),
-                "gdal": gdal,
+                "process": "worker" if self.worker is not None else "flow",
+                "cpu_s": cpu_s, "task_waits": None if wait is None else self._task_waits(),
+                "gdal": gdal, "gdal_error": self.gdal_error,
                 "s3fs": dict(self.s3fs) if self.s3fs is not None else None,  # type: ignore
-                "chunks": self.chunks, "decoded_bytes": self.decoded_bytes,
+                "chunks": sum(v[0] for v in read), "decoded_bytes": sum(v[1] for v in read),
+                "sources": sources, "readers": readers,
                 "errors": self.errors, "shapes": dict(self.shapes), "files": files}
-
 
     def _task_waits(self) -> dict[int, float]:
         """Run-queue wait of the threads that run tasks now, by thread id (none yet: {})."""
@@ -414,6 +489,41 @@ class StorageRequests(WorkerPlugin):
         except Exception:
             self.errors += 1
             return {}
+
+
+_ARRAY_TYPES: dict[type, bool] = {}
+
+
+def _is_array(kind: Any) -> bool:
+    """Whether a task result's type is an array chunk (an ``ndarray`` or a subclass)."""
+    if not isinstance(kind, type):
+        return False
+    known = _ARRAY_TYPES.get(kind)
+    if known is None:
+        known = any(base.__name__ == "ndarray" for base in kind.__mro__)
+        if len(_ARRAY_TYPES) < MAX_READERS:
+            _ARRAY_TYPES[kind] = known
+    return known
+
+
+def _rasterio_imported() -> bool:
+    """rasterio has finished importing (its GDAL is loaded) in this process."""
+    module = sys.modules.get("rasterio")
+    return getattr(module, "__gdal_version__", None) is not None
+
+
+def _attach_gdal(library: str | None, reset: bool) -> tuple[Gdal | None, str | None]:
+    """GDAL's statistics on ``library`` (default: the loaded one), or None and why not."""
+    path = library or loaded_gdal_path()
+    if path is None:
+        return None, "libgdal not found in the process"
+    try:
+        gdal = Gdal(path)
+        if reset:
+            gdal.enable_stats()
+    except (OSError, AttributeError) as exc:  # AttributeError: no network statistics
+        return None, f"GDAL's network statistics unavailable in {path}: {exc}"
+    return gdal, None
 
 
 def _read_counters(dask_worker: Any) -> WorkerCounters | None:
@@ -440,11 +550,16 @@ def _raster_environment(dask_worker: Any = None) -> dict[str, Any]:
 # -- the client side --------------------------------------------------------------------------
 
 
-def install(client: Client) -> bool:
-    """Register :class:`StorageRequests` on every worker (and future ones); never raises.
+_flow_counter: StorageRequests | None = None  # this process's counters (the flow's)
 
-    Returns whether it was registered.
+
+def install(client: Client) -> bool:
+    """Register :class:`StorageRequests` on every worker (and future ones) and count this
+    (the flow) process's requests too; never raises.
+
+    Returns whether the workers' plugin was registered.
     """
+    count_this_process()
     try:
         client.register_plugin(StorageRequests(), name=PLUGIN_NAME)
         return True
@@ -452,16 +567,46 @@ def install(client: Client) -> bool:
         return False
 
 
+def count_this_process() -> StorageRequests:
+    """This process's counters, started on first use (GDAL's statistics reset only then)."""
+    global _flow_counter
+    if _flow_counter is None:
+        _flow_counter = StorageRequests()
+        _flow_counter.start_counting()
+    else:
+        _flow_counter.attach()  # s3fs again after an uninstall
+    return _flow_counter
+
+
 def uninstall(client: Client) -> None:
-    """Remove the plugin from the workers (restoring s3fs); never raises."""
+    """Remove the plugin from the workers, restoring s3fs there and here; never raises."""
     with contextlib.suppress(Exception):
         client.unregister_worker_plugin(PLUGIN_NAME)
+    if _flow_counter is not None:
+        with contextlib.suppress(Exception):
+            _flow_counter._unpatch_s3fs()
 
 
 def io_counters(client: Client, timeout: float = 10.0) -> dict[str, WorkerCounters]:
-    """Every worker's cumulative counters: ``{worker address: counters}`` (may raise)."""
-    out = client.run(_read_counters, on_error="return")
-    return {w: c for w, c in out.items() if isinstance(c, dict)}
+    """Every process's cumulative counters: ``{worker address: counters}`` (may raise).
+
+    The flow process's (this one's, after :func:`install`) are under :data:`FLOW_PROCESS`,
+    unless a worker runs in this process: its counters are process-wide and hold them.
+
+    Raises
+    ------
+    TimeoutError
+        When the workers have not all answered within ``timeout`` seconds (a worker whose
+        event loop is blocked must not hold a stage boundary).
+    """
+    if not timeout > 0:
+        raise InvalidInput(f"timeout must be a positive number of seconds, got {timeout!r}")
+    out = client.run(_read_counters, on_error="return", callback_timeout=timeout)
+    readings = {w: c for w, c in out.items() if isinstance(c, dict)}
+    if _flow_counter is not None and all(c.get("pid") != os.getpid()
+                                         for c in readings.values()):
+        readings[FLOW_PROCESS] = _flow_counter.counters(cpu=False)
+    return readings
 
 
 def raster_environment(client: Client | None = None) -> dict[str, Any]:
@@ -521,6 +666,8 @@ def stage_reads(before: dict[str, WorkerCounters], after: dict[str, WorkerCounte
     shapes: dict[str, int] = {}
     files: dict[str, int] = {}
     for worker, end in after.items():
+        if worker == FLOW_PROCESS:
+            continue  # headers read while the graph was built: not the chunks read
         start = before.get(worker) or {}
         if not _same_counters(start, end):
             start = {}
@@ -586,7 +733,8 @@ def check_alignment(client: Client, before: dict[str, WorkerCounters],
     shapes, files = stage_reads(before, after)
     if not shapes or not files:
         return None
-    busiest = max(after, key=lambda w: sum((after[w].get("files") or {}).values()))
+    workers = [w for w in after if w != FLOW_PROCESS]
+    busiest = max(workers, key=lambda w: sum((after[w].get("files") or {}).values()))
     blocks = client.run(_block_shapes, files[:files_to_open], workers=[busiest])
     return chunks_against_blocks(shapes, blocks.get(busiest) or {})
 
@@ -629,31 +777,58 @@ def cpu_delta(start: WorkerCounters, end: WorkerCounters) -> dict[str, float]:
 
 def stage_deltas(stage: str, before: dict[str, WorkerCounters],
                  after: dict[str, WorkerCounters]) -> list[dict[str, Any]]:
-    """The ``io`` rows of one stage: one per worker process seen at its end (pure).
+    """The ``io`` rows of one stage: one per process seen at its end (pure).
 
     A worker absent at the start counts from zero (it joined during the stage); a worker whose
     process changed (restarted), or whose plugin was registered again (another run on a
     shared cluster), is counted from zero too. GDAL columns are present only when
-    GDAL was loaded in that process, s3fs columns only when s3fs was. The CPU columns
-    (:func:`cpu_delta`) only where both readings come from the same process.
+    GDAL was loaded in that process, s3fs columns only when s3fs was; workers sharing one
+    process (``processes=False``) share its counters, which go on the first of them only.
+    The CPU columns (:func:`cpu_delta`) only where both readings come from the same process.
+    ``process`` is ``"flow"`` for :data:`FLOW_PROCESS`'s row, else ``"worker"``.
+
+    ``chunks``/``decoded_bytes`` are the source chunks of the prefixes that any process
+    found reading by the stage's end (one process's reading prefix is every process's): the
+    same chunks whichever task or thread revealed it.
     """
+    readers = {p for end in after.values() for p in (end.get("readers") or ())}
     rows = []
-    for worker, end in sorted(after.items()):
+    seen_pids: set[Any] = set()
+    for worker, end in sorted(after.items(), key=lambda kv: (kv[0] == FLOW_PROCESS, kv[0])):
         start = before.get(worker)
         if start is not None and not _same_counters(start, end):
             start = None
-        row: dict[str, Any] = {"stage": stage, "worker": worker}
+        row: dict[str, Any] = {"stage": stage, "worker": worker,
+                               "process": end.get("process") or (
+                                   "flow" if worker == FLOW_PROCESS else "worker")}
         if start is not None:
             row.update(cpu_delta(start, end))
         start = start or {}
-        row.update({"chunks": end["chunks"] - start.get("chunks", 0),
-                    "decoded_bytes": end["decoded_bytes"] - start.get("decoded_bytes", 0)})
+        row.update(_chunk_delta(start, end, readers))
+        shared = end.get("pid") in seen_pids
+        seen_pids.add(end.get("pid"))
         for source in ("gdal", "s3fs"):
             delta = _source_delta(start.get(source), end.get(source))
-            if delta is None:
+            if delta is None or shared:
                 continue
             for method in METHODS:
                 row[f"{source}_{method.lower()}"] = delta.get(method, 0)
             row[f"{source}_bytes"] = delta.get("bytes", 0)
         rows.append(row)
     return rows
+
+
+def _chunk_delta(start: dict[str, Any], end: dict[str, Any], readers: set[str]
+                 ) -> dict[str, int]:
+    """Chunks and decoded bytes of the reading prefixes between two readings (pure)."""
+    if "sources" not in end:  # an older plugin: its own count of reading tasks
+        return {"chunks": end["chunks"] - start.get("chunks", 0),
+                "decoded_bytes": end["decoded_bytes"] - start.get("decoded_bytes", 0)}
+    chunks = decoded = 0
+    before = start.get("sources") or {}
+    for prefix, (n, nbytes) in (end.get("sources") or {}).items():
+        if prefix in readers:
+            was = before.get(prefix) or (0, 0)
+            chunks += n - was[0]
+            decoded += nbytes - was[1]
+    return {"chunks": chunks, "decoded_bytes": decoded}

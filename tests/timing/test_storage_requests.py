@@ -8,6 +8,7 @@ its worker's pid (``GDAL_HTTP_HEADERS``) so the proxy's log splits per worker pr
 
 from __future__ import annotations
 
+import ctypes.util
 import os
 import time
 
@@ -17,10 +18,12 @@ import pytest
 from distributed import Client, LocalCluster, wait
 from s3_servers import LoggingProxy, boto_client, moto_server, s3_options, tag_process
 
+from prefect_dask_profiling.errors import InvalidInput
 from prefect_dask_profiling.summary.io import (
     io_frame,
     io_text,
     stage_io_metrics,
+    stage_io_summaries,
     stage_io_summary,
 )
 from prefect_dask_profiling.timing import storage_io
@@ -72,7 +75,11 @@ def read_stage(archive, name: str, options: dict, chunk: int):
     ds = ds.persist()
     wait(ds)
     rows = storage_io.stage_deltas(name, before, storage_io.io_counters(client))
-    return rows, proxy.since(mark), ds
+    # the files were opened on a worker: this (the flow) process made no request
+    flow = [r for r in rows if r["process"] == "flow"]
+    assert len(flow) == 1 and not any(v for k, v in flow[0].items()
+                                      if k.startswith(("gdal_", "s3fs_"))), flow
+    return [r for r in rows if r["process"] == "worker"], proxy.since(mark), ds
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -146,7 +153,10 @@ def test_workers_without_gdal_have_no_gdal_columns():
         assert storage_io.install(client)
         before = storage_io.io_counters(client)
         da.ones((100, 100), chunks=50).sum().compute()
-        rows = storage_io.stage_deltas("compute", before, storage_io.io_counters(client))
+        every = storage_io.stage_deltas("compute", before, storage_io.io_counters(client))
+    # this (the flow) process has its own row, with GDAL when this process loaded rasterio
+    assert [r["process"] for r in every] == ["worker", "flow"]
+    rows = [r for r in every if r["process"] == "worker"]
     assert rows and all(not any(k.startswith("gdal_") for k in r) for r in rows)
     metrics = stage_io_metrics(io_frame(rows))
     assert "requests" not in metrics.columns and "requests_per_chunk" not in metrics.columns
@@ -191,7 +201,115 @@ def test_a_stage_gets_its_worker_processes_cpu_and_run_queue_wait():
     assert rows[idle]["task_wait_s"] >= 0
 
 
+class SlowCounters(storage_io.StorageRequests):
+    """The plugin, on a worker whose event loop is held for a while at every reading."""
+
+    def counters(self, cpu: bool = True):
+        time.sleep(20)
+        return super().counters(cpu)
+
+
+def test_io_counters_gives_up_after_its_timeout():
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        client.register_plugin(SlowCounters(), name=storage_io.PLUGIN_NAME)
+        with pytest.raises(TimeoutError):
+            storage_io.io_counters(client, timeout=1.0)
+        with pytest.raises(InvalidInput, match="timeout"):
+            storage_io.io_counters(client, timeout=0)
+
+
+def load_rasterio() -> str:
+    import rasterio
+
+    return rasterio.__gdal_version__
+
+
+def attach_attempts(dask_worker) -> int:
+    return dask_worker.plugins[storage_io.PLUGIN_NAME].attach_attempts
+
+
+def test_a_gdal_without_network_statistics_is_tried_once_per_process():
+    """A real library without ``VSINetworkStatsGetAsSerializedJSON`` (the C library: what
+    the plugin finds in a GDAL older than 3.2) given as the plugin's GDAL: one attempt, its
+    reason kept, no error per task end."""
+    no_stats = ctypes.util.find_library("c")
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        client.run(load_rasterio)
+        client.register_plugin(storage_io.StorageRequests(gdal_library=no_stats),
+                               name=storage_io.PLUGIN_NAME)
+        da.ones((100, 100), chunks=10).map_blocks(lambda b: b + 1).sum().compute()
+        readings = storage_io.io_counters(client)
+        attempts = client.run(attach_attempts)
+    worker = next(w for w in readings if w != storage_io.FLOW_PROCESS)
+    assert readings[worker]["gdal"] is None
+    assert "network statistics unavailable" in readings[worker]["gdal_error"]
+    assert readings[worker]["errors"] == 1, readings[worker]
+    assert attempts == {worker: 1}
+
+
+def test_the_run_stores_own_s3fs_calls_are_not_counted():
+    import s3fs
+
+    from prefect_dask_profiling.store.s3 import make_s3fs
+
+    with moto_server() as endpoint:
+        boto_client(endpoint).create_bucket(Bucket="own")
+        counter = storage_io.StorageRequests()
+        counter.attach()
+        try:
+            store_fs = make_s3fs(s3_options(endpoint), 10.0)
+            store_fs.pipe_file("own/a", b"x")
+            assert store_fs.cat_file("own/a") == b"x"
+            assert counter.counters(cpu=False)["s3fs"].get("GET", 0) == 0
+            user = s3fs.S3FileSystem(skip_instance_cache=True, **s3_options(endpoint))
+            assert user.cat_file("own/a") == b"x"
+            assert counter.counters(cpu=False)["s3fs"]["GET"] == 1
+        finally:
+            counter._unpatch_s3fs()
+
+
 # -- pure parts ----------------------------------------------------------------------------------
+
+
+def reading(pid: int, gdal_get: int, sources: dict, readers: list, process: str = "worker"):
+    return {"pid": pid, "instance": str(pid), "time": 0.0, "process": process,
+            "gdal": {"GET": gdal_get, "bytes": 10 * gdal_get}, "s3fs": None,
+            "chunks": 0, "decoded_bytes": 0, "sources": sources, "readers": readers,
+            "errors": 0}
+
+
+def test_chunks_are_the_source_chunks_of_prefixes_any_process_found_reading():
+    before = {"a": reading(1, 0, {}, []), "b": reading(2, 0, {}, [])}
+    # "a" found getitem reading; "b"'s first checks were cache hits: its chunks count too
+    after = {"a": reading(1, 30, {"getitem": [10, 1000], "random": [4, 400]}, ["getitem"]),
+             "b": reading(2, 20, {"getitem": [6, 600]}, [])}
+    rows = {r["worker"]: r for r in storage_io.stage_deltas("read", before, after)}
+    assert (rows["a"]["chunks"], rows["a"]["decoded_bytes"]) == (10, 1000)
+    assert (rows["b"]["chunks"], rows["b"]["decoded_bytes"]) == (6, 600)
+    assert stage_io_metrics(io_frame(list(rows.values()))).loc[
+        "read", "requests_per_chunk"] == 50 / 16
+
+
+def test_workers_in_one_process_and_the_flow_process_are_counted_once_each():
+    shared = reading(7, 12, {"getitem": [3, 30]}, ["getitem"])
+    after = {"tcp://w1": shared, "tcp://w2": {**shared, "instance": "other",
+                                              "sources": {"getitem": [1, 10]}},
+             storage_io.FLOW_PROCESS: reading(9, 4, {}, [], process="flow")}
+    rows = storage_io.stage_deltas("read", {}, after)
+    assert [r.get("gdal_get") for r in rows] == [12, None, 4], "one process, counted once"
+    assert [r["process"] for r in rows] == ["worker", "worker", "flow"]
+    io = stage_io_summaries(io_frame(rows))["read"]
+    assert io["requests"] == 16 and io["chunks"] == 4 and io["requests_per_chunk"] == 4.0
+    assert io["workers"] == {"requests": 12, "get": 12, "head": 0, "list": 0, "bytes": 120}
+    assert io["flow_process"] == {"requests": 4, "get": 4, "head": 0, "list": 0, "bytes": 40}
+    assert "of which 4 in the flow process" in io_text(io)
+    older = stage_io_summaries(io_frame([{k: v for k, v in r.items() if k != "process"}
+                                         for r in rows[:2]]))["read"]
+    assert "workers" not in older and older["requests"] == 12, "an older table: no split"
+
+
 
 
 def test_cpu_deltas_only_between_readings_of_one_process():
