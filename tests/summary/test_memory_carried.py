@@ -1,0 +1,104 @@
+"""A stage does not inherit the memory of the stage before it (issue 35).
+
+Stage ``hold`` (12 tasks holding 40 MiB each on healthy nights, 250 MiB on the decisive
+night), then stage ``other`` (small tasks), on a real LocalCluster of two worker processes
+(so unmanaged memory is real). The workers' process memory is still high when ``other``
+starts — hold's results not yet released (kept by the flow until after ``other``), or
+released but not yet out of the workers' heartbeats — and the sampler used to give that
+memory to ``other``. Each stage is judged on what it added above its level at its start.
+
+Five healthy nights are finished through ``finish_run`` on a local store; then the decisive
+night is repeated 10 times against the same five-night history (a flagged night is stored
+regressed, so it never joins the baseline): ten repeats of six nights would take minutes.
+Half of the repeats release hold's results before ``other``, half keep them until after it.
+No timing asserts.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster, wait
+
+from prefect_dask_profiling import collect, install, stage, uninstall
+from prefect_dask_profiling.finishing import FinishResult, FinishSettings, finish_run
+from prefect_dask_profiling.store.manifest import RunContext
+from prefect_dask_profiling.store.runs import RunStore, new_run_id
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+MiB = 2**20
+HEALTHY_MIB, HEAVY_MIB = 40, 250
+HISTORY_NIGHTS, REPEATS = 5, 10
+
+
+def hold(i: int, mib: int) -> np.ndarray:
+    """A result of ``mib`` MiB (written, so it is resident), held by Dask until released."""
+    block = np.ones(mib * MiB // 8)
+    time.sleep(0.4)
+    return block
+
+
+def small(i: int) -> int:
+    time.sleep(0.05)
+    return i
+
+
+@pytest.fixture(scope="module")
+def client():
+    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, memory_limit="3GiB",
+                      dashboard_address=None, host="127.0.0.1") as cluster, \
+            Client(cluster, set_as_default=False) as c:
+        yield c
+
+
+def night(client: Client, store: RunStore, mib: int, release_first: bool) -> FinishResult:
+    """One night: ``hold`` then ``other``, finished and judged on ``store``."""
+    name = install(client, sample_interval=0.2)
+    try:
+        with client.as_current():
+            with stage("hold"):
+                held = client.map(hold, range(12), mib=mib, pure=False)
+                wait(held)
+            if release_first:
+                del held
+            with stage("other"):
+                wait(client.map(small, range(40), pure=False))
+            held = None  # released now in any case
+        record = collect(client, name)
+    finally:
+        uninstall(client, name)
+    ctx = RunContext(run_id=new_run_id(), pipeline="carry", version="1")
+    return finish_run(store, record, ctx, [], FinishSettings())
+
+
+def memory_verdicts(result: FinishResult) -> dict[str, str]:
+    """``{stage: verdict}`` of the peak-memory rule for one judged night."""
+    frame = result.judgement.memory
+    rows = frame[frame["metric"] == "peak_bytes"]
+    return dict(zip(rows["stage"], rows["verdict"], strict=True))
+
+
+def test_a_stage_is_judged_on_the_memory_it_added_not_what_it_inherited(client, tmp_path):
+    store = RunStore(str(tmp_path))
+    for i in range(HISTORY_NIGHTS):
+        healthy = night(client, store, HEALTHY_MIB, release_first=bool(i % 2))
+        assert healthy.judged, healthy.status
+    outcomes = []
+    for i in range(REPEATS):
+        result = night(client, store, HEAVY_MIB, release_first=bool(i % 2))
+        verdicts = memory_verdicts(result)
+        stages = {s["name"]: s["memory"] for s in result.manifest["stages"]}
+        print(f"REPEAT {i} release_first={bool(i % 2)} {verdicts} "
+              + " ".join(f"{n}: peak {m['peak_bytes'] / MiB:.0f} start "
+                         f"{m['start_bytes'] / MiB:.0f} added {m['added_bytes'] / MiB:.0f} MiB"
+                         for n, m in stages.items()))
+        outcomes.append(verdicts)
+        # the process peak is kept for near-OOM headroom; the stage is judged on what it added
+        assert stages["other"]["peak_bytes"] >= stages["other"]["added_bytes"]
+        assert stages["hold"]["added_bytes"] >= 6 * (HEAVY_MIB - HEALTHY_MIB) * MiB * 0.5
+    assert [o.get("other") for o in outcomes] == ["ok"] * REPEATS, outcomes
+    assert [o.get("hold") for o in outcomes] == ["memory-regression"] * REPEATS, outcomes
+    assert len(store.list_runs("carry")) == HISTORY_NIGHTS + REPEATS
