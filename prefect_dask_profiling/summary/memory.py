@@ -75,14 +75,14 @@ def stage_memory(record: RunRecord) -> pd.DataFrame:
         spill = record.spill.get(stage, {})
         tasks = record.stage_rows("tasks", stage)
         largest, prefix = _largest_result(tasks)
-        start, added = _start_and_added(m)
+        results = (int(pd.to_numeric(tasks["nbytes"], errors="coerce").fillna(0).sum())
+                   if "nbytes" in tasks.columns else 0)
+        start, added = _start_and_added(m, results)
         rows.append({
             "stage": stage, "workers": int(m["worker"].nunique()),
             "memory_limit": int(limits.min()) if not limits.empty else 0,
             "peak_bytes": int(m["peak_process"].max()) if not m.empty else 0,
-            "start_bytes": start, "added_bytes": added,
-            "result_bytes": int(pd.to_numeric(tasks["nbytes"], errors="coerce").fillna(0).sum())
-            if "nbytes" in tasks.columns else 0,
+            "start_bytes": start, "added_bytes": added, "result_bytes": results,
             "headroom": float(m["headroom"].min()) if m["headroom"].notna().any()
             else float("nan"),
             "peak_spilled_bytes": int(m["peak_spilled"].max()) if not m.empty else 0,
@@ -103,27 +103,34 @@ def stage_memory_info(record: RunRecord) -> dict[str, StageMemory]:
     return out
 
 
-def _start_and_added(m: pd.DataFrame) -> tuple[int, int]:
+def _start_and_added(m: pd.DataFrame, result_bytes: int) -> tuple[int, int]:
     """The stage's start level and what it added, over its (stage, worker) memory rows.
 
-    Per worker, added = the larger of the process memory's rise above its level at the
-    stage's start and the managed bytes' rise above theirs (what the stage's tasks hold,
-    though the process may reuse memory an earlier stage freed without returning it), at
-    least 0; the stage keeps the largest of each over its workers. Rows of runs recorded
-    before the start level existed have ``start_process = 0``: their added bytes are the
-    peak, as before.
+    Per worker: the process memory's rise above its level at the stage's start (the peak of
+    the process readings that reached the scheduler while the stage ran: a heartbeat from
+    before the stage, sampled late, is part of the start level), less the
+    managed bytes that rose meanwhile but are not the stage's own (the managed rise beyond
+    ``result_bytes``, the sizes of the stage's task results: the last results of the stage
+    before, landing between the start sample and this stage's first one); and at least the
+    managed rise that can be the stage's own results (the process may reuse memory an
+    earlier stage freed without returning it to the OS). The stage keeps the largest of
+    each over its workers. Rows of runs recorded before the start level existed
+    (``start_process = 0``) give their process peak, as before.
     """
     if m.empty:
         return 0, 0
 
     def column(name: str) -> pd.Series:
         if name not in m.columns:
-            return pd.Series(0, index=m.index)
+            return pd.Series(0, index=m.index, dtype="int64")
         return pd.to_numeric(m[name], errors="coerce").fillna(0)
 
-    start = column("start_process")
-    added = pd.concat([m["peak_process"] - start,
-                       column("peak_managed") - column("start_managed")], axis=1).max(axis=1)
+    start, peak = column("start_process"), column("own_peak_process")
+    managed_rise = (column("peak_managed") - column("start_managed")).clip(lower=0)
+    own = managed_rise.clip(upper=max(int(result_bytes), 0))
+    added = pd.concat([peak - start - (managed_rise - own), own], axis=1).max(axis=1)
+    # no start level recorded (older runs): the process peak
+    added = added.where(start > 0, column("peak_process"))
     return int(start.max()), int(added.clip(lower=0).max())
 
 

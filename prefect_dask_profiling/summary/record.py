@@ -30,7 +30,7 @@ IO_COLUMNS = ["stage", "worker", "chunks", "decoded_bytes"]
 TRANSFER_COLUMNS = ["source", "destination", "count", "seconds", "bytes"]
 MEMORY_COLUMNS = ["stage", "worker", "samples", "memory_limit", "peak_process", "peak_managed",
                   "peak_unmanaged", "peak_spilled", "start_process", "start_managed",
-                  "headroom"]
+                  "own_peak_process", "headroom"]
 
 
 @dataclass
@@ -52,7 +52,8 @@ class RunRecord:
         One row per (stage, worker) (``MEMORY_COLUMNS``): the worker's peak process,
         managed, unmanaged and spilled bytes over the samples taken while the stage ran,
         its process memory and managed bytes when the stage started (``start_process``,
-        ``start_managed``; 0 in older runs),
+        ``start_managed``), the peak of the process readings that arrived while it ran
+        (``own_peak_process``; all three 0 in older runs),
         its memory limit and ``headroom = (limit - peak process) / limit``.
     spill
         Per stage: ``disk_write_bytes`` and ``disk_read_bytes`` Dask spilled to and read

