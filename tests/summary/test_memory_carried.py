@@ -120,3 +120,30 @@ def test_a_stage_is_judged_on_the_memory_it_added_not_what_it_inherited(client, 
         assert s["memory"]["peak_bytes"] >= s["memory"]["added_bytes"]
         assert s["memory"]["headroom"] is not None
     assert len(store.list_runs("carry")) == HISTORY_NIGHTS + REPEATS
+
+
+def test_the_memory_rule_reads_the_stages_added_bytes_and_old_runs_their_peak():
+    from prefect_dask_profiling.regression.memory import (
+        detect_memory,
+        history_from_manifests,
+        latest_from_manifest,
+    )
+
+    def manifest(run_id: str, peak: int, added: int | None) -> dict:
+        memory = {"workers": 2, "peak_bytes": peak, "spilled_bytes": 0,
+                  "memory_limit": 2**30, "headroom": 1 - peak / 2**30}
+        if added is not None:
+            memory.update(start_bytes=peak - added, added_bytes=added)
+        return {"run_id": run_id, "stages": [{"name": "other", "memory": memory}]}
+
+    history = history_from_manifests([manifest(f"n{i}", 190 * MiB, 20 * MiB)
+                                      for i in range(5)])
+    assert list(history["peak_bytes"]) == [20 * MiB] * 5
+    # tonight's process peak carries 300 MiB of the stage before; it added 30 MiB
+    latest = latest_from_manifest(manifest("tonight", 490 * MiB, 30 * MiB))
+    assert list(latest["peak_bytes"]) == [30 * MiB]
+    assert list(latest["headroom"]) == [1 - 490 * MiB / 2**30]  # near-OOM: the process
+    verdicts = detect_memory(history, latest).set_index("metric")["verdict"]
+    assert verdicts["peak_bytes"] == "ok"
+    old = latest_from_manifest(manifest("old", 490 * MiB, None))  # stored before issue 35
+    assert list(old["peak_bytes"]) == [490 * MiB]
