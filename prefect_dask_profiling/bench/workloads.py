@@ -253,18 +253,60 @@ def _partition_work(rows: int, seed: int) -> float:
 
 
 def holdout_slow_object(n: int, seed: int):
-    """io-bound with one straggler (holdout, written for issue 22 after its rules): 32 reads
-    of ``n`` ms from a slow store and one of ``60 n`` ms (one object behind a slow
-    replica): the wall is set by a task that waits, so the fix is on the wait."""
+    """A straggler that waits (holdout, written for issue 22 after its rules): 32 reads of
+    ``n`` ms from a slow store and one of ``60 n`` ms (one object behind a slow replica):
+    the wall is set by one task while the other threads idle, so splitting or rebalancing
+    it comes first (issue 35), and the wait (io) is named beside it."""
     delays = [n / 1000] * 32 + [60 * n / 1000]
     parts = [dask.delayed(_wait_on_service, pure=True)(1, d, seed * 100 + i)
              for i, d in enumerate(delays)]
     return dask.delayed(sum, pure=True)(parts)
 
 
+# -- holdout written for issue 35 after its rules (floors, the wall-setting straggler) were
+# fixed, their expected class stated before they were first run
+
+
+def holdout_jittered_waits(n: int, seed: int):
+    """io-bound (holdout, issue 35): ``n`` calls to a service that answers in 200-400 ms
+    (seeded jitter): every task waits, none is an outlier, no straggler sets the wall."""
+    rng = np.random.default_rng(seed)
+    delays = rng.uniform(0.2, 0.4, size=n)
+    parts = [dask.delayed(_wait_on_service, pure=True)(1, float(d), seed * 1000 + i)
+             for i, d in enumerate(delays)]
+    return dask.delayed(sum, pure=True)(parts)
+
+
+def holdout_stuck_request(n: int, seed: int):
+    """Straggler (holdout, issue 35): 24 numpy tasks of ``n`` rows each and one request
+    that hangs for 3 s beside them (a stuck connection): the stage's wall is that request."""
+    parts = [dask.delayed(_partition_work, pure=True)(n, seed * 100 + i) for i in range(24)]
+    parts.append(dask.delayed(_wait_on_service, pure=True)(1, 3.0, seed))
+    return dask.delayed(sum, pure=True)(parts)
+
+
+def holdout_tree_of_spins(n: int, seed: int):
+    """Compute-bound (holdout, issue 35): 16 pure-Python tasks of ``n`` steps combined by a
+    pairwise tree whose inner tasks also spin: every task computes, and the few bytes that
+    move between workers (integers) are no transfer bottleneck."""
+    level = [dask.delayed(_spin, pure=True)(n, seed * 100 + i) for i in range(16)]
+    while len(level) > 1:
+        level = [dask.delayed(_spin_pair, pure=True)(a, b, n // 4)
+                 for a, b in zip(level[::2], level[1::2], strict=True)]
+    return level[0]
+
+
+def _spin_pair(a: int, b: int, steps: int) -> int:
+    return _spin(steps, a + b)
+
+
 HOLDOUT = {"holdout_sort": "compute", "holdout_slow_files": "io",
-           "holdout_hot_partition": "straggler", "holdout_slow_object": "io"}
-"""Holdout workloads and the class each should get."""
+           "holdout_hot_partition": "straggler", "holdout_slow_object": "straggler",
+           "holdout_jittered_waits": "io", "holdout_stuck_request": "straggler",
+           "holdout_tree_of_spins": "compute"}
+"""Holdout workloads and the class each should get. ``holdout_slow_object`` (one 60x read
+among fast ones) was io with straggler second under issue 22's rules; issue 35 made the
+straggler lead when one task sets the stage's wall (io is named beside it)."""
 
 
 SLOWDOWN_ATTRIBUTE = "dask_profiling_slowdown"

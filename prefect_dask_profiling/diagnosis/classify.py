@@ -38,9 +38,10 @@ same events are one source, however many numbers they give:
 and names a class when at least :data:`MIN_SOURCES` sources agree (``high``
 confidence) or two do (``medium``); one source alone is a ``low``-confidence guess. A class
 is never named when one of its *necessary* conditions fails (no spill → not spill-bound; no
-CPU evidence → not compute-bound). Where sources disagree the verdict lists the
-disagreement and lowers its confidence instead of guessing. :func:`classify` does no I/O
-and reads no clock: it is tested on generated signal sets.
+CPU evidence → not compute-bound), nor when its required signal is below the class's floor
+(:data:`FLOORS`: transfer share, spilled MB, CPU per busy thread). Where sources disagree
+the verdict lists the disagreement and lowers its confidence instead of guessing.
+:func:`classify` does no I/O and reads no clock: it is tested on generated signal sets.
 
 Thresholds (value, why this number)
 -----------------------------------
@@ -83,6 +84,47 @@ SOURCES = ("fine metrics", "task records", "process CPU", "transfer log", "host 
 """Independent sources of evidence (see the module docstring)."""
 GIL_PROCESS_CORES = 0.8
 """Process CPU (cores) at or above which busy, off-CPU threads point at GIL contention."""
+MIN_TRANSFER_SHARE = 0.1
+"""Floor for ``transfer``: the share of the tasks' time spent receiving payloads
+(``tasks.transfer_share``, else ``fine.network_share``). Below a tenth, removing every
+transfer would save under 10% of the tasks' time: the transfers cannot be what bounds the
+stage, however large each payload is (issue 35: a read stage was called transfer-bound
+with 1% of its time in transfers)."""
+MIN_SPILLED_MB = 1.0
+"""Floor for ``spill``: MB the workers held on disk (``memory.spilled_peak_mb``). Nothing
+on disk, no spill; under 1 MB is bookkeeping."""
+MIN_COMPUTE_CPU = 0.3
+"""Floor for ``compute``: the share of a busy thread's time on (or waiting for) a CPU
+(``monitor.cpu_per_busy_thread``, else ``fine.cpu_fraction``). Tasks on the CPU under 30% of
+their time spend most of it waiting: the CPU cannot bound the stage."""
+STRAGGLER_LEAD_SHARE = 0.5
+"""Share of the stage's wall one skewed task must span for the straggler to lead
+(:func:`straggler_wall_share`): past half the wall, that task sets it, and splitting or
+rebalancing it is the first fix, whatever the task waits on (issue 35)."""
+
+
+@dataclass(frozen=True)
+class Floor:
+    """The least of a class's required signal a stage must show before the class can be
+    chosen at all: the first measured of ``signals`` must reach ``floor``; when none of
+    them is measured the class is ruled out too (no transfer verdict without transfers)."""
+
+    klass: str
+    signals: tuple[str, ...]
+    floor: float
+    why: str
+
+
+FLOORS: dict[str, Floor] = {
+    "transfer": Floor("transfer", ("tasks.transfer_share", "fine.network_share"),
+                      MIN_TRANSFER_SHARE, "transfers under a tenth of the tasks' time "
+                      "cannot bound the stage"),
+    "spill": Floor("spill", ("memory.spilled_peak_mb",), MIN_SPILLED_MB,
+                   "nothing held on disk, no spill"),
+    "compute": Floor("compute", ("monitor.cpu_per_busy_thread", "fine.cpu_fraction"),
+                     MIN_COMPUTE_CPU, "tasks on the CPU under 30% of their time wait"),
+}
+"""Per class, the floor of its required signal (:class:`Floor`)."""
 
 
 @dataclass(frozen=True)
@@ -231,6 +273,8 @@ RULES: tuple[Rule, ...] = (
          "10 MB written is more than logs; spill writes whole chunks"),
 )
 
+_TASK_SKEW = next(r.threshold for r in RULES if r.signal == "tasks.task_skew")
+
 ACTIONS: dict[str, list[str]] = {
     "compute": [
         "optimise the hottest task prefix ({top_prefix}): it is where the CPU goes",
@@ -334,9 +378,12 @@ def classify(signals: dict[str, Any], classes: Any = None) -> dict[str, Any]:
     evidence for the primary class (value, threshold, source), ``confidence`` is ``"high"``,
     ``"medium"`` or ``"low"`` from the number of distinct agreeing sources, ``effects`` the
     :func:`expected_effect` of each class, ``actions`` the next steps ordered by expected
-    impact (primary's first). When two specific classes both qualify, the one whose fix
-    has the larger expected effect leads, and the other is the secondary, said in
-    ``disagreements``.
+    impact (primary's first). When one skewed task spans at least
+    :data:`STRAGGLER_LEAD_SHARE` of the wall (:func:`straggler_wall_share`), the straggler
+    leads, and a class that also fits (io, when that task waits) is the secondary, said in
+    ``disagreements``. Otherwise, when two specific classes both qualify, the one whose fix
+    has the larger expected effect leads, and the other is the secondary. A class below
+    its floor (:data:`FLOORS`) is never chosen.
 
     Raises
     ------
@@ -361,8 +408,13 @@ def classify(signals: dict[str, Any], classes: Any = None) -> dict[str, Any]:
             continue
         candidates.append(k)
 
+    wall_share = straggler_wall_share(signals)
+    wall_led = (wall_share is not None and wall_share >= STRAGGLER_LEAD_SHARE
+                and "straggler" in allowed and not scores["straggler"]["gate"])
+    if wall_led and "straggler" not in candidates:
+        candidates.append("straggler")  # the task records time the one task directly
     effects = {k: expected_effect(k, signals) for k in allowed}
-    primary = _pick_primary(candidates, scores, allowed, effects)
+    primary = "straggler" if wall_led else _pick_primary(candidates, scores, allowed, effects)
     if primary is None:
         open_ = [k for k in allowed if scores[k]["supporting"] and not scores[k]["gate"]]
         if open_:
@@ -376,7 +428,9 @@ def classify(signals: dict[str, Any], classes: Any = None) -> dict[str, Any]:
         for k in _competing(primary, others):
             disagreements.append(
                 f"{k}-bound is also supported by {len(scores[k]['sources'])} sources "
-                f"({', '.join(sorted(scores[k]['sources']))})" + _effect_text(primary, k, effects))
+                f"({', '.join(sorted(scores[k]['sources']))})"
+                + (_wall_text(k, wall_share, effects) if wall_led
+                   else _effect_text(primary, k, effects)))
         for e in evidence:
             if e["class"] == primary and not e["supports"]:
                 disagreements.append(f"{e['signal']} = {_fmt(e['value'])} does not meet "
@@ -384,7 +438,9 @@ def classify(signals: dict[str, Any], classes: Any = None) -> dict[str, Any]:
                                      f"{e['meaning']})")
         disagreements.extend(_contention_notes(primary, signals))
     secondary = _pick_secondary(primary, others, scores, allowed)
-    confidence = _confidence(primary, candidates, scores)
+    confidence = ("high" if wall_led and len(scores[primary]["sources"]) >= MIN_SOURCES
+                  and not _competing(primary, others) else "medium" if wall_led
+                  else _confidence(primary, candidates, scores))
     note = _note(primary, secondary, confidence, scores, disagreements)
     return {
         "primary": primary or "undetermined",
@@ -442,12 +498,46 @@ def _score(klass: str, evidence: list[dict[str, Any]], signals: dict[str, Any]) 
     if alternatives and not any(e["supports"] for e in alternatives):
         gates.append(" and ".join(f"{e['signal']} = {_fmt(e['value'])} not {e['op']} "
                                   f"{_fmt(e['threshold'])}" for e in alternatives))
+    floor = _floor_gate(FLOORS.get(klass), signals)
+    if floor:
+        gates.append(floor)
     gil = _gil_contention(signals)
     if klass == "io" and gil:
         gates.append(gil)
     return {"sources": {e["source"] for e in supporting}, "supporting": len(supporting),
             "evaluated": len(rows), "ratio": len(supporting) / len(rows) if rows else 0.0,
             "gate": "; ".join(gates)}
+
+
+def _floor_gate(floor: Floor | None, signals: dict[str, Any]) -> str:
+    """Why a class is below its floor ('' when it reaches it, or has no floor)."""
+    if floor is None:
+        return ""
+    for name in floor.signals:
+        value = _number(signals.get(name))
+        if value is not None:
+            if value >= floor.floor:
+                return ""
+            return (f"{name} = {_fmt(value)} under the floor {_fmt(floor.floor)} "
+                    f"({floor.why})")
+    return f"none of {', '.join(floor.signals)} was measured ({floor.why})"
+
+
+def straggler_wall_share(signals: dict[str, Any]) -> float | None:
+    """How much of the stage's wall one skewed task explains, or ``None`` without one.
+
+    Measured as the longest task's duration over the stage's wall (``tasks.longest_share``),
+    counted only when that task is an outlier of its prefix (``tasks.task_skew >= 5``, the
+    straggler's own rule): then the other threads ran the rest of the work beside it, and
+    the wall is what that one task took. At :data:`STRAGGLER_LEAD_SHARE` or more the
+    straggler leads whatever the task did (wait or compute), and the class that fits what
+    it did is named beside it.
+    """
+    skew = _number(signals.get("tasks.task_skew"))
+    longest = _number(signals.get("tasks.longest_share"))
+    if skew is None or longest is None or skew < _TASK_SKEW:
+        return None
+    return min(max(longest, 0.0), 1.0)
 
 
 def _gil_contention(signals: dict[str, Any]) -> str:
@@ -563,6 +653,17 @@ def _effect_text(primary: str, other: str, effects: dict[str, float | None]) -> 
         return ""
     return (f"; its fix could remove about {theirs:.0%} of the wall, {primary}'s about "
             f"{mine:.0%}")
+
+
+def _wall_text(other: str, share: float | None, effects: dict[str, float | None]) -> str:
+    """Why the straggler leads a class that also fits (:func:`straggler_wall_share`)."""
+    text = (f"; the straggler leads: one task spans {share or 0:.0%} of the stage's wall "
+            f"(tasks.longest_share >= {STRAGGLER_LEAD_SHARE:g} with tasks.task_skew >= "
+            f"{_TASK_SKEW:g}), so split or rebalance it first")
+    theirs = effects.get(other)
+    if theirs is not None:
+        text += f"; {other}'s fix could remove about {theirs:.0%} of the wall"
+    return text
 
 
 def _pick_secondary(primary: str | None, others: list[str], scores: dict[str, dict[str, Any]],

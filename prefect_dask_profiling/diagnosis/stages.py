@@ -32,9 +32,13 @@ carries the seconds its task spent receiving its inputs (``transfer_s``, from Da
 ``transfer`` start-stops, which name the receiving task). So a stage whose tasks received
 nothing moved nothing: it gets ``transfer.mb_moved = 0`` and ``transfer.mb_per_transfer =
 0`` — no payloads, so transfer's required rule (large payloads) rules it out, whatever
-other stages moved. A stage that did receive gets the run's bytes in proportion to its
-share of the receiving seconds, and the run's mean MB per transfer (the count is not
-kept per stage, so that mean is the run's, not the stage's).
+other stages moved. A stage whose tasks did all of the run's receiving owns the run's
+transfer log. A stage that received part of it has no bytes or payload size of its own in
+the record, and gets none: a stage's diagnosis uses that stage's own figures only (the run's
+mean MB per transfer used to stand in, and made a read stage with 1% of its time in
+transfers transfer-bound, issue 35). Its own ``tasks.transfer_share`` still decides, and
+transfer cannot be chosen below
+:data:`~prefect_dask_profiling.diagnosis.classify.MIN_TRANSFER_SHARE` of it.
 
 Fine metrics, host network counters, calibration and per-worker task times are not in a run
 record: those rules are skipped. On a shared cluster (``scope="run"``) the scheduler's load
@@ -159,10 +163,9 @@ def stage_signals(record, stage: str) -> dict[str, Any]:
     signals.update(_scheduler_load(record, stage, signals["tasks.count"],
                                    signals["tasks.median_s"]))
     signals.update(memory_signals(record, window))
-    transfer = _transfer(record, transfer_s)
+    transfer, moved_estimate = _transfer(record, transfer_s)
     signals.update(transfer)
-    signals.update(storage_signals(_fetched_bytes(record, stage),
-                                   transfer.get("transfer.mb_moved")))
+    signals.update(storage_signals(_fetched_bytes(record, stage), moved_estimate))
     top = tasks.groupby("prefix")["compute_s"].sum().sort_values(ascending=False)
     if not top.empty:
         signals["context.top_prefix"] = str(top.index[0])
@@ -332,24 +335,35 @@ def _fetched_bytes(record, stage: str) -> float | None:
     return float(rows[columns].apply(pd.to_numeric, errors="coerce").fillna(0).to_numpy().sum())
 
 
-def _transfer(record, stage_transfer_s: float) -> dict[str, Any]:
-    """Transfer figures of a stage whose tasks spent ``stage_transfer_s`` receiving inputs.
+ALL_RECEIVING = 0.999
+"""Share of the run's receiving seconds a stage must hold for the run's transfer log to be
+its own (every transfer of the run went to this stage's tasks)."""
+
+
+def _transfer(record, stage_transfer_s: float) -> tuple[dict[str, Any], float | None]:
+    """The stage's own transfer figures, and an estimate of the MB it received.
 
     Attributed by the receiving task's stage (see the module docstring): none received,
-    nothing moved (``0``, which rules transfer out); otherwise the run's bytes by the stage's
-    share of the receiving seconds, and the run's mean MB per transfer. ``{}`` when the run
-    has no transfer log to scale.
+    nothing moved (``0``, which rules transfer out); all of the run's receiving seconds in
+    this stage, the run's transfer log is the stage's own; otherwise the stage's bytes and
+    payload sizes are not known and are left out — never the run's figures, which a stage
+    with a little transfer time would otherwise inherit (issue 35). The second value is the
+    MB the stage received estimated by its share of the run's receiving seconds: only the
+    storage-request share uses it (fetched bytes against bytes from other workers), no
+    transfer rule does. ``({}, None)`` when the run has no transfer log.
     """
     if stage_transfer_s <= 0:
-        return {"transfer.mb_moved": 0.0, "transfer.mb_per_transfer": 0.0}
+        return {"transfer.mb_moved": 0.0, "transfer.mb_per_transfer": 0.0}, 0.0
     t = record.transfers
     if t is None or t.empty:
-        return {}
+        return {}, None
     count = float(t["count"].fillna(0).sum())
     nbytes = float(t["bytes"].fillna(0).sum())
     run_transfer_s = float(record.tasks["transfer_s"].fillna(0).sum())
     if count <= 0 or nbytes <= 0 or run_transfer_s <= 0:
-        return {}
+        return {}, None
     share = min(stage_transfer_s / run_transfer_s, 1.0)
-    return {"transfer.mb_moved": nbytes / 1e6 * share,
-            "transfer.mb_per_transfer": nbytes / 1e6 / count}
+    if share < ALL_RECEIVING:
+        return {}, nbytes / 1e6 * share
+    return ({"transfer.mb_moved": nbytes / 1e6, "transfer.mb_per_transfer": nbytes / 1e6 / count},
+            nbytes / 1e6)

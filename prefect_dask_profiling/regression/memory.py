@@ -221,11 +221,21 @@ def latest_from_manifest(manifest: dict[str, Any]) -> pd.DataFrame:
 
 
 def _manifest_rows(manifest: dict[str, Any]) -> Iterable[dict[str, Any]]:
+    """The memory rows of one stored run.
+
+    ``peak_bytes`` here is the stage's own figure: ``added_bytes``, what its workers'
+    process memory rose above its level at the stage's start, so that memory carried in from
+    the stage before (results not yet released, unmanaged memory not yet returned to the
+    OS) is not judged as this stage's (issue 35). Runs stored before ``added_bytes`` existed
+    give their process peak. ``headroom`` stays the process peak's, for near-OOM.
+    """
     for stage in manifest.get("stages") or []:
         memory = stage.get("memory") if isinstance(stage, dict) else None
         if not isinstance(memory, dict) or not memory.get("workers"):
             continue  # old runs, or a stage no sample covered
-        yield {"stage": stage.get("name"), "peak_bytes": memory.get("peak_bytes", 0),
+        own = memory.get("added_bytes")
+        yield {"stage": stage.get("name"),
+               "peak_bytes": own if own is not None else memory.get("peak_bytes", 0),
                "spilled_bytes": memory.get("spilled_bytes", 0),
                "memory_limit": memory.get("memory_limit", 0),
                "headroom": memory.get("headroom")}

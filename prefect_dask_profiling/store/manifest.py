@@ -111,7 +111,8 @@ class StageInfo:
     # Dask chunks read against the files' internal blocks (timing.storage_io.chunks_against_
     # blocks); None when the stage read no files through GDAL
     chunks_vs_blocks: dict[str, Any] | None = None
-    # peak bytes, headroom, spilled bytes... (summary.memory.StageMemory); absent in old runs
+    # peak / start / added bytes, headroom, spilled bytes... (summary.memory.StageMemory);
+    # absent in old runs, start_bytes / added_bytes absent in runs before issue 35
     memory: dict[str, Any] | None = None
 
 

@@ -3,7 +3,9 @@
 The scheduler plugin folds each worker's memory samples into the stages that were running
 (:class:`~prefect_dask_profiling.summary.record.RunRecord` ``memory``, ``spill``); this module
 reduces them to what a stage is judged and shown by: its peak process memory over the
-workers, its headroom (the tightest worker), the bytes it spilled to disk and read back, and
+workers, the level it started from and what it added above it (what the stage is judged
+on: a stage must not inherit the memory of the stage before it), its headroom (the tightest
+worker), the bytes it spilled to disk and read back, and
 its largest single task result. It also words the worker-death incidents, once, for every
 place that shows them (artifact, ``show``, explanations).
 """
@@ -19,17 +21,25 @@ from prefect_dask_profiling.summary.record import RunRecord
 __all__ = ["MEMORY_SHOW_COLUMNS", "STAGE_MEMORY_COLUMNS", "StageMemory", "describe_incident",
            "format_bytes", "memory_cells", "memory_table", "stage_memory", "stage_memory_info"]
 
-STAGE_MEMORY_COLUMNS = ["stage", "workers", "memory_limit", "peak_bytes", "headroom",
-                        "peak_spilled_bytes", "spilled_bytes", "read_back_bytes",
-                        "largest_result_bytes", "largest_result_prefix"]
+STAGE_MEMORY_COLUMNS = ["stage", "workers", "memory_limit", "peak_bytes", "start_bytes",
+                        "added_bytes", "result_bytes", "headroom", "peak_spilled_bytes",
+                        "spilled_bytes", "read_back_bytes", "largest_result_bytes",
+                        "largest_result_prefix"]
 
 
 class StageMemory(TypedDict):
     """One stage's memory as the manifest keeps it (``StageInfo.memory``).
 
-    ``peak_bytes``: the largest process memory of any worker while the stage ran;
-    ``memory_limit``: the smallest worker memory limit (0 when unknown); ``headroom``:
-    min over workers of ``(limit - peak process) / limit`` (``None`` without a limit);
+    ``peak_bytes``: the largest process memory of any worker while the stage ran (what
+    near-OOM headroom is about); ``start_bytes``: the largest process memory a worker had
+    when the stage started (carried in from before it: earlier stages' results not yet
+    released, unmanaged memory not yet returned to the OS); ``added_bytes``: the most one
+    worker's process memory (or its managed bytes) rose above its level at the stage's
+    start — what the stage itself added, the figure its memory regression is judged on
+    (:func:`~prefect_dask_profiling.regression.memory.history_from_manifests`);
+    ``result_bytes``: the sizes of the stage's task results, summed (what its tasks hand
+    to Dask to hold); ``memory_limit``: the smallest worker memory limit (0 when unknown);
+    ``headroom``: min over workers of ``(limit - peak process) / limit`` (``None`` without a limit);
     ``spilled_bytes`` / ``read_back_bytes``: bytes Dask wrote to / read back from disk
     while the stage ran, all workers; ``peak_spilled_bytes``: the most bytes one worker held
     on disk; ``largest_result_bytes``: the largest task result of the stage (and its prefix).
@@ -38,6 +48,9 @@ class StageMemory(TypedDict):
     workers: int
     memory_limit: int
     peak_bytes: int
+    start_bytes: int
+    added_bytes: int
+    result_bytes: int
     headroom: float | None
     peak_spilled_bytes: int
     spilled_bytes: int
@@ -60,11 +73,16 @@ def stage_memory(record: RunRecord) -> pd.DataFrame:
         m = record.stage_rows("memory", stage)
         limits = m["memory_limit"][m["memory_limit"] > 0]
         spill = record.spill.get(stage, {})
-        largest, prefix = _largest_result(record.stage_rows("tasks", stage))
+        tasks = record.stage_rows("tasks", stage)
+        largest, prefix = _largest_result(tasks)
+        results = (int(pd.to_numeric(tasks["nbytes"], errors="coerce").fillna(0).sum())
+                   if "nbytes" in tasks.columns else 0)
+        start, added = _start_and_added(m, results)
         rows.append({
             "stage": stage, "workers": int(m["worker"].nunique()),
             "memory_limit": int(limits.min()) if not limits.empty else 0,
             "peak_bytes": int(m["peak_process"].max()) if not m.empty else 0,
+            "start_bytes": start, "added_bytes": added, "result_bytes": results,
             "headroom": float(m["headroom"].min()) if m["headroom"].notna().any()
             else float("nan"),
             "peak_spilled_bytes": int(m["peak_spilled"].max()) if not m.empty else 0,
@@ -83,6 +101,37 @@ def stage_memory_info(record: RunRecord) -> dict[str, StageMemory]:
         row["headroom"] = None if headroom != headroom else round(float(headroom), 4)
         out[str(stage)] = StageMemory(**row)  # type: ignore[typeddict-item]
     return out
+
+
+def _start_and_added(m: pd.DataFrame, result_bytes: int) -> tuple[int, int]:
+    """The stage's start level and what it added, over its (stage, worker) memory rows.
+
+    Per worker: the process memory's rise above its level at the stage's start (the peak of
+    the process readings that reached the scheduler while the stage ran: a heartbeat from
+    before the stage, sampled late, is part of the start level), less the
+    managed bytes that rose meanwhile but are not the stage's own (the managed rise beyond
+    ``result_bytes``, the sizes of the stage's task results: the last results of the stage
+    before, landing between the start sample and this stage's first one); and at least the
+    managed rise that can be the stage's own results (the process may reuse memory an
+    earlier stage freed without returning it to the OS). The stage keeps the largest of
+    each over its workers. Rows of runs recorded before the start level existed
+    (``start_process = 0``) give their process peak, as before.
+    """
+    if m.empty:
+        return 0, 0
+
+    def column(name: str) -> pd.Series:
+        if name not in m.columns:
+            return pd.Series(0, index=m.index, dtype="int64")
+        return pd.to_numeric(m[name], errors="coerce").fillna(0)
+
+    start, peak = column("start_process"), column("own_peak_process")
+    managed_rise = (column("peak_managed") - column("start_managed")).clip(lower=0)
+    own = managed_rise.clip(upper=max(int(result_bytes), 0))
+    added = pd.concat([peak - start - (managed_rise - own), own], axis=1).max(axis=1)
+    # no start level recorded (older runs): the process peak
+    added = added.where(start > 0, column("peak_process"))
+    return int(start.max()), int(added.clip(lower=0).max())
 
 
 def _largest_result(tasks: pd.DataFrame) -> tuple[int, str | None]:

@@ -29,7 +29,8 @@ SAMPLE_COLUMNS = ["time", "worker", "managed", "unmanaged", "spilled", "cpu"]
 IO_COLUMNS = ["stage", "worker", "chunks", "decoded_bytes"]
 TRANSFER_COLUMNS = ["source", "destination", "count", "seconds", "bytes"]
 MEMORY_COLUMNS = ["stage", "worker", "samples", "memory_limit", "peak_process", "peak_managed",
-                  "peak_unmanaged", "peak_spilled", "headroom"]
+                  "peak_unmanaged", "peak_spilled", "start_process", "start_managed",
+                  "own_peak_process", "headroom"]
 
 
 @dataclass
@@ -50,6 +51,9 @@ class RunRecord:
     memory
         One row per (stage, worker) (``MEMORY_COLUMNS``): the worker's peak process,
         managed, unmanaged and spilled bytes over the samples taken while the stage ran,
+        its process memory and managed bytes when the stage started (``start_process``,
+        ``start_managed``), the peak of the process readings that arrived while it ran
+        (``own_peak_process``; all three 0 in older runs),
         its memory limit and ``headroom = (limit - peak process) / limit``.
     spill
         Per stage: ``disk_write_bytes`` and ``disk_read_bytes`` Dask spilled to and read

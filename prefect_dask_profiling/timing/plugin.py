@@ -119,14 +119,26 @@ class PrefixStats:
 
 
 class StageMemory:
-    """One worker's memory while one stage ran: peaks over the samples in its window."""
+    """One worker's memory while one stage ran: peaks over the samples in its window, and
+    ``start_process`` / ``start_managed``, the worker's process memory and managed bytes
+    when the stage started (the sample before the stage's first one: what the process
+    carried in from before the stage). Process memory comes with heartbeats: a reading that
+    reached the scheduler before that sample (``since``) is the process as it was before the
+    stage, however late it is sampled, so it raises the start level, not
+    ``own_peak_process`` (the peak of the readings that arrived while the stage ran).
+    ``peak_process`` keeps every reading (headroom is about the process, whenever)."""
 
-    __slots__ = ("samples", "memory_limit", "peak_process", "peak_managed", "peak_unmanaged",
+    __slots__ = ("samples", "memory_limit", "start_process", "start_managed", "since",
+                 "own_peak_process", "peak_process", "peak_managed", "peak_unmanaged",
                  "peak_spilled", "first", "last")
 
-    def __init__(self, memory_limit: int, now: float) -> None:
+    def __init__(self, memory_limit: int, now: float, start: tuple[int, int] = (0, 0),
+                 since: float = 0.0) -> None:
         self.samples = 0
         self.memory_limit = memory_limit
+        self.start_process, self.start_managed = start
+        self.since = since
+        self.own_peak_process = 0
         self.peak_process = 0
         self.peak_managed = 0
         self.peak_unmanaged = 0
@@ -135,9 +147,14 @@ class StageMemory:
         self.last = now
 
     def add(self, now: float, process: int, managed: int, unmanaged: int,
-            spilled: int) -> None:
+            spilled: int, seen: float | None = None) -> None:
         self.samples += 1
         self.last = now
+        if seen is not None and seen <= self.since:
+            if process > self.start_process:  # a reading from before the stage
+                self.start_process = process
+        elif process > self.own_peak_process:
+            self.own_peak_process = process
         if process > self.peak_process:
             self.peak_process = process
         if managed > self.peak_managed:
@@ -149,7 +166,9 @@ class StageMemory:
 
     def to_dict(self) -> dict[str, Any]:
         return {"samples": self.samples, "memory_limit": self.memory_limit,
-                "peak_process": self.peak_process, "peak_managed": self.peak_managed,
+                "start_process": self.start_process, "start_managed": self.start_managed,
+                "own_peak_process": self.own_peak_process, "peak_process": self.peak_process,
+                "peak_managed": self.peak_managed,
                 "peak_unmanaged": self.peak_unmanaged, "peak_spilled": self.peak_spilled,
                 "first": self.first, "last": self.last}
 
@@ -644,7 +663,13 @@ class TaskTimings(SchedulerPlugin):
                         "peak_managed": 0, "sum_managed": 0.0, "peak_unmanaged": 0,
                         "sum_unmanaged": 0.0, "peak_spilled": 0, "peak_cpu": 0.0,
                         "sum_cpu": 0.0, "memory_limit": ws.memory_limit or 0,
-                        "peak_process": 0, "last_process": 0, "last_time": now}
+                        "peak_process": 0, "last_process": 0, "last_managed": 0,
+                        "last_time": now}
+                # the level before this sample: a stage first seen now started from it
+                start = ((agg["last_process"], agg.get("last_managed", 0)) if agg["samples"]
+                         else (max(process - managed, 0), 0))
+                since = agg["last_time"] if agg["samples"] else now
+                seen = getattr(ws, "last_seen", None)  # when the process reading arrived
                 agg["samples"] += 1
                 agg["peak_managed"] = max(agg["peak_managed"], managed)
                 agg["sum_managed"] += managed
@@ -655,11 +680,12 @@ class TaskTimings(SchedulerPlugin):
                 agg["sum_cpu"] += cpu
                 agg["peak_process"] = max(agg.get("peak_process", 0), process)
                 agg["last_process"] = process
+                agg["last_managed"] = managed
                 agg["last_time"] = now
                 self.samples_taken += 1
                 for stage in stages:
                     self._stage_sample(stage, addr, ws, now, process, managed, unmanaged,
-                                       spilled)
+                                       spilled, start, since, seen)
             self._spill_sample(stages)
             self._loop_sample(stages)
             self.last_sample_time = now
@@ -689,7 +715,13 @@ class TaskTimings(SchedulerPlugin):
         return stages
 
     def _stage_sample(self, stage: str, addr: str, ws, now: float, process: int,
-                      managed: int, unmanaged: int, spilled: int) -> None:
+                      managed: int, unmanaged: int, spilled: int,
+                      start: tuple[int, int], since: float, seen: float | None) -> None:
+        """Fold one sample into ``stage``'s memory on ``addr``; ``start`` is the worker's
+        process memory and managed bytes at its previous sample (without one, this sample's
+        unmanaged bytes and nothing managed), kept as the stage's start level when this is
+        the stage's first sample there, with ``since``, the time of that previous sample;
+        ``seen`` is when the worker's process reading reached the scheduler."""
         entry = self.stage_memory.get((stage, addr))
         if entry is None:
             if len(self.stage_memory) >= MAX_STAGE_MEMORY:
@@ -697,8 +729,9 @@ class TaskTimings(SchedulerPlugin):
                     self.warnings.append(f"more than {MAX_STAGE_MEMORY} (stage, worker) pairs:"
                                          " per-stage memory of the others was not kept")
                 return
-            entry = self.stage_memory[(stage, addr)] = StageMemory(ws.memory_limit or 0, now)
-        entry.add(now, process, managed, unmanaged, spilled)
+            entry = self.stage_memory[(stage, addr)] = StageMemory(ws.memory_limit or 0, now,
+                                                                   start, since)
+        entry.add(now, process, managed, unmanaged, spilled, seen)
 
     def _spill_sample(self, stages: set[str]) -> None:
         """Add the bytes spilled to / read back from disk since the last sample to ``stages``.

@@ -61,6 +61,7 @@ class WorkerAggregate(TypedDict, total=False):
     memory_limit: int
     peak_process: int
     last_process: int
+    last_managed: int
     last_time: float
 
 
@@ -71,6 +72,9 @@ class StageMemoryRow(TypedDict):
     worker: str
     samples: int
     memory_limit: int
+    start_process: int
+    start_managed: int
+    own_peak_process: int
     peak_process: int
     peak_managed: int
     peak_unmanaged: int

@@ -3,6 +3,7 @@ the run record (task aggregates, worker CPU samples, memory, transfers)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -179,6 +180,17 @@ def idle_wait(i: int) -> int:
     return i
 
 
+def small_block():
+    import numpy as np
+
+    return np.ones(1000)  # 8 KB
+
+
+def slow_use(block, i: int) -> float:
+    spin(300_000)
+    return float(block.sum()) + i
+
+
 @pytest.fixture(scope="module")
 def moving_record():
     """Stage ``shuffle`` moves 8 MB payloads between two workers; stage ``quiet`` moves nothing
@@ -197,7 +209,12 @@ def moving_record():
                       for a, b in pairs])
             with client.as_current(), stage("quiet"):
                 wait(client.map(idle_wait, range(6), workers=[first], pure=False))
-            del pairs
+            with client.as_current(), stage("light"):
+                # a little transfer time: small inputs made on the other worker
+                small = client.submit(small_block, workers=[second], pure=False)
+                wait([client.submit(slow_use, small, i, workers=[first], pure=False)
+                      for i in range(4)])
+            del pairs, small
             yield collect(client, name)
         finally:
             uninstall(client, name)
@@ -207,7 +224,10 @@ def test_a_stage_that_moved_nothing_gets_no_run_wide_transfer_figures(moving_rec
     from prefect_dask_profiling.diagnosis.stages import stage_signals
 
     assert moving_record.transfers["bytes"].sum() >= 3 * 8e6  # the run did move payloads
-    moved = stage_signals(moving_record, "shuffle")
+    # the stage that did all of the run's receiving owns the run's transfer log
+    alone = dataclasses.replace(moving_record, tasks=moving_record.tasks[
+        moving_record.tasks["stage"] != "light"])
+    moved = stage_signals(alone, "shuffle")
     assert moved["transfer.mb_per_transfer"] >= 0.5
     assert moved["transfer.mb_moved"] >= 8.0
     quiet = stage_signals(moving_record, "quiet")
@@ -215,3 +235,30 @@ def test_a_stage_that_moved_nothing_gets_no_run_wide_transfer_figures(moving_rec
     d = diagnose_stage(moving_record, "quiet")
     assert d.primary != "transfer", d.note
     assert "transfer" not in (d.secondary or "")
+
+
+def test_a_stage_with_a_little_transfer_time_gets_no_run_wide_payload_size(moving_record):
+    """Issue 35: the read stage was transfer (low) on the run's 4.49 MB per transfer with 1%
+    of its time in transfers. A stage that did part of the run's receiving has no payload
+    size of its own in the record: it gets none, and transfer cannot be chosen under the
+    floor of its transfer share."""
+    from prefect_dask_profiling.diagnosis.classify import MIN_TRANSFER_SHARE
+    from prefect_dask_profiling.diagnosis.stages import stage_signals
+
+    light = stage_signals(moving_record, "light")
+    assert light["tasks.transfer_share"] > 0  # it did receive a little
+    assert "transfer.mb_per_transfer" not in light and "transfer.mb_moved" not in light
+    shuffle = stage_signals(moving_record, "shuffle")  # no longer the only receiver
+    assert "transfer.mb_per_transfer" not in shuffle
+    for name in ("light", "quiet"):
+        d = diagnose_stage(moving_record, name)
+        assert d.primary != "transfer", d.note
+    assert light["tasks.transfer_share"] < 1  # and below the floor it is ruled out:
+    gate = classify_light(light)["scores"]["transfer"]["gate"]
+    assert light["tasks.transfer_share"] >= MIN_TRANSFER_SHARE or "under the floor" in gate
+
+
+def classify_light(signals: dict) -> dict:
+    from prefect_dask_profiling.diagnosis.classify import classify
+
+    return classify(signals)
