@@ -11,6 +11,7 @@ for docs/diagnosis.md.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 
 import pytest
@@ -19,8 +20,13 @@ from ndvi_fixtures import BUCKET
 from prefect_dask_profiling.diagnosis.classify import FLOORS, MIN_TRANSFER_SHARE
 from prefect_dask_profiling.store.runs import RunStore
 
+# A measurement, not a gate: five nightly flows take ~10 min on 2 cores, and the read stage
+# sits near two thresholds, so a loaded machine can move one night (docs/diagnosis.md).
+# Run it with DASK_PROFILING_STABILITY=1 (the command is in docs/diagnosis.md).
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server"),
-              pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")]
+              pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning"),
+              pytest.mark.skipif(not os.environ.get("DASK_PROFILING_STABILITY"),
+                                 reason="a ~10 min measurement: DASK_PROFILING_STABILITY=1")]
 
 PIPELINE = "nightly-ndvi"
 NIGHTS = 5
