@@ -10,8 +10,10 @@ retries and unreadable tables and manifests inside the replay window; after ever
 (/work/helper-notes/model.md). The generator and the checks are in ``night_sim.py``.
 
 Budget: ``SIM_NIGHTS`` (default 40 local nights over two seeds: ~2 s a night on the loaded
-2-core machine under a load of 8-9) and ``SIM_S3_NIGHTS`` (default 8 on moto S3); ``SIM_SEEDS`` picks seeds.
-A long run: ``SIM_NIGHTS=3000 SIM_S3_NIGHTS=200 pytest tests/regression/test_history_simulation.py``.
+2-core machine under a load of 8-9) and ``SIM_S3_NIGHTS`` (default 8 on moto S3);
+``SIM_SEEDS`` picks seeds. A long run::
+
+    SIM_NIGHTS=3000 SIM_S3_NIGHTS=200 pytest tests/regression/test_history_simulation.py
 """
 
 from __future__ import annotations
