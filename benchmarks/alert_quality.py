@@ -35,6 +35,10 @@ history and judgement run as in production.
 Run with::
 
     .venv/bin/python -m benchmarks.alert_quality [--trials 160] [--seeds 0 1 2] [--warmup 10]
+
+``--one-shot [--margins 1 3.5]`` runs the earlier form instead (issue 23: each night judged
+against an unfiltered 8-night baseline handed to the rule, night 1 without priors), whose
+functions ``tests/regression/test_confirm.py`` uses to check the pure confirmation rule.
 """
 
 from __future__ import annotations
@@ -358,6 +362,47 @@ def tally(trials: list[Trial], rule: RegressionRule, regime: Regime, seed: int) 
     return counts
 
 
+def margin_sweep(trials: list[Trial], regime: Regime, seed: int,
+                 margins: list[float]) -> list[Counts]:
+    """``confirm="auto"`` with other values of ``confirm.CONCLUSIVE_SIGMAS`` (a sweep: the
+    constant is set for the count and restored)."""
+    from prefect_dask_profiling.regression import confirm
+
+    out, kept = [], confirm.CONCLUSIVE_SIGMAS
+    try:
+        for margin in margins:
+            confirm.CONCLUSIVE_SIGMAS = margin
+            counts = tally(trials, RegressionRule(confirm="auto"), regime, seed)
+            counts.confirm = f"auto, margin {margin:g}"
+            out.append(counts)
+    finally:
+        confirm.CONCLUSIVE_SIGMAS = kept
+    return out
+
+
+def _table_of(rows: list[Counts]) -> pd.DataFrame:
+    return pd.DataFrame([{
+        "regime": c.regime, "confirm": c.confirm, "seed": c.seed,
+        "prefix-nights": c.trials * N_PREFIXES,
+        "false failures": c.false_failures,
+        "steps failing night 1": f"{c.first_night}/{c.trials}",
+        "by night 2": f"{c.by_second_night}/{c.trials}",
+        "suspected (noise)": c.suspected, "cleared": c.cleared} for c in rows])
+
+
+def one_shot(args: argparse.Namespace) -> None:
+    """The one-shot form's table (``--one-shot``), per ``confirm`` mode and margin."""
+    rows = []
+    for seed in args.seeds:
+        for regime in (CALM, ROUGH):
+            trials = generate(regime, args.trials, seed, args.step_jitter)
+            rows.extend(tally(trials, RegressionRule(confirm=mode), regime, seed)
+                        for mode in ("never", "auto", "always"))
+            rows.extend(margin_sweep(trials, regime, seed, args.margins))
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print(_table_of(rows).to_string(index=False))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=160)
@@ -368,8 +413,18 @@ def main() -> None:
                         choices=["calm", "rough"])
     parser.add_argument("--step-jitter", action="store_true",
                         help="apply the night's jitter to the stepped prefix too")
+    parser.add_argument("--one-shot", action="store_true",
+                        help="the earlier one-shot form (issue 23) instead of sequential nights")
+    parser.add_argument("--margins", type=float, nargs="*", default=[],
+                        help="with --one-shot: also count confirm='auto' with these "
+                             "CONCLUSIVE_SIGMAS")
     args = parser.parse_args()
     started = time.perf_counter()
+    if args.one_shot:
+        one_shot(args)
+        print(f"\n{len(args.seeds) * 2 * args.trials} trials in "
+              f"{time.perf_counter() - started:.1f} s")
+        return
     record = base_record()
     regimes = {"calm": CALM, "rough": ROUGH}
     rows = [sequential(regimes[name], args.trials, seed, args.warmup, args.step_jitter, record)
