@@ -1,0 +1,826 @@
+"""Generated nights through the real :func:`~prefect_dask_profiling.finishing.finish_run`.
+
+Shared by the stateful simulation (``test_history_simulation.py``), the focused defect tests
+(``test_history_defects.py``) and ``benchmarks/alert_quality.py``. Three parts:
+
+* **nights** (:class:`NightSpec`, :func:`night_record`): one real record
+  (:func:`run_records.record_stages`, recorded once per session on an in-process
+  LocalCluster) made into a night whose per-stage times, memory peak / spill / headroom and
+  storage requests per chunk are known in advance: the tasks table is scaled per
+  (stage, prefix), the record's ``memory`` table gets one sample row per stage on one worker
+  with a 1 GiB limit, ``spill`` the bytes spilled, and ``io`` the GDAL requests of
+  :data:`CHUNKS` chunks;
+* **the driver** (:class:`Driver`): finishes a night on a real store with explicit simulated
+  times (a night starts on day N at 02:00 UTC and ends at 03:00; run ids from
+  :func:`~prefect_dask_profiling.store.runs.new_run_id` of the start), acknowledges
+  (at a simulated time), accepts, damages and repairs stored files, and reads back what the
+  store says (manifest, ``judge_stored``, ``alert_history.episodes_of``);
+* **the simulation** (:class:`Simulation`): a seeded generator of mixed nights — calm and
+  rough noise, blips, steps, drift, chronic and sudden near-OOM, spill noise, request
+  blow-ups, acks, accepts, version bumps, overlapping runs in both orders, failed and
+  retried flows, unreadable tables — that checks the history model's invariants
+  (/work/helper-notes/model.md, issue 33) after every night and collects violations with
+  the sequence of nights that led to them.
+
+A seeded generator rather than Hypothesis' ``RuleBasedStateMachine``: one night costs
+~0.5 s of real store I/O and judging, so the budget buys a few hundred nights per test run;
+Hypothesis would spend it on shrinking and on short examples, and its database of failing
+examples would replay different nights once the generator changes. Seeds are reported with
+every violation; the night log (:attr:`Simulation.log`) is the failing sequence, and the
+defect tests hold the minimal ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import shutil
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from prefect_dask_profiling.finishing import FinishResult, FinishSettings, finish_run
+from prefect_dask_profiling.regression import alert_history
+from prefect_dask_profiling.regression.history import accept_run
+from prefect_dask_profiling.regression.judge import judge_stored
+from prefect_dask_profiling.store import layout
+from prefect_dask_profiling.store.manifest import RunContext
+from prefect_dask_profiling.store.runs import RunStore, new_run_id
+from prefect_dask_profiling.summary import RunRecord
+
+PIPELINE = "sim"
+STAGES = ("read", "reduce")
+MAIN_PREFIX = "sum"  # the prefix that holds ~85% of a stage's time: the judged one
+MIB, GIB = 2**20, 2**30
+LIMIT = GIB  # every worker's memory limit
+CHUNKS = 50  # chunks read per stage on a night
+EPOCH = datetime(2025, 1, 1, tzinfo=UTC)
+JUDGED = ("healthy", "suspected", "regressed")
+SECONDS = 200.0  # as run_records.SECONDS: the recorded milliseconds made nightly seconds
+
+
+# ---------------------------------------------------------------------- nights
+@dataclass
+class NightSpec:
+    """One generated night: what it is, when it ran, what it measured.
+
+    Attributes
+    ----------
+    day
+        The simulated day (0 = :data:`EPOCH`).
+    kind
+        A label for the log (``calm``, ``step``, ``chronic``...).
+    factors
+        Time factors by stage or by ``(stage, prefix)`` (both multiply).
+    peak
+        Peak process memory per stage, as a fraction of :data:`LIMIT` (default 0.5).
+    spilled
+        Bytes spilled to disk per stage (default 0).
+    requests
+        GDAL requests per chunk per stage (default 2.0).
+    version
+        The pipeline version.
+    failed
+        The flow body raised (``error=`` and ``state="FAILED"``).
+    flow_run_id, attempt
+        The Prefect flow run and attempt (a retried flow: same flow run, a new run id).
+    start, end
+        Start and end as offsets from the day's midnight (default 02:00 and 03:00 UTC).
+    run_id
+        A fixed run id (the same nights on two stores); default from the start time.
+    """
+
+    day: int
+    kind: str = "calm"
+    factors: dict[Any, float] = field(default_factory=dict)
+    peak: dict[str, float] = field(default_factory=dict)
+    spilled: dict[str, int] = field(default_factory=dict)
+    requests: dict[str, float] = field(default_factory=dict)
+    version: str = "1"
+    failed: bool = False
+    flow_run_id: str | None = None
+    attempt: int | None = None
+    start: timedelta = timedelta(hours=2)
+    end: timedelta = timedelta(hours=3)
+    run_id: str | None = None
+
+    @property
+    def started(self) -> datetime:
+        return EPOCH + timedelta(days=self.day) + self.start
+
+    @property
+    def ended(self) -> datetime:
+        return EPOCH + timedelta(days=self.day) + self.end
+
+    def with_run_id(self) -> NightSpec:
+        """The same night with its run id fixed (from its start time)."""
+        return self if self.run_id else dataclasses.replace(self,
+                                                            run_id=new_run_id(self.started))
+
+
+def night_record(base: RunRecord, spec: NightSpec) -> RunRecord:
+    """``base`` made into ``spec``'s night: times, memory, spill and storage requests."""
+    tasks = base.tasks.copy()
+    columns = ["compute_s", "p50_s", "p95_s", "max_s"]
+    tasks[columns] = tasks[columns].astype(float) * SECONDS
+    for key, factor in spec.factors.items():
+        if isinstance(key, tuple):
+            rows = (tasks["stage"] == key[0]) & (tasks["prefix"] == key[1])
+        else:
+            rows = tasks["stage"] == key
+        tasks.loc[rows, columns] = tasks.loc[rows, columns] * factor
+    stages = [s for s in dict.fromkeys(tasks["stage"].astype(str))]
+    memory, io, spill = [], [], {}
+    for stage in stages:
+        peak = int(spec.peak.get(stage, 0.5) * LIMIT)
+        spilled = int(spec.spilled.get(stage, 0))
+        memory.append({"stage": stage, "worker": "tcp://127.0.0.1:40001", "samples": 20,
+                       "memory_limit": LIMIT, "peak_process": peak,
+                       "peak_managed": int(peak * 0.8), "peak_unmanaged": int(peak * 0.2),
+                       "peak_spilled": spilled, "headroom": (LIMIT - peak) / LIMIT})
+        spill[stage] = {"disk_write_bytes": spilled, "disk_read_bytes": spilled}
+        requests = round(spec.requests.get(stage, 2.0) * CHUNKS)
+        io.append({"stage": stage, "worker": "tcp://127.0.0.1:40001", "chunks": CHUNKS,
+                   "decoded_bytes": CHUNKS * 4 * MIB, "gdal_get": requests, "gdal_head": 0,
+                   "gdal_list": 0, "gdal_bytes": requests * 256 * 1024})
+    return dataclasses.replace(base, tasks=tasks, memory=pd.DataFrame(memory),
+                               spill=spill, io=pd.DataFrame(io))
+
+
+# ---------------------------------------------------------------------- one stored night
+@dataclass
+class NightRun:
+    """A finished night: its spec, what :func:`finish_run` returned, what was stored."""
+
+    spec: NightSpec
+    run_id: str
+    result: FinishResult
+    manifest: dict[str, Any]
+
+    @property
+    def status(self) -> str:
+        return self.result.status
+
+    @property
+    def judged(self) -> bool:
+        return self.status in JUDGED
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        return list((self.manifest.get("outcome") or {}).get("events") or [])
+
+    def events_of(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e.get("event", "").endswith("." + kind)]
+
+    @property
+    def baseline_runs(self) -> list[str]:
+        return list((self.manifest.get("baseline") or {}).get("runs") or [])
+
+    @property
+    def failing_episodes(self) -> list[str]:
+        return list((self.manifest.get("outcome") or {}).get("episodes") or [])
+
+    def time_flagged(self) -> set[tuple[str, str]]:
+        """(stage, prefix) the one-night rule flagged or whose drift fails the run."""
+        verdicts = self.result.verdicts
+        rows = verdicts[verdicts["verdict"] == "regression"] if "verdict" in verdicts \
+            else verdicts.iloc[0:0]
+        flagged = {(str(s), str(p)) for s, p in zip(rows["stage"], rows["prefix"],
+                                                    strict=True)}
+        for name in (self.manifest.get("drift") or {}).get("failing") or []:
+            stage, _, prefix = str(name).partition("/")
+            flagged.add((stage, prefix))
+        return flagged
+
+    def memory_flagged(self) -> list[str]:
+        return list((self.manifest.get("memory") or {}).get("flagged") or [])
+
+    def requests_flagged(self) -> list[str]:
+        return list((self.manifest.get("requests") or {}).get("flagged") or [])
+
+    def line(self) -> str:
+        """One log line: day, kind, run id, status, flags, events."""
+        events = ",".join(f"{e['event'].rsplit('.', 1)[-1]}:{_key(e)}" for e in self.events)
+        return (f"day {self.spec.day:3d} {self.spec.kind:<18} {self.run_id} v{self.spec.version}"
+                f" {self.status:<9} time={sorted(self.time_flagged())} "
+                f"mem={self.memory_flagged()} req={self.requests_flagged()} "
+                f"baseline={len(self.baseline_runs)} events=[{events}]")
+
+
+def _key(event: dict[str, Any]) -> str:
+    ep = event.get("episode") or {}
+    return f"{ep.get('stage')}/{ep.get('prefix')}/{ep.get('metric')}"
+
+
+def episode_key(event: dict[str, Any]) -> tuple[str, str, str]:
+    """``(stage, prefix, metric)`` of an event's episode."""
+    ep = event.get("episode") or {}
+    return str(ep.get("stage")), str(ep.get("prefix")), str(ep.get("metric"))
+
+
+class Driver:
+    """Finishes generated nights on one real store, and reads back what it stored.
+
+    Parameters
+    ----------
+    store
+        The run store (local folder or moto S3).
+    base
+        The real record every night is made from.
+    settings
+        How nights are judged (default :class:`FinishSettings`: the default rules).
+    """
+
+    def __init__(self, store: RunStore, base: RunRecord,
+                 settings: FinishSettings | None = None, pipeline: str = PIPELINE) -> None:
+        self.store = store
+        self.base = base
+        self.settings = settings or FinishSettings()
+        self.pipeline = pipeline
+
+    def run(self, spec: NightSpec) -> NightRun:
+        """Finish ``spec``'s night with the real :func:`finish_run`."""
+        spec = spec.with_run_id()
+        ctx = RunContext(run_id=spec.run_id, pipeline=self.pipeline, version=spec.version,
+                         flow_run_id=spec.flow_run_id, started=spec.started)
+        if spec.attempt is not None and "attempt" in {f.name for f in
+                                                      dataclasses.fields(RunContext)}:
+            ctx = dataclasses.replace(ctx, attempt=spec.attempt)
+        error = RuntimeError("the flow body failed") if spec.failed else None
+        result = finish_run(self.store, night_record(self.base, spec), ctx, [], self.settings,
+                            error=error, state="FAILED" if spec.failed else None,
+                            ended=spec.ended)
+        result.wait_views(120)
+        return NightRun(spec, spec.run_id, result, self.manifest(spec.run_id))
+
+    def manifest(self, run_id: str) -> dict[str, Any]:
+        return dict(self.store.read_manifest(self.pipeline, run_id))
+
+    def ack(self, version: str, target: str, at: datetime) -> None:
+        """``dask-profiling ack TARGET``, made at the simulated time ``at``."""
+        params = inspect.signature(alert_history.acknowledge).parameters
+        if "at" in params:
+            alert_history.acknowledge(self.store, self.pipeline, version, target, at=at)
+            return
+        alert_history.acknowledge(self.store, self.pipeline, version, target)
+        path = f"{self.store.root}/{alert_history.ack_marker(self.pipeline, version, target)}"
+        doc = json.loads(self.store.fs.cat_file(path))
+        doc["at"] = at.isoformat()
+        self.store.fs.pipe_file(path, json.dumps(doc).encode())
+
+    def accept(self, run_id: str) -> None:
+        """``dask-profiling accept RUN``."""
+        accept_run(self.store, self.pipeline, run_id)
+
+    def damage(self, run_id: str, name: str) -> Callable[[], None]:
+        """Overwrite a stored file of ``run_id`` (``regression.csv``, ``manifest.json``)
+        with bytes that do not match its checksum; returns what restores it."""
+        path = f"{self.store.root}/{layout.run_file(self.pipeline, run_id, name)}"
+        kept = self.store.fs.cat_file(path)
+        self.store.fs.pipe_file(path, b"\x00garbage: not what was stored\n" + kept[:7])
+
+        def restore() -> None:
+            self.store.fs.pipe_file(path, kept)
+
+        return restore
+
+    def judge_again(self, run_id: str):
+        """``dask-profiling check --run RUN``'s judgement (:func:`judge_stored`)."""
+        return judge_stored(self.store, self.pipeline, run_id)
+
+    def episodes(self, version: str):
+        """``dask-profiling alerts``' replay (:func:`alert_history.episodes_of`)."""
+        return alert_history.episodes_of(self.store, self.pipeline, version)
+
+
+def copy_local_store(store: RunStore, where: Path) -> RunStore:
+    """A second local store holding the same runs (to run one night two ways)."""
+    root = Path(store.root)
+    shutil.copytree(root, where / "store")
+    return RunStore(str(where / "store"), spool_dir=where / "spool")
+
+
+def same_verdict(a: NightRun, b: NightRun) -> list[str]:
+    """What differs between two finishes of the same night (empty when they agree)."""
+    out = []
+    if a.status != b.status:
+        out.append(f"status {a.status} vs {b.status}")
+    if sorted(a.baseline_runs) != sorted(b.baseline_runs):
+        out.append(f"baseline {a.baseline_runs} vs {b.baseline_runs}")
+    ids_a = sorted(e.get("id", "") for e in a.events)
+    ids_b = sorted(e.get("id", "") for e in b.events)
+    if ids_a != ids_b:
+        out.append(f"events {[e['event'] for e in a.events]} vs "
+                   f"{[e['event'] for e in b.events]}")
+    return out
+
+
+# ---------------------------------------------------------------------- the simulation
+@dataclass(frozen=True)
+class Regime:
+    """Night-to-night noise: per prefix-night ``U(1 - jitter, 1 + jitter)``, and one-night
+    ``spike``x spikes on ``spike_share`` of prefix-nights."""
+
+    name: str
+    jitter: float
+    spike_share: float = 0.0
+    spike: float = 1.8
+
+
+CALM = Regime("calm", 0.20)
+ROUGH = Regime("rough", 0.35, 0.05)
+
+
+@dataclass
+class Watch:
+    """A step being watched: it must fail a run by its second plain night."""
+
+    stage: str
+    factor: float
+    first_run: str
+    nights: int = 0
+    failed: bool = False
+    exempt: str = ""
+
+
+@dataclass
+class Simulation:
+    """A seeded mix of nights on one store, with the model's invariants checked after each.
+
+    Parameters
+    ----------
+    driver
+        The store and the record.
+    seed
+        The generator's seed.
+    workdir
+        A folder for store copies (overlap orders, retries); ``None`` skips those checks
+        (S3).
+    """
+
+    driver: Driver
+    seed: int
+    workdir: Path | None = None
+    day: int = 0
+    version: int = 1
+    regime: Regime = CALM
+    level: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 1.0))
+    drift: dict[str, float] = field(default_factory=dict)
+    chronic: set[str] = field(default_factory=set)
+    blowup: dict[str, float] = field(default_factory=dict)
+    watches: list[Watch] = field(default_factory=list)
+    acked: dict[str, tuple[str, str, str]] = field(default_factory=dict)
+    episode_keys: dict[str, tuple[str, str, str]] = field(default_factory=dict)
+    log: list[NightRun] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+    accepted: str | None = None
+    chronic_regressed: int = 0
+    calm_streak: int = 0
+
+    def __post_init__(self) -> None:
+        self.rng = np.random.default_rng(self.seed)
+        self.regime = CALM if self.rng.random() < 0.5 else ROUGH
+
+    # ------------------------------------------------------------ generating nights
+    @property
+    def v(self) -> str:
+        return str(self.version)
+
+    def spec(self, kind: str, **overrides: Any) -> NightSpec:
+        """Tonight's night from the current state (noise, levels, drift, memory...)."""
+        rng, regime = self.rng, self.regime
+        factors: dict[Any, float] = {}
+        for stage in STAGES:
+            for prefix in self.prefixes(stage):
+                noise = rng.uniform(1 - regime.jitter, 1 + regime.jitter)
+                if rng.random() < regime.spike_share:
+                    noise *= regime.spike
+                factors[(stage, prefix)] = noise
+            factors[stage] = self.level[stage] * self.drift.get(stage, 1.0)
+        for watch in self.watches:  # a step is its factor times the level, no jitter
+            factors[(watch.stage, MAIN_PREFIX)] = 1.0
+        peak = {s: (0.93 if s in self.chronic else rng.uniform(0.35, 0.55)) for s in STAGES}
+        spilled = {}
+        if rng.random() < 0.10:  # spill noise on 10% of nights
+            spilled[str(rng.choice(STAGES))] = int(rng.uniform(300, 600) * MIB)
+        requests = {s: 2.0 * rng.uniform(0.9, 1.1) * self.blowup.get(s, 1.0) for s in STAGES}
+        spec = NightSpec(day=self.day, kind=kind, factors=factors, peak=peak,
+                         spilled=spilled, requests=requests, version=self.v)
+        return dataclasses.replace(spec, **overrides).with_run_id()
+
+    def prefixes(self, stage: str) -> list[str]:
+        tasks = self.driver.base.tasks
+        return sorted(set(tasks.loc[tasks["stage"] == stage, "prefix"].astype(str)))
+
+    def run(self, nights: int) -> None:
+        """Generate and judge about ``nights`` nights (a few more when a step is pending)."""
+        target = self.day + nights
+        while self.day < target or self.watches:
+            self.one_day()
+            if self.day > target + 10:
+                break
+
+    def one_day(self) -> None:
+        """Pick what happens today, run it, check the invariants."""
+        rng = self.rng
+        pending = any(w.nights < 2 for w in self.watches)
+        actions = self._actions(pending)
+        names, weights = zip(*actions, strict=True)
+        weights = np.array(weights, float) / sum(weights)
+        action = names[int(rng.choice(len(names), p=weights))]
+        self.counts[action] = self.counts.get(action, 0) + 1
+        getattr(self, f"_do_{action}")()
+        self._advance_drift()
+        self.day += 1
+
+    def _actions(self, pending: bool) -> list[tuple[str, float]]:
+        """What may happen today, with weights; disturbances wait while a step is new."""
+        free = [s for s in STAGES if s not in self.drift
+                and not any(w.stage == s for w in self.watches)]
+        out = [("plain", 10.0)]
+        if pending:
+            return out
+        if self._judged_since_restart() >= 5 and free:
+            out += [("step", 1.2), ("blip", 1.0), ("drift", 0.3), ("blowup", 0.4)]
+        if self.watches or any(self.level[s] != 1.0 for s in STAGES):
+            out += [("revert", 1.5), ("accept", 0.5), ("ack", 0.7)]
+        out += [("chronic", 0.4), ("sudden_oom", 0.3), ("failed", 0.4), ("retry", 0.3),
+                ("overlap", 0.5), ("damage", 0.3), ("version", 0.1), ("regime", 0.1)]
+        if self.blowup:
+            out.append(("unblow", 1.0))
+        return out
+
+    def _judged_since_restart(self) -> int:
+        """Judged nights of this version since the accepted run (the baseline's pool)."""
+        return sum(n.judged and n.spec.version == self.v
+                   and (self.accepted is None or n.run_id >= self.accepted) for n in self.log)
+
+    def _advance_drift(self) -> None:
+        for stage, value in list(self.drift.items()):
+            self.drift[stage] = value * 1.08
+            if self.drift[stage] > 2.6:  # it has drifted far enough: accepted as the new level
+                self.level[stage] *= self.drift.pop(stage)
+                self.notes.append(f"day {self.day}: drift of {stage} ends")
+
+    # ------------------------------------------------------------ actions
+    def _do_plain(self) -> None:
+        self.finish(self.spec("rough" if self.regime is ROUGH else "calm"))
+
+    def _do_regime(self) -> None:
+        self.regime = ROUGH if self.regime is CALM else CALM
+        self._do_plain()
+
+    def _do_step(self) -> None:
+        stage = str(self.rng.choice(self._free()))
+        factor = float(self.rng.uniform(2.6, 10.0))
+        if stage in self.chronic and self.rng.random() < 0.7:
+            factor = 10.0  # a 10x read step beside chronic near-OOM
+        self.level[stage] *= factor
+        night = self.spec(f"step {stage} {factor:.1f}x")
+        exempt = "acknowledged before" if any(k[:2] == (stage, MAIN_PREFIX)
+                                              for k in self.acked.values()) else ""
+        self.watches.append(Watch(stage, factor, night.run_id, exempt=exempt))
+        self.finish(night)
+
+    def _free(self) -> list[str]:
+        return [s for s in STAGES if s not in self.drift
+                and not any(w.stage == s for w in self.watches)]
+
+    def _do_blip(self) -> None:
+        stage = str(self.rng.choice(self._free()))
+        spec = self.spec(f"blip {stage}")
+        spec.factors[(stage, MAIN_PREFIX)] = spec.factors.get((stage, MAIN_PREFIX), 1.0) * \
+            float(self.rng.uniform(2.2, 3.5))
+        self.finish(spec)
+
+    def _do_drift(self) -> None:
+        self.drift[str(self.rng.choice(self._free()))] = 1.0
+        self._do_plain()
+
+    def _do_blowup(self) -> None:
+        stage = str(self.rng.choice(STAGES))
+        self.blowup[stage] = float(self.rng.choice([3.0, 8.0, 25.0]))
+        self.finish(self.spec(f"requests {stage} x{self.blowup[stage]:g}"))
+
+    def _do_unblow(self) -> None:
+        self.blowup.clear()
+        self._do_plain()
+
+    def _do_revert(self) -> None:
+        for stage in STAGES:
+            self.level[stage] = 1.0
+        self.watches.clear()
+        self.finish(self.spec("revert"))
+
+    def _do_accept(self) -> None:
+        last = next((n for n in reversed(self.log) if n.judged and n.spec.version == self.v),
+                    None)
+        if last is None:
+            return self._do_plain()
+        self.driver.accept(last.run_id)
+        self.accepted = last.run_id
+        self.notes.append(f"day {self.day}: accepted {last.run_id} ({last.status})")
+        self.watches.clear()
+        self._do_plain()
+
+    def _do_ack(self) -> None:
+        open_ids = [i for n in self.log[-3:] for e in n.events
+                    if e.get("event", "").endswith(("detected", "suspected"))
+                    for i in [str((e.get("episode") or {}).get("id"))]]
+        last = self.log[-1] if self.log else None
+        if not open_ids or last is None:
+            return self._do_plain()
+        at = last.spec.ended + timedelta(hours=6)
+        if self.rng.random() < 0.5:
+            target = str(self.rng.choice(open_ids))
+            self.driver.ack(self.v, target, at)
+            self.acked[target] = self.episode_keys.get(target, ("", "", ""))
+        else:  # by run id: every episode open at that run
+            target = last.run_id
+            self.driver.ack(self.v, target, at)
+            for ep_id in open_ids:
+                self.acked[ep_id] = self.episode_keys.get(ep_id, ("", "", ""))
+        self.notes.append(f"day {self.day}: ack {target}")
+        for watch in self.watches:
+            watch.exempt = watch.exempt or "acknowledged"
+        self._do_plain()
+
+    def _do_chronic(self) -> None:
+        if self.chronic:
+            self.chronic.clear()
+            self.chronic_regressed = 0
+        else:
+            self.chronic.add(str(self.rng.choice(STAGES)))
+            self.chronic_regressed = 0
+        self._do_plain()
+
+    def _do_sudden_oom(self) -> None:
+        stage = str(self.rng.choice(STAGES))
+        spec = self.spec(f"sudden oom {stage}")
+        spec.peak[stage] = 0.96
+        self.finish(spec)
+
+    def _do_failed(self) -> None:
+        self.finish(self.spec("failed flow", failed=True))
+
+    def _do_retry(self) -> None:
+        """An infrastructure retry: attempt 1 fails at 02:30, attempt 2 runs 02:31-03:30."""
+        flow_run = f"flow-{self.seed}-{self.day}"
+        first = self.spec("retry: attempt 1", failed=True, flow_run_id=flow_run, attempt=1,
+                          end=timedelta(hours=2, minutes=30))
+        second = self.spec("retry: attempt 2", flow_run_id=flow_run, attempt=2,
+                           start=timedelta(hours=2, minutes=31),
+                           end=timedelta(hours=3, minutes=30))
+        alone = self._counterfactual(second)
+        self.finish(first)
+        run = self.finish(second)
+        if alone is not None:
+            self._expect(not (diff := same_verdict(run, alone)),
+                         f"attempt 2 judged otherwise than without the failed attempt 1: {diff}")
+
+    def _do_overlap(self) -> None:
+        """A 02:00-04:00 and B 03:00-03:30: neither judges the other, in either order."""
+        a = self.spec("overlap A", end=timedelta(hours=4))
+        calm = [s for s in self._free() if self.level[s] == 1.0 and not any(
+            k[0] == s for k in self.acked.values())]
+        if self.rng.random() < 0.5 and calm and self._judged_since_restart() >= 5:
+            stage = str(self.rng.choice(calm))
+            a.factors[stage] = a.factors.get(stage, 1.0) * 10.0  # a 10x night in A
+            a.kind = f"overlap A 10x {stage}"
+        b = self.spec("overlap B", start=timedelta(hours=3),
+                      end=timedelta(hours=3, minutes=30))
+        b_first = bool(self.rng.random() < 0.5)
+        other = None
+        if self.workdir is not None:
+            where = self.workdir / f"overlap-{self.seed}-{self.day}"
+            other = Driver(copy_local_store(self.driver.store, where), self.driver.base,
+                           self.driver.settings, self.driver.pipeline)
+        order = (b, a) if b_first else (a, b)
+        runs = {spec.run_id: self.finish(spec, plain=False) for spec in order}
+        if other is not None:
+            again = {spec.run_id: other.run(spec) for spec in reversed(order)}
+            for run_id, run in runs.items():
+                diff = same_verdict(run, again[run_id])
+                self._expect(not diff, f"{run.spec.kind} depends on which overlapping run "
+                                       f"finished first: {diff}")
+            shutil.rmtree(where, ignore_errors=True)
+        ra, rb = runs[a.run_id], runs[b.run_id]
+        self._expect(b.run_id not in ra.baseline_runs and a.run_id not in rb.baseline_runs,
+                     "an overlapping run is in the other's baseline")
+        if "10x" in a.kind:
+            self._expect(ra.status == "regressed",
+                         f"a 10x night overlapping a later run is stored {ra.status}")
+
+    def _do_damage(self) -> None:
+        """Make a judged night inside the replay window unreadable: tonight is unjudged."""
+        window = [n for n in self.log if n.judged and n.spec.version == self.v][-60:]
+        if not window:
+            return self._do_plain()
+        victim = window[int(self.rng.integers(len(window)))]
+        name = "regression.csv" if self.rng.random() < 0.6 else "manifest.json"
+        restore = self.driver.damage(victim.run_id, name)
+        try:
+            run = self.finish(self.spec(f"damaged {name}"), plain=False)
+        finally:
+            restore()
+        self._expect(run.status == "unjudged",
+                     f"{name} of {victim.run_id} (in the replay window) unreadable, yet "
+                     f"tonight is {run.status}")
+
+    def _do_version(self) -> None:
+        self.version += 1
+        self.level = dict.fromkeys(STAGES, 1.0)
+        self.watches.clear()
+        self.drift.clear()
+        self.blowup.clear()
+        self.accepted = None
+        run = self.finish(self.spec("version bump"))
+        old = {n.run_id for n in self.log if n.spec.version != self.v}
+        self._expect(not old & set(run.baseline_runs),
+                     "a new version's baseline holds runs of the old version")
+
+    # ------------------------------------------------------------ judging and checks
+    def _counterfactual(self, spec: NightSpec) -> NightRun | None:
+        if self.workdir is None:
+            return None
+        where = self.workdir / f"alone-{self.seed}-{self.day}"
+        other = Driver(copy_local_store(self.driver.store, where), self.driver.base,
+                       self.driver.settings, self.driver.pipeline)
+        try:
+            return other.run(spec)
+        finally:
+            shutil.rmtree(where, ignore_errors=True)
+
+    def finish(self, spec: NightSpec, plain: bool = True) -> NightRun:
+        """Finish one night and check every invariant that tonight can break."""
+        run = self.driver.run(spec)
+        for event in run.events:
+            ep_id = str((event.get("episode") or {}).get("id"))
+            self.episode_keys.setdefault(ep_id, episode_key(event))
+        self.log.append(run)
+        self._check_agreement(run)
+        self._check_events(run)
+        if plain and run.judged:
+            self._check_baseline(run)
+            self._check_steps(run)
+            self._check_chronic(run)
+        if spec.failed:
+            self._expect(run.status == "failed", f"a failed flow stored {run.status}")
+        return run
+
+    def _expect(self, ok: bool, what: str) -> None:
+        if ok:
+            return
+        night = self.log[-1] if self.log else None
+        where = f"seed {self.seed} day {self.day}" + (f" run {night.run_id}" if night else "")
+        self.violations.append(f"{where}: {what}")
+
+    def _check_agreement(self, run: NightRun) -> None:
+        """Stored manifest, ``check`` (judge_stored) and ``alerts`` (episodes_of) agree with
+        what finish_run returned."""
+        self._expect(run.manifest.get("status") == run.status,
+                     f"stored status {run.manifest.get('status')} != returned {run.status}")
+        if not run.judged:
+            return
+        again = self.driver.judge_again(run.run_id)
+        regressed = again.judgement is not None and again.judgement.regressed
+        self._expect(again.judgement is not None and regressed == run.result.regressed,
+                     f"check --json says regressed={regressed} ({again.error}), the judge "
+                     f"said {run.result.regressed}")
+        if again.judgement is not None:
+            ids = sorted(e.id for e in again.judgement.outcome.events)
+            self._expect(ids == sorted(e.get("id", "") for e in run.events),
+                         "check --json's events differ from the judge's")
+        book, events = self.driver.episodes(run.spec.version)
+        replayed = sorted(e.id for e in events if e.run_id == run.run_id)
+        self._expect(replayed == sorted(e.get("id", "") for e in run.events),
+                     f"alerts replays events {replayed} for tonight, the judge emitted "
+                     f"{[e.get('event') for e in run.events]}")
+        by_id = {e.id: e for e in book.episodes}
+        for ep_id in run.failing_episodes:
+            ep = by_id.get(ep_id)
+            self._expect(ep is not None and ep.open,
+                         f"alerts does not hold the failing episode {ep_id} open")
+
+    def _check_events(self, run: NightRun) -> None:
+        """Acknowledged episodes emit no ``detected`` and fail nothing; every event carries
+        its episode id."""
+        for event in run.events:
+            ep_id = (event.get("episode") or {}).get("id")
+            self._expect(bool(ep_id), f"event {event.get('event')} carries no episode id")
+            if event.get("event", "").endswith(".detected"):
+                self._expect(ep_id not in self.acked,
+                             f"acknowledged episode {ep_id} emitted detected")
+        for ep_id in run.failing_episodes:
+            self._expect(ep_id not in self.acked,
+                         f"acknowledged episode {ep_id} failed the run")
+        if run.spec.failed:
+            self._expect(not run.events, "a failed flow emitted alert events")
+
+    def _previous(self, run: NightRun) -> list[NightRun]:
+        """Earlier nights of tonight's version that ended before it started, newest first."""
+        return sorted((n for n in self.log[:-1] if n.spec.version == run.spec.version
+                       and n.spec.ended <= run.spec.started and n.run_id < run.run_id),
+                      key=lambda n: n.run_id, reverse=True)
+
+    def _check_baseline(self, run: NightRun) -> None:
+        """Which earlier nights tonight's time baseline must and must not hold."""
+        baseline = set(run.baseline_runs)
+        earlier = self._previous(run)
+        statuses = {n.run_id: n for n in self.log}
+        for run_id in baseline:
+            night = statuses.get(run_id)
+            self._expect(night is not None and night.spec.version == run.spec.version,
+                         f"baseline holds {run_id}, not a judged night of this version")
+            if night is None:
+                continue
+            self._expect(night.status != "failed" and night.status != "unjudged",
+                         f"baseline holds {run_id}, stored {night.status}")
+            if self.accepted and night.spec.version == self.v:
+                self._expect(run_id >= self.accepted,
+                             f"baseline holds {run_id}, older than accepted {self.accepted}")
+            acked_flags = {k[:2] for i, k in self.acked.items() if k[2] == "total_s"}
+            self._expect(not (night.time_flagged() & acked_flags) or run_id == self.accepted,
+                         f"baseline holds {run_id}, flagged for an acknowledged episode")
+        judged = [n for n in earlier if n.judged][:2]
+        if not judged:
+            return
+        newest = judged[0]
+        if self._counts_for_time(newest, cleared_by=None):
+            self._expect(newest.run_id in baseline,
+                         f"the previous night {newest.run_id} ({newest.spec.kind}, "
+                         f"{newest.status}, time unflagged) is not in tonight's baseline")
+        if len(judged) == 2 and self._counts_for_time(judged[1], cleared_by=newest):
+            self._expect(judged[1].run_id in baseline,
+                         f"night {judged[1].run_id} ({judged[1].spec.kind}), whose suspicion "
+                         f"{newest.run_id} cleared, is not back in tonight's baseline")
+
+    def _counts_for_time(self, night: NightRun, cleared_by: NightRun | None) -> bool:
+        """Whether the model says ``night`` counts in later time baselines."""
+        if not night.judged or (self.accepted and night.run_id < self.accepted):
+            return False
+        flagged = night.time_flagged()
+        if not flagged:
+            return True
+        if cleared_by is None:
+            return False
+        suspected = {episode_key(e)[:2] for e in night.events_of("suspected")}
+        cleared = {episode_key(e)[:2] for e in cleared_by.events_of("cleared")}
+        return flagged <= suspected and flagged <= cleared and not night.failing_episodes
+
+    def _check_steps(self, run: NightRun) -> None:
+        """A step >= the threshold fails a run by its second plain night."""
+        for watch in list(self.watches):
+            watch.nights += 1
+            key = f"{watch.stage}/{MAIN_PREFIX}"
+            mine = {i for i, k in self.episode_keys.items() if k[:2] == (watch.stage,
+                                                                          MAIN_PREFIX)}
+            if run.status == "regressed" and (set(run.failing_episodes) & mine
+                                              or key in run.result.failure_message):
+                watch.failed = True
+            if watch.nights >= 2:
+                self.watches.remove(watch)
+                if not watch.failed and not watch.exempt:
+                    self._expect(False, f"a {watch.factor:.1f}x step of {watch.stage} (from "
+                                        f"{watch.first_run}) failed no run by its second "
+                                        f"night")
+
+    def _check_chronic(self, run: NightRun) -> None:
+        """A chronic near-OOM stage fails once per episode, not every night."""
+        if not self.chronic:
+            return
+        if run.status == "regressed" and not run.time_flagged() and not \
+                run.requests_flagged() and all("near-oom" in f or "headroom" in f
+                                               for f in run.memory_flagged()):
+            self.chronic_regressed += 1
+            self._expect(self.chronic_regressed <= 1,
+                         f"chronic near-OOM of {sorted(self.chronic)} failed "
+                         f"{self.chronic_regressed} nights of one episode")
+
+    def report(self, limit: int = 12) -> str:
+        """The violations, the night log tail and the action counts, for an assertion."""
+        lines = [f"{len(self.violations)} violation(s), seed {self.seed}, "
+                 f"{len(self.log)} nights, actions {self.counts}"]
+        lines += self.violations[:limit]
+        lines += ["night log (last 30):", *[n.line() for n in self.log[-30:]]]
+        lines += ["notes:", *self.notes[-10:]]
+        return "\n".join(lines)
+
+
+def violation_kinds(violations: Iterable[str]) -> dict[str, int]:
+    """Violations counted by what they say (the text after the location)."""
+    out: dict[str, int] = {}
+    for line in violations:
+        what = line.split(": ", 1)[-1]
+        what = " ".join(w for w in what.split() if not any(c.isdigit() for c in w))[:90]
+        out[what] = out.get(what, 0) + 1
+    return out
+

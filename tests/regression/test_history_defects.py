@@ -1,0 +1,155 @@
+"""One focused test per defect of issue 33 that the history model fixes (1, 2, 3, 5, 6, 7).
+
+Each drives the real ``finish_run`` on a real local store with the smallest sequence of
+generated nights that shows the defect (``night_sim.py``: a real record made into nights
+with known times, memory and storage requests; a night runs 02:00-03:00 UTC on its day).
+Defects 4, 8, 9 and 10 have their tests elsewhere.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import numpy as np
+import pytest
+from night_sim import MIB, Driver, NightRun, NightSpec, copy_local_store, same_verdict
+from run_records import record_stages
+
+from prefect_dask_profiling.finishing import FinishSettings
+from prefect_dask_profiling.prefect.events import REGRESSION_EVENT, findings
+from prefect_dask_profiling.store.runs import RunStore
+
+
+@pytest.fixture(scope="module")
+def record(inproc_client):
+    return record_stages(inproc_client, {"read": 300, "reduce": 300})
+
+
+def driver(record, tmp_path, **rule) -> Driver:
+    store = RunStore(str(tmp_path / "store"), spool_dir=tmp_path / "spool")
+    return Driver(store, record, FinishSettings(check_options=rule))
+
+
+def quiet(day: int, seed: int = 0, **kwargs) -> NightSpec:
+    """A healthy night: every prefix within +-5% of its level."""
+    rng = np.random.default_rng(1000 + day + seed)
+    factors = {("read", p): rng.uniform(0.95, 1.05) for p in ("sum", "sum-partial")}
+    factors.update({("reduce", p): rng.uniform(0.95, 1.05) for p in ("sum", "sum-partial")})
+    kind = kwargs.pop("kind", "quiet")
+    extra = kwargs.pop("factors", {})
+    return NightSpec(day=day, kind=kind, factors={**factors, **extra}, **kwargs)
+
+
+def history(drive: Driver, days: range, **kwargs) -> list[NightRun]:
+    return [drive.run(quiet(d, **kwargs)) for d in days]
+
+
+def lines(runs: list[NightRun]) -> str:
+    return "\n".join(r.line() for r in runs)
+
+
+# ---------------------------------------------------------------------- defect 1
+def test_chronic_near_oom_fails_once_and_keeps_time_judgeable(record, tmp_path):
+    """Ten nights at 0.93 of a 1 GiB limit, then a 10x slower read: the chronic condition
+    fails one night of its episode, the nights stay in the time baseline, and the read
+    step fails by its second night (not ``insufficient-history``)."""
+    drive = driver(record, tmp_path)
+    chronic = [drive.run(quiet(d, peak={"read": 0.93}, kind="chronic")) for d in range(10)]
+    slow = [drive.run(quiet(d, peak={"read": 0.93}, factors={"read": 10.0}, kind="10x read"))
+            for d in (10, 11)]
+    runs = chronic + slow
+    assert sum(r.status == "regressed" for r in chronic) <= 1, lines(runs)
+    assert len(slow[0].baseline_runs) >= 3, lines(runs)  # the time baseline is not emptied
+    assert any(r.status == "regressed" and "read/sum" in r.result.failure_message
+               for r in slow), lines(runs)
+
+
+def test_spill_noise_fails_no_night(record, tmp_path):
+    """300-600 MiB spilled on one night in ten is noise: it waits a night and clears."""
+    drive = driver(record, tmp_path)
+    spill = {8: 450, 15: 320, 21: 600}
+    runs = [drive.run(quiet(d, spilled={"reduce": spill[d] * MIB} if d in spill else {},
+                            kind="spill" if d in spill else "quiet")) for d in range(24)]
+    assert not [r for r in runs if r.status == "regressed"], lines(runs)
+
+
+# ---------------------------------------------------------------------- defect 2
+def test_a_10x_night_overlapping_a_later_run_fails_in_either_order(record, tmp_path):
+    """A (02:00-04:00, 10x read) and B (03:00-03:30): A fails whichever finished first."""
+    drive = driver(record, tmp_path)
+    history(drive, range(6))
+    a = quiet(6, factors={"read": 10.0}, kind="A 10x", end=timedelta(hours=4)).with_run_id()
+    b = quiet(6, seed=1, kind="B", start=timedelta(hours=3),
+              end=timedelta(hours=3, minutes=30)).with_run_id()
+    other = Driver(copy_local_store(drive.store, tmp_path / "copy"), record,
+                   drive.settings)
+    b_first = {"B": drive.run(b), "A": drive.run(a)}
+    a_first = {"A": other.run(a), "B": other.run(b)}
+    assert b_first["A"].status == "regressed", lines(list(b_first.values()))
+    assert not same_verdict(b_first["A"], a_first["A"])
+    assert not same_verdict(b_first["B"], a_first["B"])
+    assert b.run_id not in b_first["A"].baseline_runs
+
+
+# ---------------------------------------------------------------------- defect 3
+def test_a_cleared_suspected_night_returns_to_the_baseline(record, tmp_path):
+    drive = driver(record, tmp_path, confirm="always")
+    runs = history(drive, range(8))
+    blip = drive.run(quiet(8, factors={("read", "sum"): 3.0}, kind="blip"))
+    after = drive.run(quiet(9))
+    third = drive.run(quiet(10))
+    runs += [blip, after, third]
+    assert blip.status == "suspected", lines(runs)
+    assert after.events_of("cleared"), lines(runs)
+    assert blip.run_id in third.baseline_runs, lines(runs)
+
+
+# ---------------------------------------------------------------------- defect 5
+def test_an_acknowledged_episode_emits_no_detected_and_stays_out_of_baselines(record,
+                                                                             tmp_path):
+    drive = driver(record, tmp_path)
+    runs = history(drive, range(6))
+    step = drive.run(quiet(6, factors={"read": 10.0}, kind="10x read"))
+    [detected] = step.events_of("detected")
+    episode = detected["episode"]["id"]
+    drive.ack("1", episode, step.spec.ended + timedelta(hours=6))
+    acked = [drive.run(quiet(d, factors={"read": 10.0}, kind="10x read, acked"))
+             for d in (7, 8)]
+    back = drive.run(quiet(9, kind="revert"))
+    runs += [step, *acked, back]
+    for run in acked:
+        assert not run.events_of("detected"), lines(runs)
+        assert run.status != "regressed" and episode not in run.failing_episodes, lines(runs)
+        assert REGRESSION_EVENT not in findings(run.result), lines(runs)
+        assert run.run_id not in back.baseline_runs, lines(runs)
+    for run in runs:
+        assert all((e.get("episode") or {}).get("id") for e in run.events)
+
+
+# ---------------------------------------------------------------------- defect 6
+def test_alerts_replays_with_the_runs_own_rule(record, tmp_path):
+    """``resolve_after=5``: three nights back to normal leave the episode open for the
+    judge; ``alerts`` (``episodes_of``) must say the same."""
+    drive = driver(record, tmp_path, resolve_after=5)
+    runs = history(drive, range(6))
+    runs += [drive.run(quiet(d, factors={"read": 10.0}, kind="10x")) for d in (6, 7)]
+    [detected] = [e for r in runs for e in r.events_of("detected")]
+    runs += history(drive, range(8, 11))
+    assert not any(r.events_of("resolved") for r in runs), lines(runs)  # the judge: open
+    book, _ = drive.episodes("1")
+    [episode] = [e for e in book.episodes if e.id == detected["episode"]["id"]]
+    assert episode.open, (episode, lines(runs))
+
+
+# ---------------------------------------------------------------------- defect 7
+def test_an_unreadable_verdict_table_leaves_the_next_night_unjudged(record, tmp_path):
+    """A suspected night whose ``regression.csv`` cannot be read: the next night is not
+    judged against a history without that suspicion (it would pass as a new one)."""
+    drive = driver(record, tmp_path, confirm="always")
+    runs = history(drive, range(6))
+    first = drive.run(quiet(6, factors={"read": 3.0}, kind="3x read"))
+    drive.damage(first.run_id, "regression.csv")
+    second = drive.run(quiet(7, factors={"read": 3.0}, kind="3x read, again"))
+    runs += [first, second]
+    assert first.status == "suspected", lines(runs)
+    assert second.status == "unjudged", lines(runs)
