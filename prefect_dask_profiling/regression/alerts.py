@@ -45,6 +45,10 @@ any open        the night is ``accept``-ed               (restart)       --
    absolute: a chronic near-OOM fails **once per episode** and is reported every night.
 .. [2] On the next flagged night, with an event id of its own (a new round).
 
+A prefix's drift while its time episode is open is that episode's condition, not a new one:
+it opens no drift episode (a step acknowledged on its first nights would otherwise page
+again as "drift" a night later).
+
 **Standing.** A stored night counts in the baseline of family ``F`` when it was judged
 (``healthy``, ``suspected`` or ``regressed``), is not older than the newest accepted run
 (``accept`` restarts every baseline; the accepted night counts even though it regressed),
@@ -478,9 +482,12 @@ def advance(book: Book, night: Night, acks: Iterable[Ack] = ()
         episodes.append(_spend(ep))
         if event is not None:
             events.append(event)
+    timed = {(ep.stage, ep.prefix) for ep in book.open() if ep.metric == METRIC}
     for key, signal in night.signals.items():
         if key in seen or not signal.flagged:
             continue
+        if key[2] == "drift" and key[:2] in timed:
+            continue  # the same condition as the prefix's open time episode, not a new one
         ep = _acknowledge(_open(night, key, signal), live)
         if signal.alert == "regression" and not ep.acknowledged:
             ep = replace(ep, detected_run=night.run_id, rounds=1)

@@ -302,7 +302,10 @@ class Driver:
 def copy_local_store(store: RunStore, where: Path) -> RunStore:
     """A second local store holding the same runs (to run one night two ways)."""
     root = Path(store.root)
-    shutil.copytree(root, where / "store")
+    if root.exists():
+        shutil.copytree(root, where / "store")
+    else:  # nothing stored yet: an empty store
+        (where / "store").mkdir(parents=True)
     return RunStore(str(where / "store"), spool_dir=where / "spool")
 
 
