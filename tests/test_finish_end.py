@@ -34,6 +34,7 @@ def record(inproc_client):
 def night(store: RunStore, record, n: int, **kwargs):
     when = START + timedelta(days=n)
     ctx = RunContext(run_id=new_run_id(when), pipeline=PIPELINE, version="1", started=when)
+    kwargs.setdefault("ended", when + timedelta(hours=1))  # nights that do not overlap
     return finish_run(store, record, ctx, [], LOOSE, **kwargs)
 
 
@@ -76,7 +77,8 @@ def test_the_attempt_is_in_the_manifest_and_the_index(record, tmp_path):
     store = RunStore(str(tmp_path / "store"), spool_dir=tmp_path / "spool")
     ctx = RunContext(run_id=new_run_id(START), pipeline=PIPELINE, version="1", started=START,
                      flow_run_id="0" * 32, attempt=2)
-    result = finish_run(store, scaled(record), ctx, [], LOOSE)
+    result = finish_run(store, scaled(record), ctx, [], LOOSE,
+                        ended=START + timedelta(hours=1))
     assert store.read_manifest(PIPELINE, result.run_id)["attempt"] == 2
     [marker] = (tmp_path / "store" / "index" / PIPELINE).rglob(f"{result.run_id}.*")
     listed = json.loads(marker.read_text())  # a listing shows it without the manifest

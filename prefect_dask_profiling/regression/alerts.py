@@ -487,7 +487,11 @@ def advance(book: Book, night: Night, acks: Iterable[Ack] = ()
         if key in seen or not signal.flagged:
             continue
         if key[2] == "drift" and key[:2] in timed:
-            continue  # the same condition as the prefix's open time episode, not a new one
+            # the same condition as the prefix's open time episode, not a new one: the
+            # night is that episode's (kept out of the time baseline with it)
+            episodes = [_flag_night(e, night.run_id) if e.open and e.key == (*key[:2], METRIC)
+                        else e for e in episodes]
+            continue
         ep = _acknowledge(_open(night, key, signal), live)
         if signal.alert == "regression" and not ep.acknowledged:
             ep = replace(ep, detected_run=night.run_id, rounds=1)
@@ -597,6 +601,12 @@ def _step(ep: Episode, signal: Signal | None, night: Night
         ep = replace(ep, state="resolved", calm_runs=calm, ended_run=run_id)
         return ep, AlertEvent("resolved", ep, run_id)
     return replace(ep, calm_runs=calm), None
+
+
+def _flag_night(ep: Episode, run_id: str) -> Episode:
+    """``ep`` with ``run_id`` among the nights it flagged."""
+    return ep if run_id in ep.flagged_runs else replace(ep, flagged_runs=(*ep.flagged_runs,
+                                                                         run_id))
 
 
 def _detect(ep: Episode, run_id: str) -> tuple[Episode, AlertEvent]:

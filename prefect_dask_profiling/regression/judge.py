@@ -573,8 +573,10 @@ def _outcome(tonight: Tonight, one_night: pd.DataFrame, drift: pd.DataFrame,
     """Does the run fail: what the state machine says tonight's signals do, if the run is
     comparable; what happened to the episodes tonight."""
     counted = run_outcome(one_night, failed=tonight.failed, incomplete=tonight.incomplete)
-    if counted.reason:  # flagged prefixes of a failed or incomplete run do not count
-        return Outcome(regressed=False, reason=counted.reason, message=_message(
+    if tonight.failed or tonight.incomplete:  # its times are partial: nothing it says counts
+        why = "failed" if tonight.failed else "incomplete"
+        return Outcome(regressed=False, reason=counted.reason or (
+            f"the run is {why}: its verdicts do not count"), message=_message(
             regressed(one_night), drift_rule.drifted(drift, failing_only=True),
             memory[memory["verdict"].isin(MEMORY_FAILS)],
             requests[requests["verdict"] == "request-regression"]))

