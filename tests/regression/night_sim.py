@@ -302,10 +302,8 @@ class Driver:
 def copy_local_store(store: RunStore, where: Path) -> RunStore:
     """A second local store holding the same runs (to run one night two ways)."""
     root = Path(store.root)
-    if root.exists():
+    if root.is_dir():  # a store nothing was written to yet has no folder
         shutil.copytree(root, where / "store")
-    else:  # nothing stored yet: an empty store
-        (where / "store").mkdir(parents=True)
     return RunStore(str(where / "store"), spool_dir=where / "spool")
 
 
@@ -762,9 +760,11 @@ class Simulation:
                          f"the previous night {newest.run_id} ({newest.spec.kind}, "
                          f"{newest.status}, time unflagged) is not in tonight's baseline")
         if len(judged) == 2 and self._counts_for_time(judged[1], cleared_by=newest):
+            what = "time unflagged" if not judged[1].time_flagged() else \
+                f"its suspicion cleared by {newest.run_id}"
             self._expect(judged[1].run_id in baseline,
-                         f"night {judged[1].run_id} ({judged[1].spec.kind}), whose suspicion "
-                         f"{newest.run_id} cleared, is not back in tonight's baseline")
+                         f"night {judged[1].run_id} ({judged[1].spec.kind}, "
+                         f"{judged[1].status}, {what}) is not in tonight's baseline")
 
     def _counts_for_time(self, night: NightRun, cleared_by: NightRun | None) -> bool:
         """Whether the model says ``night`` counts in later time baselines."""
