@@ -183,7 +183,8 @@ def night_from_manifest(manifest: Mapping[str, Any], table: pd.DataFrame | None)
                              str(manifest["version"]), table,
                              manifest.get("signals") or (), rule=rule,
                              status=str(manifest.get("status") or ""),
-                             started=str(manifest.get("started") or ""))
+                             started=str(manifest.get("started") or ""),
+                             ended=str(manifest.get("ended") or ""))
 
 
 def _readable(found: Any, run_id: str, what: str = "its manifest") -> Any:

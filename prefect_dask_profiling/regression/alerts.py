@@ -79,7 +79,7 @@ from prefect_dask_profiling.regression.rule import RegressionRule
 
 __all__ = ["ABSOLUTE", "EVENT_KINDS", "EVENT_PREFIX", "FAMILIES", "JUDGED_STATUSES", "METRIC",
            "OPEN_STATES", "STATES", "Ack", "AlertEvent", "Book", "Episode", "Key", "Night",
-           "Signal", "advance", "episode_id", "failing", "instant", "priors", "replay",
+           "Signal", "advance", "episode_id", "failing", "instant", "overlaps", "priors", "replay",
            "run_status"]
 
 METRIC = "total_s"
@@ -304,6 +304,9 @@ class Night:
         Its stored status.
     started
         When it started (ISO): which acks had been made by then.
+    ended
+        When it ended (ISO; ``""`` when unknown): a night that ended after another started
+        overlaps it and is not part of that night's history.
     """
 
     run_id: str
@@ -313,6 +316,7 @@ class Night:
     rule: RegressionRule = field(default_factory=RegressionRule)
     status: str = "healthy"
     started: str = ""
+    ended: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.rule, RegressionRule):
@@ -329,7 +333,7 @@ class Night:
                     time_rows: pd.DataFrame | None = None,
                     other: Iterable[Mapping[str, Any]] = (), *,
                     rule: RegressionRule | None = None, status: str = "healthy",
-                    started: str = "") -> Night:
+                    started: str = "", ended: str = "") -> Night:
         """A night from its stored verdict table and its other signals.
 
         Parameters
@@ -353,7 +357,7 @@ class Night:
             signals[key] = Signal(str(row.get("alert") or ""), _float(row.get("ratio")),
                                   str(row.get("verdict") or ""))
         return cls(run_id, pipeline, version, signals,
-                   RegressionRule() if rule is None else rule, status, started)
+                   RegressionRule() if rule is None else rule, status, started, ended)
 
 
 @dataclass(frozen=True)
@@ -548,19 +552,39 @@ def replay(nights: Iterable[Night], acks: Iterable[Ack] = (), *, restart: str | 
     Returns
     -------
     (Book, list[AlertEvent])
-        The final state and every event in order.
+        The final state and every event in order. The state folds every night; a night's
+        events are what its judge derived, from the nights that had ended when it started
+        (:func:`overlaps`), so ``alerts`` and the judge agree on overlapping nights too.
     """
     acks = list(acks)
-    book = book if book is not None else Book(restart=restart)
-    if restart is not None and book.restart != restart:
-        book = replace(book, restart=restart)
-    events: list[AlertEvent] = []
+    start = book if book is not None else Book(restart=restart)
+    if restart is not None and start.restart != restart:
+        start = replace(start, restart=restart)
+    book, events, folded = start, [], []
     for night in sorted(nights, key=lambda n: n.order):
         if restart is not None and night.run_id < restart:
             continue
-        book, new = advance(book, night, acks)
+        overlapped = {m.run_id for m in folded if overlaps(m, night)}
+        if overlapped:
+            # tonight's judge saw only the nights that had ended when it started: its
+            # events come from that view; the state carried on folds every night
+            view, _ = replay([m for m in folded if m.run_id not in overlapped], acks,
+                             restart=restart, book=start)
+            _, new = advance(view, night, acks)
+            book, _ = advance(book, night, acks)
+        else:
+            book, new = advance(book, night, acks)
         events.extend(new)
+        folded.append(night)
     return book, events
+
+
+def overlaps(earlier: Night, night: Night) -> bool:
+    """Whether ``earlier`` was still running when ``night`` started (so it is not part of
+    ``night``'s history, whichever of the two finished first)."""
+    if not (earlier.ended and night.started):
+        return False
+    return instant(earlier.ended) > instant(night.started)
 
 
 # ---------------------------------------------------------------------- transitions
@@ -590,6 +614,10 @@ def _step(ep: Episode, signal: Signal | None, night: Night
             ep = replace(ep, state="acknowledged" if ep.acknowledged else "confirmed",
                          confirmed_run=run_id)
             return _detect(ep, run_id) if not ep.acknowledged else (ep, None)
+        if signal.alert == "suspected":
+            # flagged again by a night that overlapped the suspecting one (its judge did
+            # not know of it): still open, the next night confirms or clears it
+            return ep, None
         ep = replace(ep, state="cleared", ended_run=run_id)
         return ep, AlertEvent("cleared", ep, run_id)
     if signal.alert == "regression" and ep.rearmed and not ep.acknowledged:

@@ -7,6 +7,7 @@ the real judge and store is tests/regression/test_history_simulation.py.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -163,6 +164,29 @@ def test_nights_are_folded_by_their_start_whatever_the_listing_order():
     forward, fe = replay(nights)
     backward, be = replay(nights[::-1])
     assert forward == backward and [e.id for e in fe] == [e.id for e in be]
+
+
+def test_an_overlapping_nights_events_are_those_its_judge_derived():
+    """A (02:00-04:00) suspects `read`; B (03:00-03:30) flags it too. B's judge did not see
+    A (still running when B started): B opens its own suspicion. The replay says the same
+    for B, and carries both nights on to C, which confirms."""
+    a = replace(night(1, {READ: sus()}), ended="2026-11-01T04:00:00+00:00")
+    b = replace(night(1, {READ: sus()}), run_id="r001b", started="2026-11-01T03:00:00+00:00",
+                ended="2026-11-01T03:30:00+00:00")
+    c = night(2, {READ: reg()})
+    alone, b_events = replay([b])
+    book, events = replay([c, b, a])
+    assert [(e.kind, e.run_id) for e in events if e.run_id == "r001b"] == \
+        [(e.kind, e.run_id) for e in b_events] == [("suspected", "r001b")]
+    assert [e.kind for e in events if e.run_id == "r001"] == ["suspected"]
+    assert [e.kind for e in events if e.run_id == "r002"] == ["detected"]
+    assert failing(book, c)
+    [ep] = book.episodes  # B flagged A's open suspicion again: it stayed open, C confirmed it
+    assert ep.flagged_runs == ("r001", "r001b", "r002") and ep.confirmed_run == "r002"
+    # without the overlap the same replay advances B from A's state: one shared episode
+    b_after = replace(b, started="2026-11-01T05:00:00+00:00", ended="2026-11-01T05:30:00+00:00")
+    _, later = replay([a, b_after])
+    assert len({e.episode.id for e in later}) == 1
 
 
 def test_a_stored_regressed_night_without_signals_is_out_of_every_baseline():
