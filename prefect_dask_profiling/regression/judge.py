@@ -393,7 +393,8 @@ def load_history(store: RunStore, pipeline: str, version: str, rules: Rules, *,
     book, _ = replay(nights, acks, restart=restart)
     n = rules.regression.history
     baseline = read_baseline(store, pipeline, version, book, n, "time")
-    family_runs = {f: book.baseline_runs(f)[:n] for f in ("time", "memory", "requests")}
+    sizes = {"time": n, "memory": rules.regression.memory_history, "requests": n}
+    family_runs = {f: book.baseline_runs(f)[:k] for f, k in sizes.items()}
     wanted = sorted(set().union(*family_runs.values()))
     docs = store.read_manifests(pipeline, wanted) if wanted else {}
     for run, doc in docs.items():

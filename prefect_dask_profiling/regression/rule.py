@@ -90,6 +90,11 @@ class RegressionRule:
     memory_regression
         Judge each stage's peak process memory and spilled bytes against the baseline
         (:mod:`~prefect_dask_profiling.regression.memory`).
+    memory_history
+        How many earlier runs form the memory baseline at most (>= 1; 30): spills come on
+        some nights only, and eight nights cannot show a stage that spills on one night in
+        ten (``benchmarks/alert_quality.py``: with 8, two spill nights in a row of such a
+        stage failed 9 of 1,920 nights).
     memory_threshold
         Minimum ``latest / baseline median`` ratio of a memory regression (> 1). 1.5: on a
         quiet history (a real cluster's peaks repeat to a few MiB) a stage holding 150 MB
@@ -139,6 +144,7 @@ class RegressionRule:
     confirm: str = "auto"
     resolve_after: int = 3
     memory_regression: bool = True
+    memory_history: int = 30
     memory_threshold: float = 1.5
     memory_z_threshold: float = 6.0
     memory_mad_floor: float = 0.10
@@ -162,6 +168,7 @@ class RegressionRule:
         _choice("confirm", self.confirm, CONFIRM_MODES)
         _whole("resolve_after", self.resolve_after, low=1)
         _flag("memory_regression", self.memory_regression)
+        _whole("memory_history", self.memory_history, low=1)
         _number("memory_threshold", self.memory_threshold, low=1, low_open=True)
         _number("memory_z_threshold", self.memory_z_threshold, low=0, low_open=True)
         _number("memory_mad_floor", self.memory_mad_floor, low=0, low_open=False)

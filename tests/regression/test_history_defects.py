@@ -73,6 +73,22 @@ def test_spill_noise_fails_no_night(record, tmp_path):
     assert not [r for r in runs if r.status == "regressed"], lines(runs)
 
 
+@pytest.mark.parametrize("memory_history, fails", [(30, False), (8, True)])
+def test_two_spill_nights_in_a_row_fail_only_when_the_baseline_forgot_spills(
+        record, tmp_path, memory_history, fails):
+    """A stage that spills on some nights, two of them in a row eleven nights after the
+    first: the default memory baseline (30 nights) still holds that night and fails
+    nothing; one of 8 nights has forgotten it and confirms the pair as a regression."""
+    drive = driver(record, tmp_path, memory_history=memory_history)
+    spill = {3: 450, 14: 400, 15: 500}
+    runs = [drive.run(quiet(d, spilled={"reduce": spill[d] * MIB} if d in spill else {},
+                            kind="spill" if d in spill else "quiet")) for d in range(16)]
+    failed = [r for r in runs if r.status == "regressed"]
+    assert bool(failed) is fails, lines(runs)
+    if fails:
+        assert [r.spec.day for r in failed] == [15], lines(runs)
+
+
 # ---------------------------------------------------------------------- defect 2
 def test_a_10x_night_overlapping_a_later_run_fails_in_either_order(record, tmp_path):
     """A (02:00-04:00, 10x read) and B (03:00-03:30): A fails whichever finished first."""
