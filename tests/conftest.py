@@ -19,9 +19,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 @starts_processes("a Prefect server")
-def prefect_server() -> PrefectServer:
-    """A real Prefect server (with UI) for the session; this process points at it."""
-    with running_server() as server, use_server(server):
+def prefect_server(request: pytest.FixtureRequest) -> PrefectServer:
+    """A real Prefect server for the session; this process points at it.
+
+    It serves its UI only if a test of the session renders UI pages (``prefect_ui`` mark).
+    """
+    ui = any(item.get_closest_marker("prefect_ui") for item in request.session.items)
+    with running_server(ui=ui) as server, use_server(server):
         yield server
 
 
