@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install test lint docs demo stop bench clean
+.PHONY: install test test-fast lint docs demo stop bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,7 +20,13 @@ test: $(STAMP)
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 	$(PY) -m ruff check prefect_dask_profiling flows tasks tests benchmarks
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
-	$(PY) -m pytest -q -ra --durations=20 $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q -ra --durations=40 $(PYTEST_ARGS) tests
+
+# the fast tier while developing: no Prefect server, no process clusters, no SeaweedFS or
+# netns (pytest -m "not slow", tests/tiers.py); make test (CI) runs everything
+test-fast: $(STAMP)
+	$(PY) -m ruff check prefect_dask_profiling flows tasks tests benchmarks
+	$(PY) -m pytest -q -ra -m "not slow" --durations=20 $(PYTEST_ARGS) tests
 
 lint: $(STAMP)
 	$(PY) -m ruff check prefect_dask_profiling flows tasks tests benchmarks

@@ -5,18 +5,28 @@ from __future__ import annotations
 import pytest
 from distributed import Client, LocalCluster
 from prefect_server import PrefectServer, running_server, use_server
+from tiers import mark_slow_by_fixture, starts_processes
 
 # faults.report: the fault suite's figures line at the end of any run that included it
 # (tests/faults); ndvi_fixtures: the nightly NDVI run history shared by two test files
 pytest_plugins = ["faults.report", "ndvi_fixtures"]
 
 
-@pytest.fixture(scope="session")
-def prefect_server() -> PrefectServer:
-    """A real Prefect server (with UI) for the session; this process points at it."""
-    with running_server() as server, use_server(server):
-        yield server
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tiers (tests/tiers.py): a test whose fixtures start processes is ``slow``."""
+    mark_slow_by_fixture(items)
 
+
+@pytest.fixture(scope="session")
+@starts_processes("a Prefect server")
+def prefect_server(request: pytest.FixtureRequest) -> PrefectServer:
+    """A real Prefect server for the session; this process points at it.
+
+    It serves its UI only if a test of the session renders UI pages (``prefect_ui`` mark).
+    """
+    ui = any(item.get_closest_marker("prefect_ui") for item in request.session.items)
+    with running_server(ui=ui) as server, use_server(server):
+        yield server
 
 
 @pytest.fixture(scope="session")

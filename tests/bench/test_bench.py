@@ -23,6 +23,7 @@ from bench_fixtures import (
     print_verdict,
     subprocess_cluster,
 )
+from tiers import starts_processes
 from typer.testing import CliRunner
 
 from prefect_dask_profiling.bench.config import BenchConfig
@@ -38,6 +39,7 @@ W = "prefect_dask_profiling.bench.workloads"
 
 
 @pytest.fixture(scope="module")
+@starts_processes("dask scheduler and worker processes")
 def remote() -> str:
     with subprocess_cluster(workers=2, nthreads=1) as address:
         yield address

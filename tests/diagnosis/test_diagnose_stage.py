@@ -9,6 +9,7 @@ import time
 
 import pytest
 from distributed import Client, LocalCluster, wait
+from tiers import starts_processes
 
 from prefect_dask_profiling import collect, install, stage, uninstall
 from prefect_dask_profiling.diagnosis.stages import Diagnosis, diagnose_run, diagnose_stage
@@ -31,6 +32,7 @@ def spin(steps: int) -> int:
 
 
 @pytest.fixture(scope="module")
+@starts_processes("a LocalCluster of worker processes")
 def record():
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                       host="127.0.0.1", dashboard_address=":0") as cluster, \
@@ -192,6 +194,7 @@ def slow_use(block, i: int) -> float:
 
 
 @pytest.fixture(scope="module")
+@starts_processes("a LocalCluster of worker processes")
 def moving_record():
     """Stage ``shuffle`` moves 8 MB payloads between two workers; stage ``quiet`` moves nothing
     and leaves one of the two workers idle (busy fraction about 0.5)."""

@@ -20,6 +20,7 @@ import pytest
 from distributed import LocalCluster
 from prefect import flow, task
 from prefect_dask import get_dask_client
+from tiers import starts_processes
 
 from prefect_dask_profiling import stage
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner, profiled
@@ -55,6 +56,7 @@ def waited(client, seconds: list[float]) -> None:
 
 
 @pytest.fixture(scope="module")
+@starts_processes("a LocalCluster of worker processes")
 def diagnoses(tmp_path_factory) -> dict[str, dict]:
     store = str(tmp_path_factory.mktemp("workloads-store"))
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",

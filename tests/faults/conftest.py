@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from dask_processes import ExternalCluster, external_cluster
 from s3_servers import moto_server
+from tiers import starts_processes
 
 from faults import fault_flows
 from faults.report import LEDGER
@@ -84,6 +85,7 @@ def hooks() -> Iterator[dict]:
 
 
 @pytest.fixture(scope="session")
+@starts_processes("dask scheduler and worker processes")
 def shared_cluster(tmp_path_factory) -> Iterator[ExternalCluster]:
     """One real scheduler with two nanny-managed workers for the whole fault suite."""
     with external_cluster(tmp_path_factory.mktemp("faults-dask"), n_workers=2) as cluster:

@@ -65,6 +65,7 @@ def one_error_line(result, code: int) -> str:
     return lines[0]
 
 
+@pytest.mark.slow  # > 10 s
 def test_acks_read_when_the_store_stops_answering_is_exit_4(store_behind_proxy, fault):
     proxy, store, runs, env = store_behind_proxy
     assert runner.invoke(app, ["alerts", "--store", URL], env=env).exit_code == 0
@@ -90,6 +91,7 @@ def test_acks_listing_refused_is_exit_4_not_bad_input(store_behind_proxy, fault)
     fault.survived()
 
 
+@pytest.mark.slow  # > 10 s
 def test_ack_write_when_the_store_stops_answering_is_exit_4(store_behind_proxy, fault):
     proxy, store, runs, env = store_behind_proxy
     proxy.rule = acks_only("hang")
@@ -107,6 +109,7 @@ def test_ack_write_when_the_store_stops_answering_is_exit_4(store_behind_proxy, 
     fault.survived()
 
 
+@pytest.mark.slow  # > 10 s
 def test_load_acks_fails_at_once_while_the_breaker_holds_the_store_down(store_behind_proxy):
     """After the store did not answer, the next ack read fails at once (the breaker), as
     every other read does, instead of waiting for the timeout again."""

@@ -113,6 +113,7 @@ def check_complete(proxy: FaultProxy, endpoint: str, spool, run_id: str) -> None
     assert [(r["run_id"], r["status"]) for r in later.list_runs(PIPE)] == [(run_id, "healthy")]
 
 
+@pytest.mark.slow  # > 10 s
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_a_store_that_breaks_before_the_final_write_loses_nothing(bucket, tmp_path, fault):
     spool = tmp_path / "spool"
@@ -177,6 +178,7 @@ def test_a_store_that_refuses_listings_loses_nothing(bucket, tmp_path):
     boto_client(bucket).create_bucket(Bucket=BUCKET)
 
 
+@pytest.mark.slow  # > 10 s
 def test_finish_run_survives_a_listing_failure_at_the_final_write(bucket, tmp_path,
                                                                    inproc_client):
     """Through ``finish_run`` on a real cluster's record: the run folder's listing answers

@@ -175,6 +175,7 @@ def test_job_writes_the_median_of_the_stored_scenes(client, stored):
     assert not client.list_datasets()
 
 
+@pytest.mark.slow  # > 10 s
 def test_more_tasks_reads_factor_times_the_chunks_for_the_same_result(client, stored):
     data, catalogs = stored
     normal, more = raster.plan_run("tiny"), raster.plan_run("tiny", "more-tasks", "read", 2)

@@ -32,6 +32,7 @@ from bench_fixtures import (
 )
 from ndvi_fixtures import flow_run_id
 from s3_servers import KEY, SECRET, boto_client, moto_server
+from tiers import starts_processes
 
 from flows.nightly_ndvi import nightly_ndvi
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner
@@ -80,6 +81,7 @@ class Night:
 
 
 @pytest.fixture
+@starts_processes("the netns cluster")
 def night(prefect_server, tmp_path, monkeypatch) -> Night:
     """One healthy tiny night on 2 netns workers x 1 thread reading scenes from moto.
 

@@ -22,6 +22,7 @@ from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect_dask import get_dask_client
 from profiled_flows import slow_block, write_hook_file
+from tiers import starts_processes
 
 from prefect_dask_profiling import stage
 from prefect_dask_profiling.prefect import artifacts
@@ -37,6 +38,7 @@ SENTINEL = "dask-profiling-test.sentinel"
 
 
 @pytest.fixture(scope="module")
+@starts_processes("a LocalCluster of worker processes")
 def cluster():
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                       dashboard_address=":0") as cluster:

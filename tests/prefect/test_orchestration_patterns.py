@@ -24,6 +24,7 @@ import pytest
 from distributed import Client, LocalCluster, get_task_stream, wait, worker_client
 from prefect import flow, task
 from prefect_dask import get_async_dask_client, get_dask_client
+from tiers import starts_processes
 
 from prefect_dask_profiling import stage
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner, profiled
@@ -125,6 +126,7 @@ WRAPPER_PREFIX = {name: t.fn.__name__ for name, t in PATTERNS.items()}
 
 
 @pytest.fixture(scope="module")
+@starts_processes("a LocalCluster of worker processes")
 def patterns_run(tmp_path_factory):
     """Run the flow once; return the stored tables, the manifest and Dask's task stream."""
     store_url = str(tmp_path_factory.mktemp("store"))

@@ -13,6 +13,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 from prefect_dask import DaskTaskRunner
 from profiled_flows import crunch, make_flow
+from tiers import starts_processes
 
 from prefect_dask_profiling import stage
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner, profiled
@@ -80,6 +81,7 @@ def test_duplicate_keeps_profiling_options_and_base_arguments():
 
 
 @pytest.fixture(scope="module")
+@starts_processes("a LocalCluster of worker processes")
 def local_run(tmp_path_factory):
     store = str(tmp_path_factory.mktemp("store"))
     runner = ProfiledDaskTaskRunner(cluster_kwargs=LOCAL, store=store, stage_reports=True)
@@ -147,6 +149,7 @@ def test_artifacts_are_attached_to_the_flow_run(local_run):
 
 
 @pytest.fixture(scope="module")
+@starts_processes("dask scheduler and worker processes")
 def external_cluster(tmp_path_factory):
     """Workers that can import the test flows' module."""
     with dask_processes.external_cluster(tmp_path_factory.mktemp("dask")) as cluster:

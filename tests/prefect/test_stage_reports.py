@@ -29,6 +29,7 @@ from ndvi_fixtures import artifacts_by_key
 from prefect import flow
 from prefect_dask import get_dask_client
 from s3_servers import boto_client, moto_server, s3_options
+from tiers import starts_processes
 
 from prefect_dask_profiling import stage
 from prefect_dask_profiling.prefect import reports
@@ -42,6 +43,7 @@ STREAM_LENGTH = ("distributed.scheduler.dashboard.tasks.task-stream-length",
 
 
 @pytest.fixture(scope="module")
+@starts_processes("a LocalCluster of worker processes")
 def client():
     with LocalCluster(n_workers=1, threads_per_worker=1, host="127.0.0.1",
                       dashboard_address=":0") as cluster, Client(cluster) as c:
@@ -104,6 +106,7 @@ def test_concurrent_renders_keep_their_own_end(client, renderer):
 
 
 @pytest.fixture(scope="module")
+@starts_processes("a LocalCluster of worker processes")
 def small_recorder_client():
     """A fresh scheduler whose task-stream recorder keeps the last 50 tasks."""
     with dask.config.set({key: 50 for key in STREAM_LENGTH}), \
@@ -187,6 +190,7 @@ def two_stages(address: str, store: str, options: dict, **runner_kwargs):
 
 
 @pytest.fixture(scope="module")
+@starts_processes("a LocalCluster of worker processes")
 def s3_run(prefect_server):
     """Two stages on a fresh 2-worker cluster whose recorder keeps 50 tasks, stored on S3."""
     with moto_server() as endpoint, dask.config.set({key: 50 for key in STREAM_LENGTH}), \

@@ -25,6 +25,7 @@ from prefect.client.schemas.filters import (
 from prefect.logging.handlers import APILogHandler
 from prefect_dask import get_dask_client
 from profiled_flows import crunch
+from tiers import starts_processes
 
 from prefect_dask_profiling import stage
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner, profiled
@@ -36,6 +37,7 @@ TILES = 3
 
 
 @pytest.fixture(scope="module")
+@starts_processes("dask scheduler and worker processes")
 def external_cluster(tmp_path_factory):
     """A scheduler and two worker processes that can import the test flows' module."""
     with dask_processes.external_cluster(tmp_path_factory.mktemp("dask")) as cluster:

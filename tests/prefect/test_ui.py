@@ -9,7 +9,7 @@ import subprocess
 import pytest
 from ndvi_fixtures import artifacts_by_key
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.prefect_ui]
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",

@@ -10,6 +10,7 @@ from distributed import LocalCluster
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 from profiled_flows import make_flow
+from tiers import starts_processes
 
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner
 from prefect_dask_profiling.regression.verdict import RegressionDetected
@@ -21,6 +22,7 @@ NORMAL, SLOW = 0.02, 0.12  # seconds per slow_block task: 16 tasks, 0.3 s -> 1.9
 
 
 @pytest.fixture(scope="module")
+@starts_processes("a LocalCluster of worker processes")
 def cluster():
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                       dashboard_address=":0") as cluster:

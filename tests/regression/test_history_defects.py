@@ -19,6 +19,8 @@ from prefect_dask_profiling.finishing import FinishSettings
 from prefect_dask_profiling.prefect.events import REGRESSION_EVENT, findings
 from prefect_dask_profiling.store.runs import RunStore
 
+pytestmark = pytest.mark.slow  # generated nights through finish_run: > 10 s a test
+
 
 @pytest.fixture(scope="module")
 def record(inproc_client):

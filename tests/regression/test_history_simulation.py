@@ -32,6 +32,8 @@ S3_NIGHTS = int(os.environ.get("SIM_S3_NIGHTS", "8"))
 SEEDS = [int(s) for s in os.environ.get("SIM_SEEDS", "11 12").split()]
 BUCKET = "sim-history"
 
+pytestmark = pytest.mark.slow  # generated nights through finish_run: > 10 s a test
+
 
 @pytest.fixture(scope="module")
 def record(inproc_client):

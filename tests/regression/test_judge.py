@@ -49,6 +49,7 @@ def check(store: RunStore, *args: str):
     return out.exit_code, json.loads(out.stdout)
 
 
+@pytest.mark.slow  # > 10 s
 def test_every_stored_run_is_judged_again_to_its_stored_outcome(record, tmp_path, monkeypatch):
     """Healthy, regressed, failed, custom-rule and unjudged nights: ``check`` agrees with
     what each run stored (the rules it was judged with are read back from its manifest)."""
@@ -86,6 +87,7 @@ def test_every_stored_run_is_judged_again_to_its_stored_outcome(record, tmp_path
     assert code == 1 and data["status"] == "unjudged" and not data["agrees"]
 
 
+@pytest.mark.slow  # > 10 s
 def test_check_and_drift_commands_see_drift(record, tmp_path):
     """A night that failed for drift (no one-night regression) fails ``check`` too."""
     store = RunStore(str(tmp_path / "store"), spool_dir=tmp_path / "spool")
@@ -104,6 +106,7 @@ def test_check_and_drift_commands_see_drift(record, tmp_path):
     assert json.loads(out.stdout)["failing"] is True
 
 
+@pytest.mark.slow  # > 10 s
 def test_a_threshold_below_the_drift_ratio_lowers_it_instead_of_switching_drift_off(
         record, tmp_path):
     rules = Rules.from_options(threshold=1.3)

@@ -33,6 +33,7 @@ def nights(rng, n: int, level: float = 1.4) -> list[dict]:
                      bytes_per_chunk=80_000 * rng.uniform(0.8, 1.2)) for i in range(n)]
 
 
+@pytest.mark.slow  # > 10 s
 def test_no_alarm_on_jittery_nights_and_a_doubling_is_caught():
     rng = np.random.default_rng(3)
     false_alarms = caught = 0

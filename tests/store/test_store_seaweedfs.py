@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 import pandas as pd
 import pytest
 from s3_servers import boto_client, s3_options, seaweedfs
+from tiers import starts_processes
 
 from prefect_dask_profiling.cli.store import report_link
 from prefect_dask_profiling.store import layout, s3
@@ -24,6 +25,7 @@ BUCKET = "perf-weed"
 
 
 @pytest.fixture(scope="session")
+@starts_processes("SeaweedFS")
 def weed():
     with seaweedfs() as server:
         boto_client(server.endpoint, key=server.key, secret=server.secret).create_bucket(

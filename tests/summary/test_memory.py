@@ -17,6 +17,7 @@ import dask
 import pandas as pd
 import pytest
 from distributed import Client, LocalCluster, wait
+from tiers import starts_processes
 
 from prefect_dask_profiling import collect, install, stage, uninstall
 from prefect_dask_profiling.finishing import FinishSettings, finish_run
@@ -57,6 +58,7 @@ def nap(i: int, seconds: float = 3.0) -> int:
 
 
 @pytest.fixture
+@starts_processes("a LocalCluster of worker processes")
 def small_cluster():
     # one death is final (KilledWorker), so an OOM night costs one worker, not four
     with dask.config.set({"distributed.scheduler.allowed-failures": 0}), LocalCluster(

@@ -24,6 +24,7 @@ import time
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster, wait
+from tiers import starts_processes
 
 from prefect_dask_profiling import collect, install, stage, uninstall
 from prefect_dask_profiling.finishing import FinishResult, FinishSettings, finish_run
@@ -55,6 +56,7 @@ def small(i: int) -> int:
 
 
 @pytest.fixture(scope="module")
+@starts_processes("a LocalCluster of worker processes")
 def client():
     with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, memory_limit="1GiB",
                       dashboard_address=None, host="127.0.0.1") as cluster, \

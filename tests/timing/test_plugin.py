@@ -28,6 +28,7 @@ from distributed import (
     worker_client,
 )
 from distributed.worker import thread_state
+from tiers import starts_processes
 
 import prefect_dask_profiling.timing.plugin as timing_plugin
 import prefect_dask_profiling.timing.sketch as timing_sketch
@@ -127,6 +128,7 @@ def _local_cluster(n_workers: int, threads: int) -> LocalCluster:
 
 
 @pytest.fixture(scope="module")
+@starts_processes("a LocalCluster of worker processes")
 def cluster():
     with _local_cluster(2, 2) as cluster:
         yield cluster
@@ -581,6 +583,7 @@ def _hand_thread_seconds(timeline, start: float, stop: float) -> float:
     return total
 
 
+@pytest.mark.slow  # > 10 s
 def test_utilisation_follows_workers_joining_and_leaving() -> None:
     with _local_cluster(1, 1) as cluster, Client(cluster) as client:
         name = install(client, sample_interval=0.2)
@@ -610,6 +613,7 @@ def test_utilisation_follows_workers_joining_and_leaving() -> None:
     assert util["utilisation"] <= 1.05
 
 
+@pytest.mark.slow  # > 10 s
 def test_killed_worker_reruns_are_counted() -> None:
     with _local_cluster(2, 1) as cluster, Client(cluster) as client:
         name = install(client, sample_interval=0.2)
@@ -651,6 +655,7 @@ def _feed(plugin: TaskTimings, start: int, n: int) -> None:
                           stimulus_id=f"task-finished-{t}")
 
 
+@pytest.mark.slow  # > 10 s
 def test_memory_does_not_grow_with_task_count() -> None:
     plugin = TaskTimings("mem", sample_interval=0)  # no scheduler: keys it does not know
     # count only what the plugin's own code allocates: other threads of this test process

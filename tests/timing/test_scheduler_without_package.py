@@ -17,6 +17,7 @@ from pathlib import Path
 import dask.array as da
 import pytest
 from distributed import Client
+from tiers import starts_processes
 
 from prefect_dask_profiling import collect, install, stage, summarise, uninstall, utilisation
 
@@ -58,6 +59,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 @pytest.fixture
+@starts_processes("dask scheduler and worker processes")
 def foreign_cluster(tmp_path: Path):
     """Scheduler file of a ``dask scheduler`` + ``dask worker`` that cannot import us."""
     scheduler_file = tmp_path / "scheduler.json"
