@@ -99,7 +99,7 @@ def scene_tile(spec: CubeSpec, day: int, y0: int, x0: int, ny: int, nx: int) -> 
     not on its position in the catalogue.
     """
     rng = _rng(spec.seed, day, y0, x0)
-    doy = int(pd.Timestamp(day, unit="D").dayofyear)
+    doy = int(pd.Timestamp(day, unit="D").day_of_year)
     veg = (_vegetation(spec, y0, x0, ny, nx) * _season(doy)).astype("float32")
     ndvi = 0.05 + 0.8 * veg
     nir = 0.25 + 0.2 * veg + 0.01 * rng.standard_normal((ny, nx), dtype="float32")

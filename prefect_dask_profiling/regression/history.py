@@ -124,7 +124,8 @@ def compare_runs(store: RunStore, pipeline: str, run_a: str, run_b: str) -> pd.D
     b = store.read_table(pipeline, run_b, "tasks")[["stage", "prefix", "tasks", "total_s"]]
     keys = ["stage", "prefix"]
     a, b = (f.astype({"stage": str, "prefix": str}).groupby(keys).sum() for f in (a, b))
-    both = a.join(b, how="outer", lsuffix="_a", rsuffix="_b").reset_index()
+    both = a.merge(b, how="outer", left_index=True, right_index=True,
+                   suffixes=("_a", "_b")).reset_index()
     both["ratio"] = both["total_s_b"] / both["total_s_a"]
     both["delta_s"] = both["total_s_b"].fillna(0.0) - both["total_s_a"].fillna(0.0)
     both = both.sort_values("delta_s", key=lambda s: s.abs(), ascending=False, kind="stable")
