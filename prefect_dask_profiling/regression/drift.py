@@ -65,6 +65,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from prefect_dask_profiling.regression import stats
 from prefect_dask_profiling.regression.baseline import HistoryUnavailable
 from prefect_dask_profiling.store.runs import RunStore, StoreError
 
@@ -76,7 +77,6 @@ DRIFT_COLUMNS = ["stage", "prefix", "verdict", "fails", "start_run", "start_star
                  "start_s", "level_s", "latest_s", "cumulative_ratio", "z", "cusum",
                  "n_nights", "share", "series"]
 DRIFT_VERDICTS = ("drift", "ok", "insufficient-history")
-MAD_TO_SIGMA = 1.4826
 MEAN_AD_TO_SIGMA = math.sqrt(math.pi / 2)  # mean |x - mu| = sigma * sqrt(2 / pi) (normal)
 # The MAD of a few night-to-night differences often underestimates the noise (it has about a
 # third of the efficiency of the standard deviation): the estimate is widened by
@@ -412,9 +412,9 @@ def _noise(diffs: np.ndarray) -> float:
     it by only ``step / nights``). Both are centred on the median difference, so a steady
     drift does not count as noise; both are scaled to a normal standard deviation.
     """
-    centred = np.abs(diffs - np.median(diffs))
-    by_mad = MAD_TO_SIGMA * float(np.median(centred))
-    by_mean = MEAN_AD_TO_SIGMA * float(np.mean(centred))
+    median, mad = stats.median_mad(diffs)
+    by_mad = stats.robust_spread(mad)
+    by_mean = MEAN_AD_TO_SIGMA * float(np.mean(np.abs(diffs - median)))
     return max(by_mad, by_mean) / math.sqrt(2.0)
 
 

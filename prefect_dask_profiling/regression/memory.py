@@ -45,6 +45,7 @@ import numpy as np
 import pandas as pd
 
 from prefect_dask_profiling._util import InvalidInput
+from prefect_dask_profiling.regression import stats
 from prefect_dask_profiling.regression.rule import RegressionRule
 
 __all__ = ["MEMORY_METRICS", "MEMORY_VERDICTS", "MEMORY_VERDICT_COLUMNS", "MemoryRow",
@@ -56,7 +57,6 @@ MEMORY_VERDICTS = ("memory-regression", "near-oom", "insufficient-history", "ok"
 MEMORY_VERDICT_COLUMNS = ["stage", "metric", "verdict", "baseline", "latest", "delta",
                           "ratio", "robust_z", "min_effect", "memory_limit", "headroom",
                           "n_history", "note"]
-MAD_TO_SIGMA = 1.4826
 ABS_FLOOR_BYTES = 16 * 2**20  # no process memory repeats to better than a few MiB
 
 
@@ -158,14 +158,13 @@ def _judge_metric(stage: str, metric: str, latest: float, past: np.ndarray,
                    note=f"{past.size} baseline run(s) with this stage, "
                         f"{rule.min_history} needed")
         return row
-    median = float(np.median(past))
-    mad = float(np.median(np.abs(past - median)))
+    median, mad = stats.median_mad(past)
     half_range = float(past.max() - past.min()) / 2
-    spread = max(MAD_TO_SIGMA * mad, half_range, rule.memory_mad_floor * median,
-                 ABS_FLOOR_BYTES)
+    spread = stats.robust_spread(mad, half_range, rule.memory_mad_floor * median,
+                                 ABS_FLOOR_BYTES)
     delta = latest - median
-    ratio = latest / median if median > 0 else (math.inf if latest > 0 else 1.0)
-    z = delta / spread
+    ratio = stats.ratio(latest, median)
+    z = stats.robust_z(latest, median, spread)
     row.update(baseline=median, delta=delta, ratio=ratio, robust_z=z)
     hit = (ratio >= rule.memory_threshold and z >= rule.memory_z_threshold
            and delta >= effect)

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from prefect_dask_profiling.regression import stats
 from prefect_dask_profiling.regression.rule import RegressionRule
 
 __all__ = ["REQUEST_METRICS", "REQUEST_VERDICT_COLUMNS", "describe_requests",
@@ -43,7 +44,6 @@ __all__ = ["REQUEST_METRICS", "REQUEST_VERDICT_COLUMNS", "describe_requests",
 REQUEST_METRICS = ("requests_per_chunk", "bytes_per_chunk")
 REQUEST_VERDICT_COLUMNS = ["stage", "metric", "verdict", "baseline", "latest", "delta",
                            "ratio", "robust_z", "min_effect", "n_history"]
-MAD_TO_SIGMA = 1.4826
 # Night-to-night jitter of per-chunk request counts without any change (parallel range reads
 # are counted per batch by GDAL): the spread is never taken below 10% of the median.
 MAD_FLOOR = 0.10
@@ -113,10 +113,10 @@ def _judge(stage: str, metric: str, now: float, past: np.ndarray,
            "robust_z": np.nan, "min_effect": effect, "n_history": len(past)}
     if len(past) < rule.min_history:
         return row
-    median = float(np.median(past))
-    spread = max(MAD_TO_SIGMA * float(np.median(np.abs(past - median))), MAD_FLOOR * median)
-    ratio = now / median if median > 0 else (1.0 if now == 0 else np.inf)
-    z = (now - median) / spread if spread > 0 else (0.0 if now == median else np.inf)
+    median, mad = stats.median_mad(past)
+    spread = stats.robust_spread(mad, MAD_FLOOR * median)
+    ratio = stats.ratio(now, median)
+    z = stats.robust_z(now, median, spread)
     flagged = (ratio >= rule.requests_threshold and z >= rule.z_threshold
                and now - median >= effect)
     row.update(baseline=median, delta=now - median, ratio=ratio, robust_z=z,
