@@ -564,7 +564,7 @@ def _drift(tonight: Tonight, history: History, rules: Rules) -> pd.DataFrame:
     latest = tonight.summary.assign(run_id=tonight.run_id, started=tonight.started)
     series = pd.concat([history.series, latest], ignore_index=True) \
         if not history.series.empty else latest
-    return drift_rule.detect_drift(series, judged_run=tonight.run_id, **rules.drift_settings())
+    return drift_rule.detect_drift(series, rules, judged_run=tonight.run_id)
 
 
 def _outcome(tonight: Tonight, one_night: pd.DataFrame, drift: pd.DataFrame,

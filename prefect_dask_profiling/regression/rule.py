@@ -312,16 +312,6 @@ class Rules:
         regression = RegressionRule.from_options(threshold, history, check_options)
         return cls(regression, _drift_rule(drift_options or {}))
 
-    def drift_settings(self) -> dict[str, Any]:
-        """Keyword arguments of :func:`~prefect_dask_profiling.regression.drift.detect_drift`."""
-        d, r = self.drift, self.regression
-        return {"threshold": r.threshold, "min_ratio": d.min_ratio,
-                "z_threshold": d.z_threshold, "cusum_limit": d.cusum_limit,
-                "allowance": d.allowance, "start_nights": d.start_nights,
-                "recent_nights": d.recent_nights, "min_nights": d.min_nights,
-                "min_seconds": r.min_seconds, "min_share": r.min_share,
-                "mad_floor": r.mad_floor}
-
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Plain JSON form, as stored in a judged run's manifest (``rules``)."""
         return {"regression": asdict(self.regression), "drift": asdict(self.drift)}
