@@ -68,9 +68,10 @@ from outside the cluster), or the verdict says it cannot.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
+
+from prefect_dask_profiling._util import finite_number
 
 CLASSES = ("spill", "transfer", "straggler", "io", "scheduler", "compute")
 """Bottleneck classes, most specific first (the order that breaks ties)."""
@@ -349,7 +350,7 @@ def evaluate(signals: dict[str, Any]) -> list[dict[str, Any]]:
     """
     rows = []
     for rule in RULES:
-        value = _number(signals.get(rule.signal))
+        value = finite_number(signals.get(rule.signal))
         if value is None:
             continue
         rows.append({"class": rule.klass, "signal": rule.signal, "source": rule.source,
@@ -514,7 +515,7 @@ def _floor_gate(floor: Floor | None, signals: dict[str, Any]) -> str:
     if floor is None:
         return ""
     for name in floor.signals:
-        value = _number(signals.get(name))
+        value = finite_number(signals.get(name))
         if value is not None:
             if value >= floor.floor:
                 return ""
@@ -533,8 +534,8 @@ def straggler_wall_share(signals: dict[str, Any]) -> float | None:
     straggler leads whatever the task did (wait or compute), and the class that fits what
     it did is named beside it.
     """
-    skew = _number(signals.get("tasks.task_skew"))
-    longest = _number(signals.get("tasks.longest_share"))
+    skew = finite_number(signals.get("tasks.task_skew"))
+    longest = finite_number(signals.get("tasks.longest_share"))
     if skew is None or longest is None or skew < _TASK_SKEW:
         return None
     return min(max(longest, 0.0), 1.0)
@@ -542,8 +543,8 @@ def straggler_wall_share(signals: dict[str, Any]) -> float | None:
 
 def _gil_contention(signals: dict[str, Any]) -> str:
     """Why busy, off-CPU threads look like GIL contention rather than I/O ('' if not)."""
-    cores = _number(signals.get("monitor.busy_process_cores"))
-    threads = _number(signals.get("monitor.threads_per_worker"))
+    cores = finite_number(signals.get("monitor.busy_process_cores"))
+    threads = finite_number(signals.get("monitor.threads_per_worker"))
     if cores is None or threads is None or threads < 2:
         return ""
     if cores >= GIL_PROCESS_CORES:
@@ -554,7 +555,8 @@ def _gil_contention(signals: dict[str, Any]) -> str:
 
 def _contention_notes(primary: str, signals: dict[str, Any]) -> list[str]:
     notes = []
-    if primary in ("io", "compute") and _number(signals.get("monitor.cpu_wait_measured")) == 0:
+    measured = finite_number(signals.get("monitor.cpu_wait_measured"))
+    if primary in ("io", "compute") and measured == 0:
         notes.append("process CPU comes from system-monitor samples (CPU used, not CPU waited "
                      "for): on a loaded host a CPU-bound stage can look like io")
     return notes + _io_notes(primary, signals)
@@ -563,8 +565,9 @@ def _contention_notes(primary: str, signals: dict[str, Any]) -> list[str]:
 def _io_notes(primary: str, signals: dict[str, Any]) -> list[str]:
     if primary != "io":
         return []
-    threads = _number(signals.get("monitor.threads_per_worker"))
-    if threads is not None and threads < 2 and _number(signals.get("host.external_share")) is None:
+    threads = finite_number(signals.get("monitor.threads_per_worker"))
+    external = finite_number(signals.get("host.external_share"))
+    if threads is not None and threads < 2 and external is None:
         return ["one thread per worker: CPU signals cannot tell waiting on I/O from waiting on "
                 "a lock held by another process, and no external bytes were measured"]
     return []
@@ -591,8 +594,8 @@ def expected_effect(klass: str, signals: dict[str, Any]) -> float | None:
         ``None``: spill costs more than its disk time (paused workers, recomputation) and
         no source measures it; compute is what remains, not a competing cause.
     """
-    busy = _number(signals.get("tasks.busy_fraction"))
-    longest = _number(signals.get("tasks.longest_share"))
+    busy = finite_number(signals.get("tasks.busy_fraction"))
+    longest = finite_number(signals.get("tasks.longest_share"))
     idle = None if busy is None else max(0.0, 1.0 - min(busy, 1.0))
     if klass == "io":
         cpu = _first(signals, "monitor.cpu_per_busy_thread", "fine.cpu_fraction")
@@ -603,10 +606,10 @@ def expected_effect(klass: str, signals: dict[str, Any]) -> float | None:
     if klass == "straggler":
         if longest is not None and longest >= 0.5 and idle is not None:
             return idle
-        tail = _number(signals.get("tasks.tail_fraction"))
+        tail = finite_number(signals.get("tasks.tail_fraction"))
         return None if tail is None else min(max(tail, 0.0), 1.0)
     if klass == "scheduler":
-        r = _number(signals.get("scheduler.overhead_ratio"))
+        r = finite_number(signals.get("scheduler.overhead_ratio"))
         if r is None or r < 0:
             return None
         effect = r / (1.0 + r)
@@ -619,7 +622,7 @@ def expected_effect(klass: str, signals: dict[str, Any]) -> float | None:
 
 def _first(signals: dict[str, Any], *names: str) -> float | None:
     for name in names:
-        value = _number(signals.get(name))
+        value = finite_number(signals.get(name))
         if value is not None:
             return value
     return None
@@ -723,7 +726,7 @@ def _note(primary: str | None, secondary: str | None, confidence: str,
 
 def _action_context(signals: dict[str, Any]) -> dict[str, str]:
     def num(key: str, scale: float = 1.0, digits: int = 1) -> str:
-        v = _number(signals.get(key))
+        v = finite_number(signals.get(key))
         return "?" if v is None else f"{v * scale:.{digits}f}"
 
     straggler = signals.get("context.straggler") or (
@@ -744,14 +747,6 @@ def _action_context(signals: dict[str, Any]) -> dict[str, str]:
     }
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
 
 
 def _fmt(value: float) -> str:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pandas as pd
 
-from prefect_dask_profiling._util import validate_name
+from prefect_dask_profiling._util import float_or_nan, validate_name
 from prefect_dask_profiling.store import layout
 from prefect_dask_profiling.store.runs import RunStore, StoreError
 
@@ -135,15 +135,15 @@ def fleet_rows(manifest: dict[str, Any], tasks: pd.DataFrame) -> pd.DataFrame:
     out["run_id"] = str(manifest["run_id"])
     out["started"] = pd.to_datetime(manifest.get("started"), utc=True)
     out["status"] = str(manifest["status"])
-    out["utilisation"] = _number(util.get("run"))
-    out["stage_utilisation"] = [_number(stage_util.get(s)) for s in out["stage"]]
+    out["utilisation"] = float_or_nan(util.get("run"))
+    out["stage_utilisation"] = [float_or_nan(stage_util.get(s)) for s in out["stage"]]
     by_stage = _stage_bottlenecks(manifest)
     run_level = _bottleneck(manifest)
     out["bottleneck"] = [by_stage.get(stage, run_level) for stage in out["stage"]]
     memory = _stage_entries(manifest, "memory")
     for column, key in (("stage_peak_bytes", "peak_bytes"), ("stage_headroom", "headroom"),
                         ("stage_spilled_bytes", "spilled_bytes")):
-        out[column] = [_number(memory.get(stage, {}).get(key)) for stage in out["stage"]]
+        out[column] = [float_or_nan(memory.get(stage, {}).get(key)) for stage in out["stage"]]
     storage = _stage_entries(manifest, "io")
     for column, key, kind in STORAGE_COLUMNS:
         out[column] = _nullable([storage.get(stage, {}).get(key) for stage in out["stage"]],
@@ -266,12 +266,6 @@ def _remove_stale(store: RunStore, pipeline: str, runs: set[str]) -> int:
     return len(stale)
 
 
-def _number(value: Any) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return float("nan")
-    return number
 
 
 def _stage_bottlenecks(manifest: dict[str, Any]) -> dict[str, str]:

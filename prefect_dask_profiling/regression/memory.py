@@ -44,7 +44,7 @@ from typing import Any, TypedDict
 import numpy as np
 import pandas as pd
 
-from prefect_dask_profiling._util import InvalidInput
+from prefect_dask_profiling._util import InvalidInput, finite_number
 from prefect_dask_profiling.regression import stats
 from prefect_dask_profiling.regression.rule import RegressionRule
 
@@ -131,13 +131,13 @@ def detect_memory(history: Iterable[MemoryRow] | pd.DataFrame,
     none = np.array([], dtype=int)
     for rec in now.to_dict("records"):
         stage = str(rec["stage"])
-        limit = _number(rec.get("memory_limit"))
+        limit = finite_number(rec.get("memory_limit"))
         at = index.get(stage, none)
         if rule.memory_regression:
             for metric in MEMORY_METRICS:
                 rows.append(_judge_metric(stage, metric, float(rec[metric]),
                                           values[metric][at], limit,
-                                          _number(rec.get("headroom")), rule))
+                                          finite_number(rec.get("headroom")), rule))
         if rule.near_oom:
             rows.append(_judge_headroom(stage, rec, headrooms[at], limit, rule))
     frame = pd.DataFrame(rows, columns=MEMORY_VERDICT_COLUMNS)
@@ -178,7 +178,7 @@ def _judge_metric(stage: str, metric: str, latest: float, past: np.ndarray,
 
 def _judge_headroom(stage: str, rec: dict[str, Any], past: np.ndarray,
                     limit: float | None, rule: RegressionRule) -> dict[str, Any]:
-    headroom = _number(rec.get("headroom"))
+    headroom = finite_number(rec.get("headroom"))
     was = past[np.isfinite(past)]
     row = {"stage": stage, "metric": "headroom", "latest": headroom,
            "baseline": float(np.median(was)) if was.size else math.nan,
@@ -258,12 +258,6 @@ def _frame(rows: Iterable[MemoryRow] | pd.DataFrame, name: str,
     return frame
 
 
-def _number(value: Any) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
 
 
 def _what(metric: str) -> str:
@@ -275,5 +269,5 @@ def _ratio(ratio: float) -> str:
 
 
 def _gib(value: Any) -> str:
-    number = _number(value)
+    number = finite_number(value)
     return "n/a" if number is None else f"{number / 2**30:.2f} GiB"

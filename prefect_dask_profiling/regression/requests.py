@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from prefect_dask_profiling._util import finite_number
 from prefect_dask_profiling.regression import stats
 from prefect_dask_profiling.regression.rule import RegressionRule
 
@@ -86,10 +87,11 @@ def detect_requests(history: pd.DataFrame, latest: pd.DataFrame,
     for row in latest.itertuples(index=False):
         past = history[history["stage"] == row.stage]
         for metric in REQUEST_METRICS:
-            now = _number(getattr(row, metric))
+            now = finite_number(getattr(row, metric), minimum=0)
             if now is None:
                 continue
-            values = np.array([v for v in (_number(x) for x in past[metric]) if v is not None])
+            values = np.array([v for v in (finite_number(x, minimum=0) for x in past[metric])
+                               if v is not None])
             out.append(_judge(row.stage, metric, now, values, rule))
     return pd.DataFrame(out, columns=REQUEST_VERDICT_COLUMNS)
 
@@ -123,10 +125,3 @@ def _judge(stage: str, metric: str, now: float, past: np.ndarray,
                verdict="request-regression" if flagged else "ok")
     return row
 
-
-def _number(value: Any) -> float | None:
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return None
-    return out if np.isfinite(out) and out >= 0 else None
