@@ -736,8 +736,6 @@ def _or_empty(frame: pd.DataFrame | None, columns: list[str] | None = None) -> p
     return frame if frame is not None else pd.DataFrame(columns=columns or [])
 
 
-def _verdicts_or_empty(frame: pd.DataFrame | None) -> pd.DataFrame:
-    return frame if frame is not None else pd.DataFrame(columns=VERDICT_COLUMNS)
 
 
 def _join(location: str | None, name: str) -> str | None:

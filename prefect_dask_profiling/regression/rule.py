@@ -300,8 +300,7 @@ class Rules:
 
     @classmethod
     def from_options(cls, threshold: float = 2.0, history: int = 8,
-                     check_options: dict[str, Any] | None = None,
-                     drift_options: dict[str, Any] | None = None) -> Rules:
+                     check_options: dict[str, Any] | None = None) -> Rules:
         """The rules from the runner's options (see :meth:`RegressionRule.from_options`).
 
         Raises
@@ -310,7 +309,7 @@ class Rules:
             For an unknown key or a value out of range, naming it.
         """
         regression = RegressionRule.from_options(threshold, history, check_options)
-        return cls(regression, _drift_rule(drift_options or {}))
+        return cls(regression)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Plain JSON form, as stored in a judged run's manifest (``rules``)."""
