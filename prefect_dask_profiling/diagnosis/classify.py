@@ -69,9 +69,55 @@ from outside the cluster), or the verdict says it cannot.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from prefect_dask_profiling._util import finite_number
+
+Signals = dict[str, Any]
+"""Measured signals, ``"<instrument>.<name>" -> number`` (plus a few ``context.*`` texts)."""
+
+# One evaluated rule (``class`` is a keyword: the functional form).
+Evidence = TypedDict("Evidence", {
+    "class": str, "signal": str, "source": str, "value": float, "op": str,
+    "threshold": float, "supports": bool, "meaning": str, "role": str})
+
+
+class _Score(TypedDict):
+    """How one class fares: its agreeing sources, the rules for it, and what gates it."""
+
+    sources: set[str]
+    supporting: int
+    evaluated: int
+    ratio: float
+    gate: str
+
+
+class ClassScore(TypedDict):
+    """One class's score in a verdict (:func:`classify` ``scores``)."""
+
+    supporting_sources: list[str]
+    supporting: int
+    evaluated: int
+    ratio: float
+    gate: str
+
+
+class Classification(TypedDict):
+    """The verdict of :func:`classify` (plain JSON: stored in a run's manifest)."""
+
+    primary: str
+    secondary: str | None
+    confidence: str
+    agreeing_sources: int
+    signals: list[Evidence]
+    sources: list[str]
+    scores: dict[str, ClassScore]
+    disagreements: list[str]
+    compatible: list[str]
+    effects: dict[str, float | None]
+    note: str
+    actions: list[str]
+    evidence: list[Evidence]
 
 CLASSES = ("spill", "transfer", "straggler", "io", "scheduler", "compute")
 """Bottleneck classes, most specific first (the order that breaks ties)."""
@@ -340,7 +386,7 @@ def check_classes(classes: Any) -> tuple[str, ...]:
     return tuple(c for c in CLASSES if c in names)
 
 
-def evaluate(signals: dict[str, Any]) -> list[dict[str, Any]]:
+def evaluate(signals: Signals) -> list[Evidence]:
     """Evaluate every rule whose signal was measured.
 
     Returns
@@ -360,7 +406,7 @@ def evaluate(signals: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def classify(signals: dict[str, Any], classes: Any = None) -> dict[str, Any]:
+def classify(signals: Signals, classes: Any = None) -> Classification:
     """Classify the bottleneck from measured signals.
 
     Parameters
@@ -463,7 +509,7 @@ def classify(signals: dict[str, Any], classes: Any = None) -> dict[str, Any]:
 
 
 def recommend(primary: str | None, secondary: str | None,
-              signals: dict[str, Any]) -> list[str]:
+              signals: Signals) -> list[str]:
     """Recommended next actions, ordered by expected impact (primary's first, then secondary)."""
     context = _action_context(signals)
     out: list[str] = []
@@ -486,7 +532,7 @@ def threshold_table() -> str:
     return "\n".join(lines)
 
 
-def _score(klass: str, evidence: list[dict[str, Any]], signals: dict[str, Any]) -> dict[str, Any]:
+def _score(klass: str, evidence: list[Evidence], signals: Signals) -> _Score:
     rows = [e for e in evidence if e["class"] == klass]
     supporting = [e for e in rows if e["supports"]]
     failed = [e for e in rows if e["role"] == "required" and not e["supports"]]
@@ -510,7 +556,7 @@ def _score(klass: str, evidence: list[dict[str, Any]], signals: dict[str, Any]) 
             "gate": "; ".join(gates)}
 
 
-def _floor_gate(floor: Floor | None, signals: dict[str, Any]) -> str:
+def _floor_gate(floor: Floor | None, signals: Signals) -> str:
     """Why a class is below its floor ('' when it reaches it, or has no floor)."""
     if floor is None:
         return ""
@@ -524,7 +570,7 @@ def _floor_gate(floor: Floor | None, signals: dict[str, Any]) -> str:
     return f"none of {', '.join(floor.signals)} was measured ({floor.why})"
 
 
-def straggler_wall_share(signals: dict[str, Any]) -> float | None:
+def straggler_wall_share(signals: Signals) -> float | None:
     """How much of the stage's wall one skewed task explains, or ``None`` without one.
 
     Measured as the longest task's duration over the stage's wall (``tasks.longest_share``),
@@ -541,7 +587,7 @@ def straggler_wall_share(signals: dict[str, Any]) -> float | None:
     return min(max(longest, 0.0), 1.0)
 
 
-def _gil_contention(signals: dict[str, Any]) -> str:
+def _gil_contention(signals: Signals) -> str:
     """Why busy, off-CPU threads look like GIL contention rather than I/O ('' if not)."""
     cores = finite_number(signals.get("monitor.busy_process_cores"))
     threads = finite_number(signals.get("monitor.threads_per_worker"))
@@ -553,7 +599,7 @@ def _gil_contention(signals: dict[str, Any]) -> str:
     return ""
 
 
-def _contention_notes(primary: str, signals: dict[str, Any]) -> list[str]:
+def _contention_notes(primary: str, signals: Signals) -> list[str]:
     notes = []
     measured = finite_number(signals.get("monitor.cpu_wait_measured"))
     if primary in ("io", "compute") and measured == 0:
@@ -562,7 +608,7 @@ def _contention_notes(primary: str, signals: dict[str, Any]) -> list[str]:
     return notes + _io_notes(primary, signals)
 
 
-def _io_notes(primary: str, signals: dict[str, Any]) -> list[str]:
+def _io_notes(primary: str, signals: Signals) -> list[str]:
     if primary != "io":
         return []
     threads = finite_number(signals.get("monitor.threads_per_worker"))
@@ -573,7 +619,7 @@ def _io_notes(primary: str, signals: dict[str, Any]) -> list[str]:
     return []
 
 
-def expected_effect(klass: str, signals: dict[str, Any]) -> float | None:
+def expected_effect(klass: str, signals: Signals) -> float | None:
     """The share of the wall that fixing ``klass`` could remove, at most (``None``: unknown).
 
     Estimated from the signals, in the same unit for every class so that two classes that
@@ -620,7 +666,7 @@ def expected_effect(klass: str, signals: dict[str, Any]) -> float | None:
     return None
 
 
-def _first(signals: dict[str, Any], *names: str) -> float | None:
+def _first(signals: Signals, *names: str) -> float | None:
     for name in names:
         value = finite_number(signals.get(name))
         if value is not None:
@@ -628,7 +674,7 @@ def _first(signals: dict[str, Any], *names: str) -> float | None:
     return None
 
 
-def _pick_primary(candidates: list[str], scores: dict[str, dict[str, Any]],
+def _pick_primary(candidates: list[str], scores: dict[str, _Score],
                   allowed: tuple[str, ...],
                   effects: dict[str, float | None] | None = None) -> str | None:
     """The specific class whose fix has the larger expected effect, when every qualifying
@@ -669,7 +715,7 @@ def _wall_text(other: str, share: float | None, effects: dict[str, float | None]
     return text
 
 
-def _pick_secondary(primary: str | None, others: list[str], scores: dict[str, dict[str, Any]],
+def _pick_secondary(primary: str | None, others: list[str], scores: dict[str, _Score],
                     allowed: tuple[str, ...]) -> str | None:
     if primary is None:
         return None
@@ -690,7 +736,7 @@ def _competing(primary: str, others: list[str]) -> list[str]:
 
 
 def _confidence(primary: str | None, candidates: list[str],
-                scores: dict[str, dict[str, Any]]) -> str:
+                scores: dict[str, _Score]) -> str:
     """high: >= MIN_SOURCES agree, nothing competes; medium: two agree, or three with a
     weaker competitor; low: a best guess or an even contest."""
     if primary is None or primary not in candidates:
@@ -710,7 +756,7 @@ def _compatible_note(primary: str | None, others: list[str]) -> list[str]:
 
 
 def _note(primary: str | None, secondary: str | None, confidence: str,
-          scores: dict[str, dict[str, Any]], disagreements: list[str]) -> str:
+          scores: dict[str, _Score], disagreements: list[str]) -> str:
     if primary is None:
         return "no signal supports any bottleneck class; measure a larger workload"
     s = scores[primary]
@@ -724,7 +770,7 @@ def _note(primary: str | None, secondary: str | None, confidence: str,
     return text
 
 
-def _action_context(signals: dict[str, Any]) -> dict[str, str]:
+def _action_context(signals: Signals) -> dict[str, str]:
     def num(key: str, scale: float = 1.0, digits: int = 1) -> str:
         v = finite_number(signals.get(key))
         return "?" if v is None else f"{v * scale:.{digits}f}"

@@ -47,6 +47,7 @@ import pandas as pd
 from prefect_dask_profiling._util import InvalidInput, finite_number
 from prefect_dask_profiling.regression import stats
 from prefect_dask_profiling.regression.rule import RegressionRule
+from prefect_dask_profiling.store.manifest import Manifest
 
 __all__ = ["MEMORY_METRICS", "MEMORY_VERDICTS", "MEMORY_VERDICT_COLUMNS", "MemoryRow",
            "describe_memory", "detect_memory", "history_from_manifests",
@@ -203,7 +204,7 @@ def describe_memory(verdicts: pd.DataFrame) -> str:
                                   for r in flagged.itertuples(index=False))
 
 
-def history_from_manifests(manifests: Iterable[dict[str, Any]]) -> pd.DataFrame:
+def history_from_manifests(manifests: Iterable[Manifest]) -> pd.DataFrame:
     """The history rows of stored runs: one per (run, stage with a ``memory`` entry)."""
     rows = []
     for manifest in manifests:
@@ -213,13 +214,13 @@ def history_from_manifests(manifests: Iterable[dict[str, Any]]) -> pd.DataFrame:
                                        "headroom"])
 
 
-def latest_from_manifest(manifest: dict[str, Any]) -> pd.DataFrame:
+def latest_from_manifest(manifest: Manifest) -> pd.DataFrame:
     """Tonight's rows from a run's manifest (its ``stages[].memory``)."""
     return pd.DataFrame(list(_manifest_rows(manifest)),
                         columns=["stage", *MEMORY_METRICS, "memory_limit", "headroom"])
 
 
-def _manifest_rows(manifest: dict[str, Any]) -> Iterable[dict[str, Any]]:
+def _manifest_rows(manifest: Manifest) -> Iterable[dict[str, Any]]:
     """The memory rows of one stored run.
 
     ``peak_bytes`` here is the stage's own figure: ``added_bytes``, what its workers'

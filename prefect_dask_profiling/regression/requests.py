@@ -38,6 +38,7 @@ import pandas as pd
 from prefect_dask_profiling._util import finite_number
 from prefect_dask_profiling.regression import stats
 from prefect_dask_profiling.regression.rule import RegressionRule
+from prefect_dask_profiling.store.manifest import Manifest
 
 __all__ = ["REQUEST_METRICS", "REQUEST_VERDICT_COLUMNS", "describe_requests",
            "detect_requests", "request_rows"]
@@ -53,7 +54,7 @@ MAD_FLOOR = 0.10
 BYTES_PER_REQUEST = 2**19
 
 
-def request_rows(manifests: Iterable[dict[str, Any]]) -> pd.DataFrame:
+def request_rows(manifests: Iterable[Manifest]) -> pd.DataFrame:
     """``run_id, stage`` and the per-chunk figures of every stage with storage figures."""
     rows = []
     for manifest in manifests:
