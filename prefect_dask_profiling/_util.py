@@ -84,6 +84,31 @@ def positive_number(value: object, field: str, *, allow_zero: bool = False) -> f
     return float(value)
 
 
+def finite_number(value: Any, *, minimum: float | None = None) -> float | None:
+    """``value`` as a float when it is a finite real number (at least ``minimum``), else None.
+
+    For figures read from stored JSON and tables, where a value may be missing, text, a
+    ``bool``, NaN or infinite: each of these is "no number" (``None``).
+    """
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    if not math.isfinite(number) or (minimum is not None and number < minimum):
+        return None
+    return number
+
+
+def float_or_nan(value: Any) -> float:
+    """``float(value)``, NaN when it is not a number; infinities are kept (a ratio from 0)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
 def ship_by_value(*module_names: str) -> None:
     """Pickle the named (already imported) modules by value.
 

@@ -44,6 +44,7 @@ import pandas as pd
 
 from prefect_dask_profiling.regression.rule import RegressionRule, Rules
 from prefect_dask_profiling.store.manifest import (
+    Manifest,
     RunContext,
     StageInfo,
     build_manifest,
@@ -136,7 +137,7 @@ class FinishResult:
     summary: pd.DataFrame
     utilisation: pd.DataFrame
     verdicts: pd.DataFrame
-    manifest: dict[str, Any]
+    manifest: Manifest
     location: str | None
     regressed: bool
     warnings: list[str]
@@ -189,7 +190,7 @@ class RunEnd:
     files: dict[str, bytes] = field(default_factory=dict)
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     manifest_extra: dict[str, Any] = field(default_factory=dict)
-    manifest: dict[str, Any] | None = None
+    manifest: Manifest | None = None
     fleet_location: str | None = None
     # views drawn after the run is complete (views_in_background): (name, job -> warnings)
     views: list[tuple[str, Callable[[], list[str]]]] = field(default_factory=list)
@@ -736,8 +737,6 @@ def _or_empty(frame: pd.DataFrame | None, columns: list[str] | None = None) -> p
     return frame if frame is not None else pd.DataFrame(columns=columns or [])
 
 
-def _verdicts_or_empty(frame: pd.DataFrame | None) -> pd.DataFrame:
-    return frame if frame is not None else pd.DataFrame(columns=VERDICT_COLUMNS)
 
 
 def _join(location: str | None, name: str) -> str | None:

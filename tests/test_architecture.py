@@ -315,3 +315,96 @@ def test_the_rule_check_sees_a_direct_call():
             "verdict.detect_regressions(a, b)\n")
     names = [n for n, _ in rule_uses(text, f"{PACKAGE}.cli.history")]
     assert names == [f"{PACKAGE}.regression.drift.detect_drift", "detect_regressions"]
+
+
+# ------------------------------------------------------------------ one home for the z test
+STATS = f"{PACKAGE}.regression.stats"
+Z_TEST_NAMES = {"MAD_TO_SIGMA"}
+Z_TEST_CONSTANTS = {1.4826}
+
+
+def z_test_copies(text: str) -> list[str]:
+    """The robust z test's constant written out (``1.4826``) or a ``MAD_TO_SIGMA`` of its own
+    (defined, imported or used): the places that compute the test outside its helper."""
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, float) \
+                and node.value in Z_TEST_CONSTANTS:
+            found.append(f"{node.value!r} (line {node.lineno})")
+        elif isinstance(node, ast.Name) and node.id in Z_TEST_NAMES:
+            found.append(f"{node.id} (line {node.lineno})")
+        elif isinstance(node, ast.Attribute) and node.attr in Z_TEST_NAMES:
+            found.append(f".{node.attr} (line {node.lineno})")
+        elif isinstance(node, ast.alias) and node.name in Z_TEST_NAMES:
+            found.append(f"import {node.name}")
+    return found
+
+
+def test_the_statistics_helper_is_the_only_home_of_the_z_test():
+    assert STATS in MODULES
+    wrong = [f"{source}: {hit}" for source in MODULES if source != STATS
+             for hit in z_test_copies(MODULES[source].read_text())]
+    assert not wrong, (f"the robust ratio + z test lives in {STATS} (median_mad, "
+                       "robust_spread, robust_z, ratio); found outside it:\n" + "\n".join(wrong))
+
+
+def test_the_z_test_check_sees_a_copy():
+    text = ("MAD_TO_SIGMA = 1.4826\n"
+            "from prefect_dask_profiling.regression.stats import MAD_TO_SIGMA\n"
+            "spread = stats.MAD_TO_SIGMA * mad\n"
+            "sigma = 1.4826 * mad  # docstrings and comments may say 1.4826\n")
+    assert len(z_test_copies(text)) == 5
+
+
+# ------------------------------------------------------------------ threads only in prefect/
+# Calls that start a thread (or a pool of them). Nothing outside ``prefect/`` may make one:
+# the flow process has one background service (prefect/background.py).
+THREAD_STARTERS = {"Thread", "Timer", "ThreadPoolExecutor", "start_new_thread", "to_thread",
+                   "run_in_executor"}
+# Known starters outside prefect/, each with why it is there. Remove an entry when its
+# thread goes; add none.
+THREADS_ALLOWED = {
+    # A benchmark fault (the "slow worker" plugin) burning CPU inside a Dask worker process
+    # it is installed in: not the flow process, and the point of the workload.
+    f"{PACKAGE}.bench.workloads": "worker-side CPU burners of the slow-worker fault",
+    # ``_in_background``: a raw thread for the early history read and one for the views.
+    # To move onto prefect/background.py with the finish_run split (issue 34, Target 1).
+    f"{PACKAGE}.finishing": "history read and views threads (issue 34: to Background)",
+}
+
+
+def thread_starts(text: str) -> list[str]:
+    """Calls of ``THREAD_STARTERS`` (plain or as attributes) and classes deriving ``Thread``."""
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else \
+                func.attr if isinstance(func, ast.Attribute) else None
+            if name in THREAD_STARTERS:
+                found.append(f"{name}( (line {node.lineno})")
+        elif isinstance(node, ast.ClassDef):
+            for base in node.bases:
+                name = base.id if isinstance(base, ast.Name) else \
+                    base.attr if isinstance(base, ast.Attribute) else None
+                if name in {"Thread", "Timer"}:
+                    found.append(f"class {node.name}({name}) (line {node.lineno})")
+    return found
+
+
+def test_nothing_outside_prefect_starts_a_thread():
+    wrong = [f"{source}: {hit}" for source in MODULES
+             if part(source) != "prefect" and source not in THREADS_ALLOWED
+             for hit in thread_starts(MODULES[source].read_text())]
+    assert not wrong, ("threads are started only in prefect/ (the flow process's one "
+                       "background service, prefect/background.py); found:\n"
+                       + "\n".join(wrong))
+
+
+def test_the_thread_check_sees_a_thread():
+    text = ("import threading\nfrom concurrent.futures import ThreadPoolExecutor\n"
+            "threading.Thread(target=f).start()\n"
+            "pool = ThreadPoolExecutor(2)\n"
+            "class Worker(threading.Thread):\n    pass\n"
+            "lock = threading.Lock()\n")
+    assert len(thread_starts(text)) == 3

@@ -26,6 +26,7 @@ from prefect_dask_profiling.cli._params import (
     StoreOption,
     existing_store,
 )
+from prefect_dask_profiling.store.manifest import Manifest
 
 if TYPE_CHECKING:
     from prefect_dask_profiling.store.runs import RunStore
@@ -176,7 +177,7 @@ def show_command(
     _show_memory(run_store.read_manifest(pipeline, run_id), f"{pipeline} {run_id}")
 
 
-def _show_memory(manifest: dict[str, Any], title: str) -> None:
+def _show_memory(manifest: Manifest, title: str) -> None:
     """The run's memory per stage and its worker deaths (runs stored before: nothing)."""
     from prefect_dask_profiling.summary.memory import describe_incident, memory_table
 

@@ -68,9 +68,56 @@ from outside the cluster), or the verdict says it cannot.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
+
+from prefect_dask_profiling._util import finite_number
+
+Signals = dict[str, Any]
+"""Measured signals, ``"<instrument>.<name>" -> number`` (plus a few ``context.*`` texts)."""
+
+# One evaluated rule (``class`` is a keyword: the functional form).
+Evidence = TypedDict("Evidence", {
+    "class": str, "signal": str, "source": str, "value": float, "op": str,
+    "threshold": float, "supports": bool, "meaning": str, "role": str})
+
+
+class _Score(TypedDict):
+    """How one class fares: its agreeing sources, the rules for it, and what gates it."""
+
+    sources: set[str]
+    supporting: int
+    evaluated: int
+    ratio: float
+    gate: str
+
+
+class ClassScore(TypedDict):
+    """One class's score in a verdict (:func:`classify` ``scores``)."""
+
+    supporting_sources: list[str]
+    supporting: int
+    evaluated: int
+    ratio: float
+    gate: str
+
+
+class Classification(TypedDict):
+    """The verdict of :func:`classify` (plain JSON: stored in a run's manifest)."""
+
+    primary: str
+    secondary: str | None
+    confidence: str
+    agreeing_sources: int
+    signals: list[Evidence]
+    sources: list[str]
+    scores: dict[str, ClassScore]
+    disagreements: list[str]
+    compatible: list[str]
+    effects: dict[str, float | None]
+    note: str
+    actions: list[str]
+    evidence: list[Evidence]
 
 CLASSES = ("spill", "transfer", "straggler", "io", "scheduler", "compute")
 """Bottleneck classes, most specific first (the order that breaks ties)."""
@@ -339,7 +386,7 @@ def check_classes(classes: Any) -> tuple[str, ...]:
     return tuple(c for c in CLASSES if c in names)
 
 
-def evaluate(signals: dict[str, Any]) -> list[dict[str, Any]]:
+def evaluate(signals: Signals) -> list[Evidence]:
     """Evaluate every rule whose signal was measured.
 
     Returns
@@ -349,7 +396,7 @@ def evaluate(signals: dict[str, Any]) -> list[dict[str, Any]]:
     """
     rows = []
     for rule in RULES:
-        value = _number(signals.get(rule.signal))
+        value = finite_number(signals.get(rule.signal))
         if value is None:
             continue
         rows.append({"class": rule.klass, "signal": rule.signal, "source": rule.source,
@@ -359,7 +406,7 @@ def evaluate(signals: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def classify(signals: dict[str, Any], classes: Any = None) -> dict[str, Any]:
+def classify(signals: Signals, classes: Any = None) -> Classification:
     """Classify the bottleneck from measured signals.
 
     Parameters
@@ -462,7 +509,7 @@ def classify(signals: dict[str, Any], classes: Any = None) -> dict[str, Any]:
 
 
 def recommend(primary: str | None, secondary: str | None,
-              signals: dict[str, Any]) -> list[str]:
+              signals: Signals) -> list[str]:
     """Recommended next actions, ordered by expected impact (primary's first, then secondary)."""
     context = _action_context(signals)
     out: list[str] = []
@@ -485,7 +532,7 @@ def threshold_table() -> str:
     return "\n".join(lines)
 
 
-def _score(klass: str, evidence: list[dict[str, Any]], signals: dict[str, Any]) -> dict[str, Any]:
+def _score(klass: str, evidence: list[Evidence], signals: Signals) -> _Score:
     rows = [e for e in evidence if e["class"] == klass]
     supporting = [e for e in rows if e["supports"]]
     failed = [e for e in rows if e["role"] == "required" and not e["supports"]]
@@ -509,12 +556,12 @@ def _score(klass: str, evidence: list[dict[str, Any]], signals: dict[str, Any]) 
             "gate": "; ".join(gates)}
 
 
-def _floor_gate(floor: Floor | None, signals: dict[str, Any]) -> str:
+def _floor_gate(floor: Floor | None, signals: Signals) -> str:
     """Why a class is below its floor ('' when it reaches it, or has no floor)."""
     if floor is None:
         return ""
     for name in floor.signals:
-        value = _number(signals.get(name))
+        value = finite_number(signals.get(name))
         if value is not None:
             if value >= floor.floor:
                 return ""
@@ -523,7 +570,7 @@ def _floor_gate(floor: Floor | None, signals: dict[str, Any]) -> str:
     return f"none of {', '.join(floor.signals)} was measured ({floor.why})"
 
 
-def straggler_wall_share(signals: dict[str, Any]) -> float | None:
+def straggler_wall_share(signals: Signals) -> float | None:
     """How much of the stage's wall one skewed task explains, or ``None`` without one.
 
     Measured as the longest task's duration over the stage's wall (``tasks.longest_share``),
@@ -533,17 +580,17 @@ def straggler_wall_share(signals: dict[str, Any]) -> float | None:
     straggler leads whatever the task did (wait or compute), and the class that fits what
     it did is named beside it.
     """
-    skew = _number(signals.get("tasks.task_skew"))
-    longest = _number(signals.get("tasks.longest_share"))
+    skew = finite_number(signals.get("tasks.task_skew"))
+    longest = finite_number(signals.get("tasks.longest_share"))
     if skew is None or longest is None or skew < _TASK_SKEW:
         return None
     return min(max(longest, 0.0), 1.0)
 
 
-def _gil_contention(signals: dict[str, Any]) -> str:
+def _gil_contention(signals: Signals) -> str:
     """Why busy, off-CPU threads look like GIL contention rather than I/O ('' if not)."""
-    cores = _number(signals.get("monitor.busy_process_cores"))
-    threads = _number(signals.get("monitor.threads_per_worker"))
+    cores = finite_number(signals.get("monitor.busy_process_cores"))
+    threads = finite_number(signals.get("monitor.threads_per_worker"))
     if cores is None or threads is None or threads < 2:
         return ""
     if cores >= GIL_PROCESS_CORES:
@@ -552,25 +599,27 @@ def _gil_contention(signals: dict[str, Any]) -> str:
     return ""
 
 
-def _contention_notes(primary: str, signals: dict[str, Any]) -> list[str]:
+def _contention_notes(primary: str, signals: Signals) -> list[str]:
     notes = []
-    if primary in ("io", "compute") and _number(signals.get("monitor.cpu_wait_measured")) == 0:
+    measured = finite_number(signals.get("monitor.cpu_wait_measured"))
+    if primary in ("io", "compute") and measured == 0:
         notes.append("process CPU comes from system-monitor samples (CPU used, not CPU waited "
                      "for): on a loaded host a CPU-bound stage can look like io")
     return notes + _io_notes(primary, signals)
 
 
-def _io_notes(primary: str, signals: dict[str, Any]) -> list[str]:
+def _io_notes(primary: str, signals: Signals) -> list[str]:
     if primary != "io":
         return []
-    threads = _number(signals.get("monitor.threads_per_worker"))
-    if threads is not None and threads < 2 and _number(signals.get("host.external_share")) is None:
+    threads = finite_number(signals.get("monitor.threads_per_worker"))
+    external = finite_number(signals.get("host.external_share"))
+    if threads is not None and threads < 2 and external is None:
         return ["one thread per worker: CPU signals cannot tell waiting on I/O from waiting on "
                 "a lock held by another process, and no external bytes were measured"]
     return []
 
 
-def expected_effect(klass: str, signals: dict[str, Any]) -> float | None:
+def expected_effect(klass: str, signals: Signals) -> float | None:
     """The share of the wall that fixing ``klass`` could remove, at most (``None``: unknown).
 
     Estimated from the signals, in the same unit for every class so that two classes that
@@ -591,8 +640,8 @@ def expected_effect(klass: str, signals: dict[str, Any]) -> float | None:
         ``None``: spill costs more than its disk time (paused workers, recomputation) and
         no source measures it; compute is what remains, not a competing cause.
     """
-    busy = _number(signals.get("tasks.busy_fraction"))
-    longest = _number(signals.get("tasks.longest_share"))
+    busy = finite_number(signals.get("tasks.busy_fraction"))
+    longest = finite_number(signals.get("tasks.longest_share"))
     idle = None if busy is None else max(0.0, 1.0 - min(busy, 1.0))
     if klass == "io":
         cpu = _first(signals, "monitor.cpu_per_busy_thread", "fine.cpu_fraction")
@@ -603,10 +652,10 @@ def expected_effect(klass: str, signals: dict[str, Any]) -> float | None:
     if klass == "straggler":
         if longest is not None and longest >= 0.5 and idle is not None:
             return idle
-        tail = _number(signals.get("tasks.tail_fraction"))
+        tail = finite_number(signals.get("tasks.tail_fraction"))
         return None if tail is None else min(max(tail, 0.0), 1.0)
     if klass == "scheduler":
-        r = _number(signals.get("scheduler.overhead_ratio"))
+        r = finite_number(signals.get("scheduler.overhead_ratio"))
         if r is None or r < 0:
             return None
         effect = r / (1.0 + r)
@@ -617,15 +666,15 @@ def expected_effect(klass: str, signals: dict[str, Any]) -> float | None:
     return None
 
 
-def _first(signals: dict[str, Any], *names: str) -> float | None:
+def _first(signals: Signals, *names: str) -> float | None:
     for name in names:
-        value = _number(signals.get(name))
+        value = finite_number(signals.get(name))
         if value is not None:
             return value
     return None
 
 
-def _pick_primary(candidates: list[str], scores: dict[str, dict[str, Any]],
+def _pick_primary(candidates: list[str], scores: dict[str, _Score],
                   allowed: tuple[str, ...],
                   effects: dict[str, float | None] | None = None) -> str | None:
     """The specific class whose fix has the larger expected effect, when every qualifying
@@ -666,7 +715,7 @@ def _wall_text(other: str, share: float | None, effects: dict[str, float | None]
     return text
 
 
-def _pick_secondary(primary: str | None, others: list[str], scores: dict[str, dict[str, Any]],
+def _pick_secondary(primary: str | None, others: list[str], scores: dict[str, _Score],
                     allowed: tuple[str, ...]) -> str | None:
     if primary is None:
         return None
@@ -687,7 +736,7 @@ def _competing(primary: str, others: list[str]) -> list[str]:
 
 
 def _confidence(primary: str | None, candidates: list[str],
-                scores: dict[str, dict[str, Any]]) -> str:
+                scores: dict[str, _Score]) -> str:
     """high: >= MIN_SOURCES agree, nothing competes; medium: two agree, or three with a
     weaker competitor; low: a best guess or an even contest."""
     if primary is None or primary not in candidates:
@@ -707,7 +756,7 @@ def _compatible_note(primary: str | None, others: list[str]) -> list[str]:
 
 
 def _note(primary: str | None, secondary: str | None, confidence: str,
-          scores: dict[str, dict[str, Any]], disagreements: list[str]) -> str:
+          scores: dict[str, _Score], disagreements: list[str]) -> str:
     if primary is None:
         return "no signal supports any bottleneck class; measure a larger workload"
     s = scores[primary]
@@ -721,9 +770,9 @@ def _note(primary: str | None, secondary: str | None, confidence: str,
     return text
 
 
-def _action_context(signals: dict[str, Any]) -> dict[str, str]:
+def _action_context(signals: Signals) -> dict[str, str]:
     def num(key: str, scale: float = 1.0, digits: int = 1) -> str:
-        v = _number(signals.get(key))
+        v = finite_number(signals.get(key))
         return "?" if v is None else f"{v * scale:.{digits}f}"
 
     straggler = signals.get("context.straggler") or (
@@ -744,14 +793,6 @@ def _action_context(signals: dict[str, Any]) -> dict[str, str]:
     }
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
 
 
 def _fmt(value: float) -> str:

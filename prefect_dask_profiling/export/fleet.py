@@ -36,8 +36,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pandas as pd
 
-from prefect_dask_profiling._util import validate_name
+from prefect_dask_profiling._util import float_or_nan, validate_name
 from prefect_dask_profiling.store import layout
+from prefect_dask_profiling.store.manifest import Manifest
 from prefect_dask_profiling.store.runs import RunStore, StoreError
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ def dataset_schema():
     return _schema().append(pa.field("pipeline", pa.string()))
 
 
-def fleet_rows(manifest: dict[str, Any], tasks: pd.DataFrame) -> pd.DataFrame:
+def fleet_rows(manifest: Manifest, tasks: pd.DataFrame) -> pd.DataFrame:
     """The fleet rows of one run: its per-prefix table with the run's fields added.
 
     Parameters
@@ -135,15 +136,15 @@ def fleet_rows(manifest: dict[str, Any], tasks: pd.DataFrame) -> pd.DataFrame:
     out["run_id"] = str(manifest["run_id"])
     out["started"] = pd.to_datetime(manifest.get("started"), utc=True)
     out["status"] = str(manifest["status"])
-    out["utilisation"] = _number(util.get("run"))
-    out["stage_utilisation"] = [_number(stage_util.get(s)) for s in out["stage"]]
+    out["utilisation"] = float_or_nan(util.get("run"))
+    out["stage_utilisation"] = [float_or_nan(stage_util.get(s)) for s in out["stage"]]
     by_stage = _stage_bottlenecks(manifest)
     run_level = _bottleneck(manifest)
     out["bottleneck"] = [by_stage.get(stage, run_level) for stage in out["stage"]]
     memory = _stage_entries(manifest, "memory")
     for column, key in (("stage_peak_bytes", "peak_bytes"), ("stage_headroom", "headroom"),
                         ("stage_spilled_bytes", "spilled_bytes")):
-        out[column] = [_number(memory.get(stage, {}).get(key)) for stage in out["stage"]]
+        out[column] = [float_or_nan(memory.get(stage, {}).get(key)) for stage in out["stage"]]
     storage = _stage_entries(manifest, "io")
     for column, key, kind in STORAGE_COLUMNS:
         out[column] = _nullable([storage.get(stage, {}).get(key) for stage in out["stage"]],
@@ -173,7 +174,7 @@ def fleet_location(store: RunStore, pipeline: str | None = None,
     return store.location(layout.fleet_dir(pipeline))
 
 
-def write_fleet(store: RunStore, manifest: dict[str, Any], tasks: pd.DataFrame) -> str:
+def write_fleet(store: RunStore, manifest: Manifest, tasks: pd.DataFrame) -> str:
     """Write one run's fleet file (replacing an earlier one of the same run); its location.
 
     Raises ``StoreError`` when the store cannot be written.
@@ -266,15 +267,9 @@ def _remove_stale(store: RunStore, pipeline: str, runs: set[str]) -> int:
     return len(stale)
 
 
-def _number(value: Any) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return float("nan")
-    return number
 
 
-def _stage_bottlenecks(manifest: dict[str, Any]) -> dict[str, str]:
+def _stage_bottlenecks(manifest: Manifest) -> dict[str, str]:
     """Each stage's primary bottleneck class from its stored diagnosis, when there is one."""
     out = {}
     for info in manifest.get("stages") or []:
@@ -295,14 +290,14 @@ def _nullable(values: list[Any], kind: Literal["int64", "float64"]) -> Extension
             else numbers.astype("float64")).array
 
 
-def _stage_entries(manifest: dict[str, Any], key: str) -> dict[str, dict[str, Any]]:
+def _stage_entries(manifest: Manifest, key: str) -> dict[str, dict[str, Any]]:
     """Each stage's stored ``stages[].<key>`` entry (``memory``, ``io``) by stage name;
     stages without one (old runs, no source) are left out."""
     return {str(info.get("name")): info[key] for info in manifest.get("stages") or []
             if isinstance(info, dict) and isinstance(info.get(key), dict)}
 
 
-def _stage_deaths(manifest: dict[str, Any]) -> dict[str, int]:
+def _stage_deaths(manifest: Manifest) -> dict[str, int]:
     """How many workers died in each stage (``incidents``)."""
     out: dict[str, int] = {}
     for incident in manifest.get("incidents") or []:
@@ -311,7 +306,7 @@ def _stage_deaths(manifest: dict[str, Any]) -> dict[str, int]:
     return out
 
 
-def _bottleneck(manifest: dict[str, Any]) -> str | None:
+def _bottleneck(manifest: Manifest) -> str | None:
     """The run's bottleneck class, when a diagnosis stored one."""
     value = manifest.get("bottleneck")
     diagnosis = manifest.get("diagnosis")

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from prefect_dask_profiling.regression.alerts import Episode
+from prefect_dask_profiling.store.manifest import Manifest
 from prefect_dask_profiling.store.runs import RunStore, StoreError
 
 if TYPE_CHECKING:
@@ -83,7 +84,7 @@ class LatestRun:
     """The newest exportable run of one pipeline: manifest, per-prefix table, verdicts."""
 
     pipeline: str
-    manifest: dict[str, Any]
+    manifest: Manifest
     tasks: pd.DataFrame
     verdicts: pd.DataFrame
     episodes: list[Episode] = field(default_factory=list)

@@ -29,7 +29,6 @@ import dataclasses
 import functools
 import inspect
 import logging
-import pickle
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -198,12 +197,6 @@ def _in_dask_worker() -> bool:
     return True
 
 
-def _check_worker_can_load(payload: bytes) -> str | None:
-    try:
-        pickle.loads(payload)
-    except Exception as exc:  # reported back to the flow body, verbatim
-        return f"{type(exc).__name__}: {exc}"
-    return None
 
 
 class ProfiledDaskTaskRunner(DaskTaskRunner):

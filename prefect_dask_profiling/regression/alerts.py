@@ -73,7 +73,7 @@ from typing import Any
 
 import pandas as pd
 
-from prefect_dask_profiling._util import InvalidInput
+from prefect_dask_profiling._util import InvalidInput, float_or_nan
 from prefect_dask_profiling.regression.confirm import Prior, nearer
 from prefect_dask_profiling.regression.rule import RegressionRule
 
@@ -354,7 +354,7 @@ class Night:
             if metric not in FAMILIES:
                 continue
             key = (str(row.get("stage")), str(row.get("prefix") or ""), metric)
-            signals[key] = Signal(str(row.get("alert") or ""), _float(row.get("ratio")),
+            signals[key] = Signal(str(row.get("alert") or ""), float_or_nan(row.get("ratio")),
                                   str(row.get("verdict") or ""))
         return cls(run_id, pipeline, version, signals,
                    RegressionRule() if rule is None else rule, status, started, ended)
@@ -696,11 +696,6 @@ def _time_signals(rows: pd.DataFrame) -> dict[Key, Signal]:
         ratio.to_numpy(), rows["verdict"].to_numpy(), strict=True)}
 
 
-def _float(value: Any) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
 
 
 def instant(text: str) -> datetime:

@@ -57,7 +57,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from prefect_dask_profiling._util import InvalidInput
+from prefect_dask_profiling._util import InvalidInput, float_or_nan
 from prefect_dask_profiling.regression.rule import RegressionRule
 
 __all__ = ["ALERT_COLUMNS", "ALERTS", "CONCLUSIVE_SIGMAS", "EXTREME_FACTOR", "Decision",
@@ -101,8 +101,8 @@ class Evidence:
     def from_row(cls, row: Any) -> Evidence:
         """From a verdict-table row (a namedtuple or mapping with those fields)."""
         get = row.get if isinstance(row, dict) else (lambda k: getattr(row, k))
-        return cls(str(get("verdict")), _float(get("ratio")), _float(get("robust_z")),
-                   _float(get("delta_s")))
+        return cls(str(get("verdict")), float_or_nan(get("ratio")), float_or_nan(get("robust_z")),
+                   float_or_nan(get("delta_s")))
 
     @property
     def flagged(self) -> bool:
@@ -294,19 +294,13 @@ def confirm_verdicts(verdicts: pd.DataFrame, priors: dict[tuple[str, str], Prior
         raise InvalidInput(f"verdicts is missing column(s): {', '.join(missing)}")
     columns = (verdicts[c].to_numpy() for c in
                ("stage", "prefix", "verdict", "ratio", "robust_z", "delta_s"))
-    decisions = [decide(Evidence(str(v), _float(r), _float(z), _float(d)),
+    decisions = [decide(Evidence(str(v), float_or_nan(r), float_or_nan(z), float_or_nan(d)),
                         priors.get((str(s), str(p)), Prior()), rule, reach)
                  for s, p, v, r, z, d in zip(*columns, strict=True)]
     return verdicts.assign(alert=[d.alert for d in decisions],
                            alert_reason=[d.reason for d in decisions])
 
 
-def _float(value: Any) -> float:
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return math.nan
-    return out
 
 
 def _x(ratio: float) -> str:
@@ -360,8 +354,8 @@ def _decide_signal(row: dict[str, Any], is_flagged: bool, prior: Prior,
     if prior.episode == "suspected":
         if is_flagged:
             return Decision("regression", "confirmed: flagged two runs in a row")
-        ratio = _float(row.get("ratio"))
-        delta, effect = _float(row.get("delta")), _float(row.get("min_effect"))
+        ratio = float_or_nan(row.get("ratio"))
+        delta, effect = float_or_nan(row.get("delta")), float_or_nan(row.get("min_effect"))
         enough = not math.isfinite(effect) or (math.isfinite(delta) and delta >= effect)
         if nearer(ratio, prior.ratio) and enough:
             return Decision("regression", f"confirmed: still {_x(ratio)}, nearer the "

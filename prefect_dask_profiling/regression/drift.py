@@ -65,7 +65,10 @@ import math
 import numpy as np
 import pandas as pd
 
+from prefect_dask_profiling._util import InvalidInput
+from prefect_dask_profiling.regression import stats
 from prefect_dask_profiling.regression.baseline import HistoryUnavailable
+from prefect_dask_profiling.regression.rule import DriftRule, RegressionRule, Rules
 from prefect_dask_profiling.store.runs import RunStore, StoreError
 
 logger = logging.getLogger(__name__)
@@ -76,7 +79,6 @@ DRIFT_COLUMNS = ["stage", "prefix", "verdict", "fails", "start_run", "start_star
                  "start_s", "level_s", "latest_s", "cumulative_ratio", "z", "cusum",
                  "n_nights", "share", "series"]
 DRIFT_VERDICTS = ("drift", "ok", "insufficient-history")
-MAD_TO_SIGMA = 1.4826
 MEAN_AD_TO_SIGMA = math.sqrt(math.pi / 2)  # mean |x - mu| = sigma * sqrt(2 / pi) (normal)
 # The MAD of a few night-to-night differences often underestimates the noise (it has about a
 # third of the efficiency of the standard deviation): the estimate is widened by
@@ -90,11 +92,8 @@ PERSIST = 0.75
 SERIES_STATUSES = ("healthy", "regressed", "suspected")
 
 
-def detect_drift(history: pd.DataFrame, threshold: float = 2.0, min_ratio: float = 1.5,
-                 z_threshold: float = 3.5, cusum_limit: float = 5.0, allowance: float = 0.5,
-                 start_nights: int = 3, recent_nights: int = 3, min_nights: int = 8,
-                 min_seconds: float = 1.0, min_share: float = 0.05,
-                 mad_floor: float = 0.05, judged_run: str | None = None) -> pd.DataFrame:
+def detect_drift(history: pd.DataFrame, rule: Rules | DriftRule | None = None, *,
+                 judged_run: str | None = None) -> pd.DataFrame:
     """Judge every (stage, prefix) series of ``history`` for sustained drift.
 
     Parameters
@@ -106,24 +105,16 @@ def detect_drift(history: pd.DataFrame, threshold: float = 2.0, min_ratio: float
         (unless ``judged_run`` is given).
         Rows repeated for one (run, stage, prefix) are added up; a prefix absent from a
         night has no value that night.
-    threshold
-        Cumulative ratio from which a drifting prefix fails the run.
-    min_ratio
-        Smallest cumulative ratio ever reported as drift (must be > 1 and <= ``threshold``).
-    z_threshold
-        Smallest robust shift, in noise units, reported as drift.
-    cusum_limit, allowance
-        CUSUM decision limit and per-night allowance, in noise units.
-    start_nights, recent_nights
-        Nights whose median gives the start level and the current level.
-    min_nights
-        Fewest nights of a prefix for a verdict (``insufficient-history`` below).
-    min_seconds
-        Smallest growth of the level, in seconds.
-    min_share
-        Smallest share of the newest night's task time.
-    mad_floor
-        Floor of the noise as a relative change (5%: no timing repeats better).
+    rule
+        The settings, validated by the rule itself. A
+        :class:`~prefect_dask_profiling.regression.rule.Rules`: its ``drift`` rule
+        (``min_ratio``, ``z_threshold``, ``cusum_limit``, ``allowance``, ``start_nights``,
+        ``recent_nights``, ``min_nights``) and, from its ``regression`` rule, ``threshold``
+        (the cumulative ratio from which a drifting prefix fails the run), ``min_seconds``
+        (smallest growth of the level, in seconds), ``min_share`` (smallest share of the
+        newest night's task time) and ``mad_floor`` (floor of the noise as a relative
+        change). A bare :class:`~prefect_dask_profiling.regression.rule.DriftRule` takes the
+        default regression rule; ``None`` the defaults of both.
     judged_run
         The run being judged: its night is the last of every series whatever its ``started``
         (another run of the pipeline may have started later and finished first).
@@ -135,9 +126,15 @@ def detect_drift(history: pd.DataFrame, threshold: float = 2.0, min_ratio: float
         first then by cumulative ratio. ``fails`` is True for drift at or above
         ``threshold``; ``start_run``/``start_started`` name the night the drift started;
         ``series`` is the prefix's totals since the baseline start (a list, oldest first).
+
+    Raises
+    ------
+    InvalidInput
+        When ``rule`` is none of these.
+    ValueError
+        When ``history`` lacks a column, or ``judged_run`` is not in it.
     """
-    _check(threshold, min_ratio, z_threshold, cusum_limit, allowance, start_nights,
-           recent_nights, min_nights, min_seconds, min_share, mad_floor)
+    rules = _rules(rule)
     missing = [c for c in SERIES_COLUMNS if c not in history.columns]
     if missing:
         raise ValueError(f"history lacks column(s) {', '.join(missing)}; it needs "
@@ -155,9 +152,7 @@ def detect_drift(history: pd.DataFrame, threshold: float = 2.0, min_ratio: float
         present = ~np.isnan(column)
         series, runs = column[present], nights[present]
         share = float(series[-1]) / run_total if run_total > 0 else 0.0
-        row = _judge(series, threshold, min_ratio, z_threshold, cusum_limit, allowance,
-                     start_nights, recent_nights, min_nights, min_seconds, min_share,
-                     mad_floor, share)
+        row = _judge(series, rules.drift, rules.regression, share)
         start = row.pop("start_index")
         row["start_run"] = None if start is None else str(runs[start])
         row["start_started"] = None if start is None else started.get(runs[start])
@@ -375,32 +370,32 @@ def _short(value: float) -> str:
 
 
 # ---------------------------------------------------------------------- internals
-def _judge(x: np.ndarray, threshold: float, min_ratio: float, z_threshold: float,
-           cusum_limit: float, allowance: float, start_nights: int, recent_nights: int,
-           min_nights: int, min_seconds: float, min_share: float, mad_floor: float,
-           share: float) -> dict:
+def _judge(x: np.ndarray, drift: DriftRule, one_night: RegressionRule, share: float) -> dict:
     """The verdict of one series (oldest first, the judged night last)."""
+    start_nights, recent_nights = drift.start_nights, drift.recent_nights
+    min_ratio, cusum_limit = drift.min_ratio, drift.cusum_limit
     row = {"verdict": "insufficient-history", "fails": False, "start_index": None,
            "start_s": math.nan, "level_s": math.nan, "latest_s": float(x[-1]),
            "cumulative_ratio": math.nan, "z": math.nan, "cusum": math.nan, "n_nights": len(x)}
-    if len(x) < max(min_nights, start_nights + recent_nights):
+    if len(x) < max(drift.min_nights, start_nights + recent_nights):
         return row
     y = np.log(np.maximum(x, 1e-6))  # a 0 s night is "very fast", not minus infinity
     base = float(np.median(y[:start_nights]))
     level = float(np.median(y[-recent_nights:]))
     diffs = np.diff(y)
-    sigma = max(_noise(diffs), math.log1p(mad_floor))
+    sigma = max(_noise(diffs), math.log1p(one_night.mad_floor))
     sigma *= 1.0 + SMALL_SAMPLE / math.sqrt(len(diffs))
-    cusum, start = _cusum((y - base) / sigma, allowance, cusum_limit)
+    cusum, start = _cusum((y - base) / sigma, drift.allowance, cusum_limit)
     ratio = math.exp(level - base)
     row.update(start_s=math.exp(base), level_s=math.exp(level), cumulative_ratio=ratio,
                z=(level - base) / (math.sqrt(2.0) * sigma), cusum=float(cusum[-1]),
                verdict="ok")
     sustained = bool(cusum[-1] > cusum_limit
                      and (y[-recent_nights:] > base + PERSIST * math.log(min_ratio)).all())
-    if (ratio >= min_ratio and row["z"] >= z_threshold and sustained
-            and math.exp(level) - math.exp(base) >= min_seconds and share >= min_share):
-        row.update(verdict="drift", fails=ratio >= threshold, start_index=start)
+    if (ratio >= min_ratio and row["z"] >= drift.z_threshold and sustained
+            and math.exp(level) - math.exp(base) >= one_night.min_seconds
+            and share >= one_night.min_share):
+        row.update(verdict="drift", fails=ratio >= one_night.threshold, start_index=start)
     return row
 
 
@@ -412,9 +407,9 @@ def _noise(diffs: np.ndarray) -> float:
     it by only ``step / nights``). Both are centred on the median difference, so a steady
     drift does not count as noise; both are scaled to a normal standard deviation.
     """
-    centred = np.abs(diffs - np.median(diffs))
-    by_mad = MAD_TO_SIGMA * float(np.median(centred))
-    by_mean = MEAN_AD_TO_SIGMA * float(np.mean(centred))
+    median, mad = stats.median_mad(diffs)
+    by_mad = stats.robust_spread(mad)
+    by_mean = MEAN_AD_TO_SIGMA * float(np.mean(np.abs(diffs - median)))
     return max(by_mad, by_mean) / math.sqrt(2.0)
 
 
@@ -469,22 +464,12 @@ def empty_series() -> pd.DataFrame:
                          "tasks": pd.Series(dtype=float), "total_s": pd.Series(dtype=float)})
 
 
-def _check(threshold: float, min_ratio: float, z_threshold: float, cusum_limit: float,
-           allowance: float, start_nights: int, recent_nights: int, min_nights: int,
-           min_seconds: float, min_share: float, mad_floor: float) -> None:
-    """Reject settings that would make the rule meaningless, naming the bad one."""
-    for name, value in (("threshold", threshold), ("min_ratio", min_ratio),
-                        ("z_threshold", z_threshold), ("cusum_limit", cusum_limit),
-                        ("allowance", allowance), ("min_seconds", min_seconds),
-                        ("min_share", min_share), ("mad_floor", mad_floor)):
-        if isinstance(value, bool) or not isinstance(value, int | float) \
-                or not math.isfinite(value) or value < 0:
-            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    if min_ratio <= 1.0:
-        raise ValueError(f"min_ratio must be > 1, got {min_ratio!r}")
-    if threshold < min_ratio:
-        raise ValueError(f"threshold ({threshold!r}) must be >= min_ratio ({min_ratio!r})")
-    for name, value in (("start_nights", start_nights), ("recent_nights", recent_nights),
-                        ("min_nights", min_nights)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+def _rules(rule: Rules | DriftRule | None) -> Rules:
+    """``rule`` as the pair of rules drift reads (validated when they were made)."""
+    if rule is None:
+        return Rules()
+    if isinstance(rule, DriftRule):
+        return Rules(drift=rule)
+    if not isinstance(rule, Rules):
+        raise InvalidInput(f"rule must be a Rules or a DriftRule, got {type(rule).__name__}")
+    return rule

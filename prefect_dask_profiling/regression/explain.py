@@ -16,6 +16,7 @@ from collections import Counter
 from typing import Any
 
 from prefect_dask_profiling.environment import mismatch_key
+from prefect_dask_profiling.store.manifest import Manifest
 
 MISMATCH_KEYS = {"mismatches", "mismatch_detail"}
 """Environment keys compared as version mismatches, not as client versions."""
@@ -31,7 +32,7 @@ REQUEST_OPTION_WEIGHT = 6.0
 """Rank of a changed GDAL option that shapes storage requests (others 3.0)."""
 
 
-def explain_stage(stage: str, manifest: dict[str, Any], baselines: list[dict[str, Any]],
+def explain_stage(stage: str, manifest: Manifest, baselines: list[Manifest],
                   ratio: float | None = None) -> dict[str, Any]:
     """Why ``stage`` of the run in ``manifest`` may have regressed against ``baselines``.
 
@@ -80,8 +81,8 @@ def explain_stage(stage: str, manifest: dict[str, Any], baselines: list[dict[str
             "text": ". ".join(parts) if parts else "no baseline runs to compare with"}
 
 
-def context_changes(stage: str, manifest: dict[str, Any],
-                    baselines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def context_changes(stage: str, manifest: Manifest,
+                    baselines: list[Manifest]) -> list[dict[str, Any]]:
     """Differences between tonight's context and the baseline's usual one, ranked."""
     if not baselines:
         return []
@@ -122,7 +123,7 @@ def context_changes(stage: str, manifest: dict[str, Any],
 
 
 def _new_mismatches(env_now: dict[str, Any],
-                    baselines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+                    baselines: list[Manifest]) -> list[dict[str, Any]]:
     """Version mismatches tonight that no baseline run had, compared by
     :func:`~prefect_dask_profiling.environment.mismatch_key` (roles, not worker addresses,
     which change every run); ``was`` is the baseline's mismatch of the same package, if any."""
@@ -168,7 +169,7 @@ def raster_changes(now: Any, baselines: list[Any], usual) -> list[dict[str, Any]
     return out
 
 
-def _bottleneck_change(stage: str, manifest: dict[str, Any], baselines: list[dict[str, Any]],
+def _bottleneck_change(stage: str, manifest: Manifest, baselines: list[Manifest],
                        ratio: float | None) -> dict[str, Any] | None:
     now = _diagnosis(manifest, stage)
     was_all = [d for d in (_diagnosis(b, stage) for b in baselines) if d]
@@ -203,12 +204,12 @@ def _key_signal(now: dict[str, Any], was: list[dict[str, Any]]) -> tuple[str, fl
     return None
 
 
-def _diagnosis(manifest: dict[str, Any], stage: str) -> dict[str, Any] | None:
+def _diagnosis(manifest: Manifest, stage: str) -> dict[str, Any] | None:
     d = _stage(manifest, stage).get("diagnosis")
     return d if isinstance(d, dict) and d.get("primary") else None
 
 
-def _stage(manifest: dict[str, Any], stage: str) -> dict[str, Any]:
+def _stage(manifest: Manifest, stage: str) -> dict[str, Any]:
     for s in manifest.get("stages") or []:
         if isinstance(s, dict) and s.get("name") == stage:
             return s
@@ -227,8 +228,8 @@ def _hashable(value: Any) -> Any:
     return value if isinstance(value, (str, int, float, bool)) else str(value)
 
 
-def explain_verdicts(verdicts, manifest: dict[str, Any],
-                     baselines: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def explain_verdicts(verdicts, manifest: Manifest,
+                     baselines: list[Manifest]) -> dict[str, dict[str, Any]]:
     """:func:`explain_stage` for every stage with a regressed prefix in ``verdicts``.
 
     ``verdicts`` is the regression table (``stage, prefix, verdict, baseline_s, latest_s``);
@@ -252,8 +253,8 @@ SPILL_QUOTED = 64 * 2**20
 """Bytes a stage must spill tonight before its spill is quoted (a few chunks)."""
 
 
-def memory_change(stage: str, manifest: dict[str, Any],
-                  baselines: list[dict[str, Any]]) -> str:
+def memory_change(stage: str, manifest: Manifest,
+                  baselines: list[Manifest]) -> str:
     """What memory did differently in ``stage`` tonight, in words; empty if nothing did.
 
     Quotes the bytes spilled to disk when the stage spilled at least 64 MiB and twice its

@@ -26,14 +26,13 @@ history", which would call it healthy and let it into later baselines.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import pandas as pd
 
-from prefect_dask_profiling._util import InvalidInput
+from prefect_dask_profiling._util import InvalidInput, finite_number
 from prefect_dask_profiling.regression import drift as drift_rule
 from prefect_dask_profiling.regression.alert_history import load_acks, load_nights
 from prefect_dask_profiling.regression.alerts import (
@@ -565,7 +564,7 @@ def _drift(tonight: Tonight, history: History, rules: Rules) -> pd.DataFrame:
     latest = tonight.summary.assign(run_id=tonight.run_id, started=tonight.started)
     series = pd.concat([history.series, latest], ignore_index=True) \
         if not history.series.empty else latest
-    return drift_rule.detect_drift(series, judged_run=tonight.run_id, **rules.drift_settings())
+    return drift_rule.detect_drift(series, rules, judged_run=tonight.run_id)
 
 
 def _outcome(tonight: Tonight, one_night: pd.DataFrame, drift: pd.DataFrame,
@@ -645,7 +644,7 @@ def signal_rows(drift: pd.DataFrame, memory: pd.DataFrame, requests: pd.DataFram
     """The non-time signals of a night as stored in its manifest (``signals``): failing
     drift, every memory and storage-request row with its confirmation decision."""
     out = [{"stage": str(r.stage), "prefix": str(r.prefix), "metric": "drift",
-            "verdict": "drift", "ratio": _num(r.cumulative_ratio), "alert": "regression"}
+            "verdict": "drift", "ratio": finite_number(r.cumulative_ratio), "alert": "regression"}
            for r in drift_rule.drifted(drift, failing_only=True).itertuples(index=False)]
     for table in (memory, requests):
         if table.empty:
@@ -653,17 +652,11 @@ def signal_rows(drift: pd.DataFrame, memory: pd.DataFrame, requests: pd.DataFram
         alerts = table["alert"] if "alert" in table else pd.Series("", index=table.index)
         for r, alert in zip(table.itertuples(index=False), alerts, strict=True):
             out.append({"stage": str(r.stage), "prefix": "", "metric": str(r.metric),
-                        "verdict": str(r.verdict), "ratio": _num(r.ratio),
+                        "verdict": str(r.verdict), "ratio": finite_number(r.ratio),
                         "alert": str(alert or "")})
     return out
 
 
-def _num(value: Any) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
 
 
 def _message(rows: pd.DataFrame, failing_drift: pd.DataFrame, memory_rows: pd.DataFrame,

@@ -44,8 +44,10 @@ from typing import Any, TypedDict
 import numpy as np
 import pandas as pd
 
-from prefect_dask_profiling._util import InvalidInput
+from prefect_dask_profiling._util import InvalidInput, finite_number
+from prefect_dask_profiling.regression import stats
 from prefect_dask_profiling.regression.rule import RegressionRule
+from prefect_dask_profiling.store.manifest import Manifest
 
 __all__ = ["MEMORY_METRICS", "MEMORY_VERDICTS", "MEMORY_VERDICT_COLUMNS", "MemoryRow",
            "describe_memory", "detect_memory", "history_from_manifests",
@@ -56,7 +58,6 @@ MEMORY_VERDICTS = ("memory-regression", "near-oom", "insufficient-history", "ok"
 MEMORY_VERDICT_COLUMNS = ["stage", "metric", "verdict", "baseline", "latest", "delta",
                           "ratio", "robust_z", "min_effect", "memory_limit", "headroom",
                           "n_history", "note"]
-MAD_TO_SIGMA = 1.4826
 ABS_FLOOR_BYTES = 16 * 2**20  # no process memory repeats to better than a few MiB
 
 
@@ -131,13 +132,13 @@ def detect_memory(history: Iterable[MemoryRow] | pd.DataFrame,
     none = np.array([], dtype=int)
     for rec in now.to_dict("records"):
         stage = str(rec["stage"])
-        limit = _number(rec.get("memory_limit"))
+        limit = finite_number(rec.get("memory_limit"))
         at = index.get(stage, none)
         if rule.memory_regression:
             for metric in MEMORY_METRICS:
                 rows.append(_judge_metric(stage, metric, float(rec[metric]),
                                           values[metric][at], limit,
-                                          _number(rec.get("headroom")), rule))
+                                          finite_number(rec.get("headroom")), rule))
         if rule.near_oom:
             rows.append(_judge_headroom(stage, rec, headrooms[at], limit, rule))
     frame = pd.DataFrame(rows, columns=MEMORY_VERDICT_COLUMNS)
@@ -158,14 +159,13 @@ def _judge_metric(stage: str, metric: str, latest: float, past: np.ndarray,
                    note=f"{past.size} baseline run(s) with this stage, "
                         f"{rule.min_history} needed")
         return row
-    median = float(np.median(past))
-    mad = float(np.median(np.abs(past - median)))
+    median, mad = stats.median_mad(past)
     half_range = float(past.max() - past.min()) / 2
-    spread = max(MAD_TO_SIGMA * mad, half_range, rule.memory_mad_floor * median,
-                 ABS_FLOOR_BYTES)
+    spread = stats.robust_spread(mad, half_range, rule.memory_mad_floor * median,
+                                 ABS_FLOOR_BYTES)
     delta = latest - median
-    ratio = latest / median if median > 0 else (math.inf if latest > 0 else 1.0)
-    z = delta / spread
+    ratio = stats.ratio(latest, median)
+    z = stats.robust_z(latest, median, spread)
     row.update(baseline=median, delta=delta, ratio=ratio, robust_z=z)
     hit = (ratio >= rule.memory_threshold and z >= rule.memory_z_threshold
            and delta >= effect)
@@ -179,7 +179,7 @@ def _judge_metric(stage: str, metric: str, latest: float, past: np.ndarray,
 
 def _judge_headroom(stage: str, rec: dict[str, Any], past: np.ndarray,
                     limit: float | None, rule: RegressionRule) -> dict[str, Any]:
-    headroom = _number(rec.get("headroom"))
+    headroom = finite_number(rec.get("headroom"))
     was = past[np.isfinite(past)]
     row = {"stage": stage, "metric": "headroom", "latest": headroom,
            "baseline": float(np.median(was)) if was.size else math.nan,
@@ -204,7 +204,7 @@ def describe_memory(verdicts: pd.DataFrame) -> str:
                                   for r in flagged.itertuples(index=False))
 
 
-def history_from_manifests(manifests: Iterable[dict[str, Any]]) -> pd.DataFrame:
+def history_from_manifests(manifests: Iterable[Manifest]) -> pd.DataFrame:
     """The history rows of stored runs: one per (run, stage with a ``memory`` entry)."""
     rows = []
     for manifest in manifests:
@@ -214,13 +214,13 @@ def history_from_manifests(manifests: Iterable[dict[str, Any]]) -> pd.DataFrame:
                                        "headroom"])
 
 
-def latest_from_manifest(manifest: dict[str, Any]) -> pd.DataFrame:
+def latest_from_manifest(manifest: Manifest) -> pd.DataFrame:
     """Tonight's rows from a run's manifest (its ``stages[].memory``)."""
     return pd.DataFrame(list(_manifest_rows(manifest)),
                         columns=["stage", *MEMORY_METRICS, "memory_limit", "headroom"])
 
 
-def _manifest_rows(manifest: dict[str, Any]) -> Iterable[dict[str, Any]]:
+def _manifest_rows(manifest: Manifest) -> Iterable[dict[str, Any]]:
     """The memory rows of one stored run.
 
     ``peak_bytes`` here is the stage's own figure: ``added_bytes``, what its workers'
@@ -259,12 +259,6 @@ def _frame(rows: Iterable[MemoryRow] | pd.DataFrame, name: str,
     return frame
 
 
-def _number(value: Any) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
 
 
 def _what(metric: str) -> str:
@@ -276,5 +270,5 @@ def _ratio(ratio: float) -> str:
 
 
 def _gib(value: Any) -> str:
-    number = _number(value)
+    number = finite_number(value)
     return "n/a" if number is None else f"{number / 2**30:.2f} GiB"

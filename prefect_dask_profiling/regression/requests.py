@@ -35,7 +35,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from prefect_dask_profiling._util import finite_number
+from prefect_dask_profiling.regression import stats
 from prefect_dask_profiling.regression.rule import RegressionRule
+from prefect_dask_profiling.store.manifest import Manifest
 
 __all__ = ["REQUEST_METRICS", "REQUEST_VERDICT_COLUMNS", "describe_requests",
            "detect_requests", "request_rows"]
@@ -43,7 +46,6 @@ __all__ = ["REQUEST_METRICS", "REQUEST_VERDICT_COLUMNS", "describe_requests",
 REQUEST_METRICS = ("requests_per_chunk", "bytes_per_chunk")
 REQUEST_VERDICT_COLUMNS = ["stage", "metric", "verdict", "baseline", "latest", "delta",
                            "ratio", "robust_z", "min_effect", "n_history"]
-MAD_TO_SIGMA = 1.4826
 # Night-to-night jitter of per-chunk request counts without any change (parallel range reads
 # are counted per batch by GDAL): the spread is never taken below 10% of the median.
 MAD_FLOOR = 0.10
@@ -52,7 +54,7 @@ MAD_FLOOR = 0.10
 BYTES_PER_REQUEST = 2**19
 
 
-def request_rows(manifests: Iterable[dict[str, Any]]) -> pd.DataFrame:
+def request_rows(manifests: Iterable[Manifest]) -> pd.DataFrame:
     """``run_id, stage`` and the per-chunk figures of every stage with storage figures."""
     rows = []
     for manifest in manifests:
@@ -86,10 +88,11 @@ def detect_requests(history: pd.DataFrame, latest: pd.DataFrame,
     for row in latest.itertuples(index=False):
         past = history[history["stage"] == row.stage]
         for metric in REQUEST_METRICS:
-            now = _number(getattr(row, metric))
+            now = finite_number(getattr(row, metric), minimum=0)
             if now is None:
                 continue
-            values = np.array([v for v in (_number(x) for x in past[metric]) if v is not None])
+            values = np.array([v for v in (finite_number(x, minimum=0) for x in past[metric])
+                               if v is not None])
             out.append(_judge(row.stage, metric, now, values, rule))
     return pd.DataFrame(out, columns=REQUEST_VERDICT_COLUMNS)
 
@@ -113,20 +116,13 @@ def _judge(stage: str, metric: str, now: float, past: np.ndarray,
            "robust_z": np.nan, "min_effect": effect, "n_history": len(past)}
     if len(past) < rule.min_history:
         return row
-    median = float(np.median(past))
-    spread = max(MAD_TO_SIGMA * float(np.median(np.abs(past - median))), MAD_FLOOR * median)
-    ratio = now / median if median > 0 else (1.0 if now == 0 else np.inf)
-    z = (now - median) / spread if spread > 0 else (0.0 if now == median else np.inf)
+    median, mad = stats.median_mad(past)
+    spread = stats.robust_spread(mad, MAD_FLOOR * median)
+    ratio = stats.ratio(now, median)
+    z = stats.robust_z(now, median, spread)
     flagged = (ratio >= rule.requests_threshold and z >= rule.z_threshold
                and now - median >= effect)
     row.update(baseline=median, delta=now - median, ratio=ratio, robust_z=z,
                verdict="request-regression" if flagged else "ok")
     return row
 
-
-def _number(value: Any) -> float | None:
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return None
-    return out if np.isfinite(out) and out >= 0 else None

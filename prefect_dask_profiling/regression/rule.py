@@ -307,8 +307,7 @@ class Rules:
 
     @classmethod
     def from_options(cls, threshold: float = 2.0, history: int = 8,
-                     check_options: dict[str, Any] | None = None,
-                     drift_options: dict[str, Any] | None = None) -> Rules:
+                     check_options: dict[str, Any] | None = None) -> Rules:
         """The rules from the runner's options (see :meth:`RegressionRule.from_options`).
 
         Raises
@@ -317,17 +316,7 @@ class Rules:
             For an unknown key or a value out of range, naming it.
         """
         regression = RegressionRule.from_options(threshold, history, check_options)
-        return cls(regression, _drift_rule(drift_options or {}))
-
-    def drift_settings(self) -> dict[str, Any]:
-        """Keyword arguments of :func:`~prefect_dask_profiling.regression.drift.detect_drift`."""
-        d, r = self.drift, self.regression
-        return {"threshold": r.threshold, "min_ratio": d.min_ratio,
-                "z_threshold": d.z_threshold, "cusum_limit": d.cusum_limit,
-                "allowance": d.allowance, "start_nights": d.start_nights,
-                "recent_nights": d.recent_nights, "min_nights": d.min_nights,
-                "min_seconds": r.min_seconds, "min_share": r.min_share,
-                "mad_floor": r.mad_floor}
+        return cls(regression)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Plain JSON form, as stored in a judged run's manifest (``rules``)."""

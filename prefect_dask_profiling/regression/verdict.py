@@ -33,7 +33,6 @@ per-call overhead would otherwise dominate.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -42,6 +41,7 @@ import pandas as pd
 
 from prefect_dask_profiling._util import InvalidInput
 from prefect_dask_profiling.errors import VerdictFailed
+from prefect_dask_profiling.regression import stats
 from prefect_dask_profiling.regression.rule import CHECK_OPTION_KEYS, RegressionRule
 
 KEYS = ["stage", "prefix"]
@@ -51,7 +51,6 @@ VERDICTS = ("regression", "improved", "new", "vanished", "insufficient-history",
 OUTPUT_COLUMNS = ["stage", "prefix", "baseline_s", "latest_s", "delta_s", "ratio", "robust_z",
                   "baseline_tasks", "latest_tasks", "tasks_ratio", "per_task_ratio", "share",
                   "n_history", "verdict", "cause", "note"]
-MAD_TO_SIGMA = 1.4826  # 1 / Phi^-1(3/4): makes the MAD estimate sigma for normal noise
 # Share of log(ratio) explained by the task count above which "more tasks" is the cause,
 # below (1 - this) "slower tasks", in between "both".
 CAUSE_SPLIT = 0.75
@@ -254,12 +253,12 @@ def _baseline(hist: _Rows, run: np.ndarray, n_keys: int, n_runs: int, mad_floor:
     """Per key: median seconds and tasks over the runs, robust spread, number of runs."""
     seconds = _matrix(hist.key, run, hist.seconds, n_keys, n_runs)
     tasks = _matrix(hist.key, run, hist.tasks, n_keys, n_runs)
-    with warnings.catch_warnings():  # keys only in the latest run: all-NaN rows -> NaN
-        warnings.simplefilter("ignore", RuntimeWarning)
-        median = np.nanmedian(seconds, axis=1) if n_runs else np.full(n_keys, np.nan)
-        mad = np.nanmedian(np.abs(seconds - median[:, None]), axis=1) if n_runs else median
-        median_tasks = np.nanmedian(tasks, axis=1) if n_runs else median
-    spread = np.fmax(np.fmax(MAD_TO_SIGMA * mad, mad_floor * median), abs_floor_s)
+    if n_runs:  # keys only in the latest run: all-NaN rows -> NaN
+        median, mad = stats.median_mad(seconds, axis=1)
+        median_tasks, _ = stats.median_mad(tasks, axis=1)
+    else:
+        median = mad = median_tasks = np.full(n_keys, np.nan)
+    spread = stats.robust_spread(mad, mad_floor * median, abs_floor_s)
     return {"baseline_s": median, "spread_s": spread, "baseline_tasks": median_tasks,
             "n_history": (~np.isnan(seconds)).sum(axis=1)}
 
@@ -287,9 +286,9 @@ def _measure(out: dict[str, np.ndarray]) -> None:
     latest, baseline = out["latest_s"], out["baseline_s"]
     with np.errstate(divide="ignore", invalid="ignore"):
         out["delta_s"] = latest - baseline
-        out["ratio"] = _divide(latest, baseline)
-        out["robust_z"] = out["delta_s"] / out["spread_s"]
-        out["tasks_ratio"] = _divide(out["latest_tasks"], out["baseline_tasks"])
+        out["ratio"] = stats.ratio(latest, baseline)
+        out["robust_z"] = stats.robust_z(latest, baseline, out["spread_s"])
+        out["tasks_ratio"] = stats.ratio(out["latest_tasks"], out["baseline_tasks"])
         out["per_task_ratio"] = out["ratio"] / out["tasks_ratio"]
     out["share"] = _fraction(latest)
     # an improvement is judged by the share the prefix had in the baseline
@@ -320,14 +319,6 @@ def _require(frame: pd.DataFrame, columns: list[str], name: str) -> None:
     missing = [c for c in columns if c not in frame.columns]
     if missing:
         raise ValueError(f"{name} is missing column(s): {', '.join(missing)}")
-
-
-def _divide(num: np.ndarray, den: np.ndarray) -> np.ndarray:
-    """``num / den`` with 0/0 = 1 (nothing before, nothing now) and x/0 = inf (so is a
-    ratio past the float range)."""
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        ratio = num / den
-    return np.where((num == 0) & (den == 0), 1.0, ratio)
 
 
 def _verdicts(out: dict[str, np.ndarray], n_runs_ok: bool, rule: RegressionRule) -> np.ndarray:

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from prefect_dask_profiling.errors import InvalidInput
 from prefect_dask_profiling.regression.drift import (
     DRIFT_COLUMNS,
     describe_drift,
@@ -15,9 +16,11 @@ from prefect_dask_profiling.regression.drift import (
     drifted,
     load_series,
 )
+from prefect_dask_profiling.regression.rule import DriftRule, RegressionRule, Rules
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 
 T0 = datetime(2026, 10, 1, 2, 0, tzinfo=UTC)
+ANY_SHARE = Rules(RegressionRule(min_share=0.0))
 RUN_IDS = [new_run_id(T0 + timedelta(days=night)) for night in range(60)]
 
 
@@ -109,7 +112,7 @@ def test_stationary_noisy_histories_never_alarm():
             frame = history(series, other_s=50.0)
             runs = sorted(frame["run_id"].unique())
             for end in range(8, 41, 2):
-                out = detect_drift(frame[frame["run_id"].isin(runs[:end])], min_share=0.0)
+                out = detect_drift(frame[frame["run_id"].isin(runs[:end])], ANY_SHARE)
                 judged += len(out)
                 assert drifted(out).empty, (sigma, heavy, end, drifted(out))
     assert judged > 4500
@@ -123,16 +126,32 @@ def test_missing_nights_and_bad_values_are_absent_not_zero():
     assert r["n_nights"] == 10 and r["verdict"] == "drift"
 
 
-@pytest.mark.parametrize("kwargs, needle", [
-    ({"min_ratio": 1.0}, "min_ratio"),
-    ({"threshold": 1.2}, "threshold"),
-    ({"z_threshold": -1}, "z_threshold"),
-    ({"min_nights": 0}, "min_nights"),
-    ({"recent_nights": 1.5}, "recent_nights"),
+@pytest.mark.parametrize("make, needle", [
+    (lambda: DriftRule(min_ratio=1.0), "min_ratio"),
+    (lambda: DriftRule(z_threshold=-1), "z_threshold"),
+    (lambda: DriftRule(min_nights=0), "min_nights"),
+    (lambda: DriftRule(recent_nights=1.5), "recent_nights"),
+    (lambda: RegressionRule(mad_floor=-0.1), "mad_floor"),
 ])
-def test_settings_are_validated(kwargs, needle):
+def test_settings_are_validated_by_the_rule(make, needle):
     with pytest.raises(ValueError, match=needle):
-        detect_drift(history({"a": [1.0] * 8}), **kwargs)
+        make()
+
+
+def test_the_rule_must_be_a_rule():
+    with pytest.raises(InvalidInput, match="Rules or a DriftRule"):
+        detect_drift(history({"a": [1.0] * 8}), {"min_ratio": 1.2})
+
+
+def test_a_threshold_below_min_ratio_lowers_min_ratio():
+    """Drift is reported before it fails: ``Rules`` derives ``min_ratio`` from ``threshold``."""
+    frame = history({"slow": [10 * 1.03 ** n for n in range(14)]})  # 1.38x in all
+    quick = DriftRule(z_threshold=1.0)
+    low = Rules(RegressionRule(threshold=1.3), quick)
+    assert low.drift.min_ratio == 1.3
+    r = row(detect_drift(frame, low), "slow")
+    assert r["verdict"] == "drift" and r["fails"]
+    assert row(detect_drift(frame, quick), "slow")["verdict"] == "ok"
 
 
 def test_history_columns_are_checked():
