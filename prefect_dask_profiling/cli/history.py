@@ -26,9 +26,9 @@ from prefect_dask_profiling.cli._params import (
     StoreOption,
     existing_store,
 )
-from prefect_dask_profiling.store.manifest import Manifest
 
 if TYPE_CHECKING:
+    from prefect_dask_profiling.store.manifest import Manifest
     from prefect_dask_profiling.store.runs import RunStore
 
 # The columns of the human check table; --json has them all.
