@@ -396,6 +396,7 @@ class TaskTimings(SchedulerPlugin):
         # from Dask's ``remove-worker`` event instead (see :meth:`log_event`).
         try:
             self._record_threads()
+            self._worker_departed(worker, time.time())
         except Exception:
             self._fail()
 
