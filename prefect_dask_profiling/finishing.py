@@ -50,11 +50,13 @@ from prefect_dask_profiling.store.manifest import (
     environment,
 )
 from prefect_dask_profiling.summary import RunRecord, summarise, utilisation
+from prefect_dask_profiling.summary.allocation import allocation
 from prefect_dask_profiling.summary.io import stage_io_summaries
 from prefect_dask_profiling.summary.memory import stage_memory_info
 
 if TYPE_CHECKING:
     from prefect_dask_profiling.diagnosis.stages import Diagnosis
+    from prefect_dask_profiling.pricing import CostRates
     from prefect_dask_profiling.regression.judge import History, Judgement
     from prefect_dask_profiling.store.runs import RunStore
 
@@ -85,6 +87,9 @@ class FinishSettings:
     fail_on_regression
         Whether the caller fails the flow on a regression: the stored state then says
         ``FAILED``.
+    cost
+        Rates that price the allocated resource-hours
+        (:class:`~prefect_dask_profiling.pricing.CostRates`); ``None``: no price.
     views_in_background
         Draw and store the views (trend page, fleet rows) in a background thread once the
         run is complete (:attr:`FinishResult.views_pending`) instead of with the run's
@@ -99,6 +104,7 @@ class FinishSettings:
     spool_budget_s: float = 10.0
     fail_on_regression: bool = False
     views_in_background: bool = False
+    cost: CostRates | None = None
 
     @property
     def rules(self) -> Rules:
@@ -617,6 +623,7 @@ def finish_run(store: RunStore, record: RunRecord, ctx: RunContext, stages: list
 def _summarise(end: RunEnd) -> None:
     end.util = utilisation(end.record)
     _stage_totals(end.stages, end.record, end.util)
+    _allocation(end)
     if end.record.incidents:  # workers that died with work on them
         end.manifest_extra["incidents"] = end.record.incidents
     end.summary = summarise(end.record)
@@ -730,6 +737,17 @@ def _stage_totals(stages: list[StageInfo], record: RunRecord, util: pd.DataFrame
         if info.tasks == 0 and info.note is None:
             info.note = "no tasks ran in this stage"
         info.io = io.get(info.name)
+
+
+def _allocation(end: RunEnd) -> None:
+    """What the cluster allocated per stage, outside the stages and for the run (priced
+    when rates were given): each stage's ``allocation``, the manifest's ``allocation``."""
+    alloc = allocation(end.record, end.settings.cost)
+    by_stage = {row.scope: row for row in alloc.stages}
+    for info in end.stages:
+        row = by_stage.get(info.name)
+        info.allocation = row.to_dict() if row is not None else None
+    end.manifest_extra["allocation"] = alloc.to_dict()
 
 
 def _or_empty(frame: pd.DataFrame | None, columns: list[str] | None = None) -> pd.DataFrame:

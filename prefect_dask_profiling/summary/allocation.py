@@ -24,11 +24,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import pandas as pd
+
 from prefect_dask_profiling.pricing import CostRates
 from prefect_dask_profiling.summary.record import RunRecord
 
-__all__ = ["OUTSIDE", "RUN", "Allocation", "Lifetime", "RunAllocation", "allocation",
-           "allocated", "lifetimes", "merge_windows"]
+__all__ = ["OUTSIDE", "RUN", "Allocation", "Lifetime", "RunAllocation", "allocated",
+           "allocation", "allocation_markdown", "allocation_table", "lifetimes", "merge_windows"]
 
 OUTSIDE = "outside stages"
 RUN = "run"
@@ -225,3 +227,66 @@ def allocation(record: RunRecord, rates: CostRates | None = None) -> RunAllocati
                          rates=rates.to_dict() if rates is not None else None,
                          unpriced_workers=rates.unpriced(s.name for s in stays)
                          if rates is not None else [])
+
+
+def _hours(value: Any) -> str:
+    return "n/a" if value is None else f"{float(value) / 3600.0:.3f}"
+
+
+def _row_cells(row: dict[str, Any], priced: bool, currency: str) -> list[str]:
+    share = row.get("idle_share")
+    cells = [str(row.get("scope", "")), _hours(row.get("worker_s")),
+             _hours(row.get("thread_s")), f"{float(row.get('gib_h') or 0.0):.3f}",
+             _hours(row.get("busy_s")), _hours(row.get("idle_s")),
+             "n/a" if share is None else f"{share:.0%}"]
+    if priced:
+        cost = row.get("cost")
+        cells.append("n/a" if cost is None else f"{cost:.4f} {currency}")
+    return cells
+
+
+def allocation_markdown(doc: dict[str, Any] | None) -> list[str]:
+    """Markdown lines of a stored allocation (the manifest's ``allocation``): a table of
+    worker-, thread-, GiB-hours, busy / idle thread-hours and idle share per stage, outside
+    the stages and for the run; the cost column and the rate used only when priced.
+    Empty for a run stored before allocations were recorded."""
+    if not doc or not doc.get("run"):
+        return []
+    rates = doc.get("rates")
+    currency = (rates or {}).get("currency", "")
+    header = ["scope", "worker-h", "thread-h", "GiB-h", "busy thread-h", "idle thread-h",
+              "idle share", *(["est. cost"] if rates else [])]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in [*doc.get("stages", []), doc.get("outside") or {}, doc["run"]]:
+        lines.append("| " + " | ".join(_row_cells(row, bool(rates), currency)) + " |")
+    if doc.get("overlap_worker_s"):
+        lines.append(f"\nStage windows overlap: {_hours(doc['overlap_worker_s'])} worker-h "
+                     "are counted in more than one stage.")
+    if rates:
+        lines.append(f"\nCost is an **estimate** at {rates.get('text', '')}: it prices what the "
+                     "workers were allocated while the scheduler saw them, not the bill "
+                     "(the scheduler's node, spot prices, shared clusters are not in it).")
+        if doc.get("unpriced_workers"):
+            lines.append("Not priced (no rate matched): "
+                         + ", ".join(doc["unpriced_workers"]) + ".")
+    return lines
+
+
+def allocation_table(doc: dict[str, Any] | None) -> pd.DataFrame:
+    """A stored allocation as a table (``dask-profiling show``): one row per stage, the
+    outside row and the run, in hours; a ``cost`` column only when priced."""
+    if not doc or not doc.get("run"):
+        return pd.DataFrame()
+    rows = []
+    for row in [*doc.get("stages", []), doc.get("outside") or {}, doc["run"]]:
+        out = {"scope": row.get("scope"),
+               "worker_h": float(row.get("worker_s") or 0.0) / 3600.0,
+               "thread_h": float(row.get("thread_s") or 0.0) / 3600.0,
+               "gib_h": float(row.get("gib_h") or 0.0),
+               "busy_thread_h": float(row.get("busy_s") or 0.0) / 3600.0,
+               "idle_thread_h": float(row.get("idle_s") or 0.0) / 3600.0,
+               "idle_share": row.get("idle_share")}
+        if doc.get("rates"):
+            out["cost"] = row.get("cost")
+        rows.append(out)
+    return pd.DataFrame(rows)
