@@ -60,6 +60,8 @@ class Allocation:
     """
 
     scope: str
+    start: float | None = None  # a stage's window (scheduler clock); None for other rows
+    stop: float | None = None
     wall_s: float = 0.0
     worker_s: float = 0.0
     thread_s: float = 0.0
@@ -210,11 +212,14 @@ def allocation(record: RunRecord, rates: CostRates | None = None) -> RunAllocati
     stage_windows = {}
     for name in record.stages:
         window = record.window(name)
-        if window is not None:
-            stage_windows[name] = (max(window[0], span[0]), min(window[1], span[1]))
+        if window is not None:  # clipped to the workers' span (when there are workers)
+            stage_windows[name] = ((max(window[0], span[0]), min(window[1], span[1]))
+                                   if stays else window)
     stages = [_with_busy(allocated(stays, [w] if w[1] > w[0] else [], name, rates),
                          float(record.stage_rows("tasks", name)["compute_s"].sum()))
               for name, w in stage_windows.items()]
+    for row, (start, stop) in zip(stages, stage_windows.values(), strict=True):
+        row.start, row.stop = start, stop
     union = merge_windows(list(stage_windows.values()))
     run_busy = float(record.tasks["compute_s"].sum())
     outside = _with_busy(allocated(stays, _complement(union, span), OUTSIDE, rates),
