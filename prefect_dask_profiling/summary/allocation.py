@@ -93,7 +93,8 @@ class Allocation:
 
 @dataclass
 class RunAllocation:
-    """Per stage, outside the stages and for the whole run; the rates used, if any."""
+    """Per stage, outside the stages and for the whole run; the rates used, if any, and
+    the worker stays it was computed from (to reconcile with a bill)."""
 
     stages: list[Allocation]
     outside: Allocation
@@ -101,6 +102,7 @@ class RunAllocation:
     overlap_worker_s: float = 0.0
     rates: dict[str, Any] | None = None
     unpriced_workers: list[str] = field(default_factory=list)
+    workers: list[Lifetime] = field(default_factory=list)
 
     @property
     def rows(self) -> list[Allocation]:
@@ -111,7 +113,8 @@ class RunAllocation:
         """Plain data for the manifest; ``rates`` only when priced."""
         out: dict[str, Any] = {"stages": [a.to_dict() for a in self.stages],
                                "outside": self.outside.to_dict(), "run": self.run.to_dict(),
-                               "overlap_worker_s": self.overlap_worker_s}
+                               "overlap_worker_s": self.overlap_worker_s,
+                               "workers": [asdict(w) for w in self.workers]}
         if self.rates is not None:
             out["rates"] = self.rates
             out["unpriced_workers"] = list(self.unpriced_workers)
@@ -231,7 +234,7 @@ def allocation(record: RunRecord, rates: CostRates | None = None) -> RunAllocati
                          overlap_worker_s=max(overlap, 0.0),
                          rates=rates.to_dict() if rates is not None else None,
                          unpriced_workers=rates.unpriced(s.name for s in stays)
-                         if rates is not None else [])
+                         if rates is not None else [], workers=stays)
 
 
 def _hours(value: Any) -> str:
