@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -87,6 +87,10 @@ class FinishSettings:
     fail_on_regression
         Whether the caller fails the flow on a regression: the stored state then says
         ``FAILED``.
+    cost_regression
+        ``"warn"`` (default): stages whose idle worker-hours grew against the baseline are
+        named in the manifest, the artifact and a warning, informational only; ``"off"``:
+        not judged.
     cost
         Rates that price the allocated resource-hours
         (:class:`~prefect_dask_profiling.pricing.CostRates`); ``None``: no price.
@@ -105,6 +109,7 @@ class FinishSettings:
     fail_on_regression: bool = False
     views_in_background: bool = False
     cost: CostRates | None = None
+    cost_regression: str = "warn"
 
     @property
     def rules(self) -> Rules:
@@ -363,6 +368,7 @@ def read_history_early(store: RunStore, ctx: RunContext, rules: Rules) -> EarlyH
 
 def _judge(end: RunEnd) -> None:
     """The one judgement of the night (:func:`~prefect_dask_profiling.regression.judge.judge`)."""
+    from prefect_dask_profiling.regression.cost import cost_flagged
     from prefect_dask_profiling.regression.judge import Tonight, judge
 
     if end.history is None:  # the history step failed and said why: the run is unjudged
@@ -378,6 +384,12 @@ def _judge(end: RunEnd) -> None:
                  "environment": end.env, "stages": [s.__dict__ for s in end.stages],
                  "incidents": end.record.incidents})
     end.judgement = judge(tonight, end.history, end.settings.rules)
+    if end.settings.cost_regression == "off":
+        end.judgement = replace(end.judgement, cost=end.judgement.cost.iloc[0:0])
+    elif not end.judgement.cost.empty:
+        end.tables["cost_verdicts"] = end.judgement.cost
+        end.warnings.extend(f"idle grew (informational): {text}"
+                            for text in cost_flagged(end.judgement.cost))
     end.tables["regression"] = end.judgement.verdicts
     end.tables["drift"] = end.judgement.drift.drop(columns="series", errors="ignore")
     if not end.judgement.memory.empty:

@@ -80,6 +80,10 @@ def run_markdown(result: FinishResult, links: dict[str, str], trend: str | None)
     if allocated:
         lines += ["", "## What the cluster allocated (busy = task compute seconds)", "",
                   *allocated]
+    idle = (m.get("cost") or {}).get("flagged") or []
+    if idle:
+        lines += ["", "**Idle grew against the baseline (informational):**", "",
+                  *[f"- {text}" for text in idle]]
     if m.get("incidents"):
         lines += ["", "## Worker deaths", ""] + [f"- {describe_incident(i)}"
                                                  for i in m["incidents"]]

@@ -70,6 +70,7 @@ __all__ = ["ProfiledDaskTaskRunner", "ProfilingOptions", "RegressionDetected", "
 
 ON_REGRESSION = ("fail", "warn")
 STAGE_REPORTS = ("auto", True, False)
+COST_REGRESSION = ("warn", "off")
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,10 @@ class ProfilingOptions:
         ``gib_hour`` (and ``currency``), or ``{"workers": {"gpu-*": {...}, "*": {...}}}``,
         rates per worker name pattern (:func:`~prefect_dask_profiling.pricing.parse_cost`).
         ``None`` (default): resource-hours only, no price anywhere.
+    cost_regression
+        ``"warn"`` (default): a stage whose idle worker-hours grew against the baseline
+        (``threshold`` x its median) is named in the manifest, the artifact and a warning;
+        informational, it never fails the run. ``"off"``: not judged.
     """
 
     store: str | None = None
@@ -148,9 +153,13 @@ class ProfilingOptions:
     check_options: dict[str, Any] = field(default_factory=dict)
     store_timeout: float = 10.0
     cost: CostRates | None = None
+    cost_regression: str = "warn"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cost", parse_cost(self.cost))
+        if self.cost_regression not in COST_REGRESSION:
+            raise ValueError(f"cost_regression must be one of {COST_REGRESSION}, "
+                             f"got {self.cost_regression!r}")
         positive_int(self.report_retention_days, "report_retention_days")
         if self.on_regression not in ON_REGRESSION:
             raise ValueError(f"on_regression must be one of {ON_REGRESSION}, "
@@ -234,6 +243,7 @@ class ProfiledDaskTaskRunner(DaskTaskRunner):
                  history: int = RegressionRule.history,
                  sample_interval: float = 1.0, check_options: dict | None = None,
                  store_timeout: float = 10.0, cost: dict[str, Any] | None = None,
+                 cost_regression: str = "warn",
                  profiling: ProfilingOptions | None = None) -> None:
         self.profiling = profiling or ProfilingOptions(
             store=store, storage_options=storage_options, pipeline=pipeline, version=version,
@@ -242,7 +252,7 @@ class ProfiledDaskTaskRunner(DaskTaskRunner):
             on_regression=on_regression, retry_on_regression=retry_on_regression,
             threshold=threshold, history=history,
             sample_interval=sample_interval, check_options=_copy_dict(check_options),
-            store_timeout=store_timeout, cost=cost)
+            store_timeout=store_timeout, cost=cost, cost_regression=cost_regression)
         super().__init__(cluster=cluster, address=address, cluster_class=cluster_class,
                          cluster_kwargs=cluster_kwargs, adapt_kwargs=adapt_kwargs,
                          client_kwargs=client_kwargs,

@@ -241,7 +241,7 @@ class Session:
             report_retention_days=options.report_retention_days,
             spool_budget_s=options.store_timeout,
             fail_on_regression=options.on_regression == "fail", views_in_background=True,
-            cost=options.cost)
+            cost=options.cost, cost_regression=options.cost_regression)
 
     def _read_history_early(self) -> None:
         """Start reading the run's history while the flow computes (once the pipeline and

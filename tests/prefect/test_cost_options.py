@@ -32,3 +32,11 @@ def test_cost_survives_duplicate_and_pickling() -> None:
     assert runner.duplicate().profiling.cost == expected
     assert pickle.loads(pickle.dumps(runner)).profiling.cost == expected
     assert ProfiledDaskTaskRunner().profiling.cost is None
+
+
+def test_cost_regression_is_checked_at_construction() -> None:
+    assert ProfiledDaskTaskRunner().profiling.cost_regression == "warn"
+    assert ProfiledDaskTaskRunner(cost_regression="off").duplicate().profiling \
+        .cost_regression == "off"
+    with pytest.raises(ValueError, match="cost_regression"):
+        ProfiledDaskTaskRunner(cost_regression="fail")
