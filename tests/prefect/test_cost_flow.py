@@ -87,6 +87,9 @@ def test_allocated_worker_seconds_match_the_workers_own_lifetimes(adaptive_run):
 def test_stages_and_outside_add_up_to_the_whole(adaptive_run):
     alloc = adaptive_run[0]["allocation"]
     parts = sum(row["worker_s"] for row in alloc["stages"]) + alloc["outside"]["worker_s"]
+    print(f"cost-figures run: {alloc['run']['worker_s']:.3f} worker-s = stages "
+          f"{parts - alloc['outside']['worker_s']:.3f} + outside "
+          f"{alloc['outside']['worker_s']:.3f}; estimate {alloc['run']['cost']:.5f} USD")
     assert alloc["overlap_worker_s"] == pytest.approx(0.0, abs=1e-6)
     assert parts == pytest.approx(alloc["run"]["worker_s"], rel=1e-9)
     assert alloc["outside"]["worker_s"] > 0  # scaling waits and the flow's own Python
