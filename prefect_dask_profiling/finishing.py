@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -51,11 +51,13 @@ from prefect_dask_profiling.store.manifest import (
     environment,
 )
 from prefect_dask_profiling.summary import RunRecord, summarise, utilisation
+from prefect_dask_profiling.summary.allocation import allocation
 from prefect_dask_profiling.summary.io import stage_io_summaries
 from prefect_dask_profiling.summary.memory import stage_memory_info
 
 if TYPE_CHECKING:
     from prefect_dask_profiling.diagnosis.stages import Diagnosis
+    from prefect_dask_profiling.pricing import CostRates
     from prefect_dask_profiling.regression.judge import History, Judgement
     from prefect_dask_profiling.store.runs import RunStore
 
@@ -86,6 +88,13 @@ class FinishSettings:
     fail_on_regression
         Whether the caller fails the flow on a regression: the stored state then says
         ``FAILED``.
+    cost_regression
+        ``"warn"`` (default): stages whose idle worker-hours grew against the baseline are
+        named in the manifest, the artifact and a warning, informational only; ``"off"``:
+        not judged.
+    cost
+        Rates that price the allocated resource-hours
+        (:class:`~prefect_dask_profiling.pricing.CostRates`); ``None``: no price.
     views_in_background
         Draw and store the views (trend page, fleet rows) in a background thread once the
         run is complete (:attr:`FinishResult.views_pending`) instead of with the run's
@@ -100,6 +109,8 @@ class FinishSettings:
     spool_budget_s: float = 10.0
     fail_on_regression: bool = False
     views_in_background: bool = False
+    cost: CostRates | None = None
+    cost_regression: str = "warn"
 
     @property
     def rules(self) -> Rules:
@@ -358,6 +369,7 @@ def read_history_early(store: RunStore, ctx: RunContext, rules: Rules) -> EarlyH
 
 def _judge(end: RunEnd) -> None:
     """The one judgement of the night (:func:`~prefect_dask_profiling.regression.judge.judge`)."""
+    from prefect_dask_profiling.regression.cost import cost_flagged
     from prefect_dask_profiling.regression.judge import Tonight, judge
 
     if end.history is None:  # the history step failed and said why: the run is unjudged
@@ -373,6 +385,12 @@ def _judge(end: RunEnd) -> None:
                  "environment": end.env, "stages": [s.__dict__ for s in end.stages],
                  "incidents": end.record.incidents})
     end.judgement = judge(tonight, end.history, end.settings.rules)
+    if end.settings.cost_regression == "off":
+        end.judgement = replace(end.judgement, cost=end.judgement.cost.iloc[0:0])
+    elif not end.judgement.cost.empty:
+        end.tables["cost_verdicts"] = end.judgement.cost
+        end.warnings.extend(f"idle grew (informational): {text}"
+                            for text in cost_flagged(end.judgement.cost))
     end.tables["regression"] = end.judgement.verdicts
     end.tables["drift"] = end.judgement.drift.drop(columns="series", errors="ignore")
     if not end.judgement.memory.empty:
@@ -618,6 +636,7 @@ def finish_run(store: RunStore, record: RunRecord, ctx: RunContext, stages: list
 def _summarise(end: RunEnd) -> None:
     end.util = utilisation(end.record)
     _stage_totals(end.stages, end.record, end.util)
+    _allocation(end)
     if end.record.incidents:  # workers that died with work on them
         end.manifest_extra["incidents"] = end.record.incidents
     end.summary = summarise(end.record)
@@ -731,6 +750,17 @@ def _stage_totals(stages: list[StageInfo], record: RunRecord, util: pd.DataFrame
         if info.tasks == 0 and info.note is None:
             info.note = "no tasks ran in this stage"
         info.io = io.get(info.name)
+
+
+def _allocation(end: RunEnd) -> None:
+    """What the cluster allocated per stage, outside the stages and for the run (priced
+    when rates were given): each stage's ``allocation``, the manifest's ``allocation``."""
+    alloc = allocation(end.record, end.settings.cost)
+    by_stage = {row.scope: row for row in alloc.stages}
+    for info in end.stages:
+        row = by_stage.get(info.name)
+        info.allocation = row.to_dict() if row is not None else None
+    end.manifest_extra["allocation"] = alloc.to_dict()
 
 
 def _or_empty(frame: pd.DataFrame | None, columns: list[str] | None = None) -> pd.DataFrame:

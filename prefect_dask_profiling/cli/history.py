@@ -167,14 +167,33 @@ def show_command(
         emit_json({"manifest": summary, "tasks": tasks.to_dict(orient="records"),
                    "memory": {s.get("name"): s.get("memory") for s in manifest.get("stages")
                               or [] if isinstance(s, dict) and s.get("memory")},
-                   "incidents": manifest.get("incidents") or []})
+                   "incidents": manifest.get("incidents") or [],
+                   "allocation": manifest.get("allocation")})
         return
     for line in summary_lines(summary):
         say(line)
     if "errors" in tasks and not (tasks["errors"].fillna(0) != 0).any():
         tasks = tasks.drop(columns="errors")  # shown only when some task erred (JSON: always)
     print_table(tasks, title=f"{pipeline} {run_id}: time per prefix")
-    _show_memory(run_store.read_manifest(pipeline, run_id), f"{pipeline} {run_id}")
+    manifest = run_store.read_manifest(pipeline, run_id)
+    _show_memory(manifest, f"{pipeline} {run_id}")
+    _show_allocation(manifest, f"{pipeline} {run_id}")
+
+
+def _show_allocation(manifest: dict[str, Any], title: str) -> None:
+    """What the cluster allocated per stage (runs stored before: nothing); the rate used
+    when the run was priced, and that its cost is an estimate."""
+    from prefect_dask_profiling.summary.allocation import allocation_table
+
+    doc = manifest.get("allocation")
+    table = allocation_table(doc if isinstance(doc, dict) else None)
+    if table.empty:
+        return
+    print_table(table, title=f"{title}: allocated, busy and idle (hours)")
+    rates = doc.get("rates")
+    if rates:
+        say(f"cost is an estimate at {rates.get('text', '')} ({rates.get('currency', '')}); "
+            "see docs/cost.md")
 
 
 def _show_memory(manifest: Manifest, title: str) -> None:

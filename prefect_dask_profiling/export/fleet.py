@@ -16,6 +16,12 @@ that fetched), ``stage_requests_per_chunk``, ``stage_bytes_per_chunk``,
 ``stage_s3fs_requests`` and ``stage_s3fs_bytes``. A stage whose source was not loaded on any
 worker (or a run stored before storage requests were counted) has null there, never 0.
 
+What the cluster allocated (:data:`ALLOCATION_COLUMNS`, from the manifest's ``allocation``)
+comes per stage and for the run: ``stage_worker_hours`` / ``run_worker_hours``,
+``..._thread_hours``, ``..._gib_hours`` (memory limits), ``..._idle_thread_hours``,
+``..._idle_share`` and ``..._cost`` with ``cost_currency``; cost is null unless the run was
+priced (``cost=`` on the runner), never 0.
+
 Each run writes its own file (no read-modify-write, so concurrent runs never race); the
 folder name ``pipeline=<name>`` is Hive partitioning: readers get ``pipeline`` as a column
 and can skip other pipelines' files. Every file has the same explicit Arrow schema
@@ -57,10 +63,20 @@ STORAGE_COLUMNS: tuple[tuple[str, str, Literal["int64", "float64"]], ...] = (
     ("stage_s3fs_requests", "s3fs_requests", "int64"),
     ("stage_s3fs_bytes", "s3fs_bytes", "int64"),
 )
+# What the cluster allocated (the manifest's ``allocation``): per stage and for the run,
+# the stage's values repeated on each of its prefix rows; cost null unless the run was priced
+ALLOCATION_COLUMNS: tuple[tuple[str, str, float], ...] = (
+    ("worker_hours", "worker_s", 3600.0), ("thread_hours", "thread_s", 3600.0),
+    ("gib_hours", "gib_h", 1.0), ("idle_thread_hours", "idle_s", 3600.0),
+    ("idle_share", "idle_share", 1.0), ("cost", "cost", 1.0),
+)
+ALLOCATION_FIELDS = [f"{scope}_{column}" for scope in ("stage", "run")
+                     for column, _, _ in ALLOCATION_COLUMNS]
 COLUMNS = ["version", "run_id", "started", "status", "stage", "prefix", "tasks", "total_s",
            "p50_s", "p95_s", "gb_out", "share", "utilisation", "stage_utilisation",
            "bottleneck", "stage_peak_bytes", "stage_headroom", "stage_spilled_bytes",
-           "stage_worker_deaths", *(column for column, _, _ in STORAGE_COLUMNS)]
+           "stage_worker_deaths", *(column for column, _, _ in STORAGE_COLUMNS),
+           *ALLOCATION_FIELDS, "cost_currency"]
 
 
 def _schema():
@@ -76,6 +92,8 @@ def _schema():
         ("stage_peak_bytes", pa.float64()), ("stage_headroom", pa.float64()),
         ("stage_spilled_bytes", pa.float64()), ("stage_worker_deaths", pa.int64()),
         *((column, pa.type_for_alias(kind)) for column, _, kind in STORAGE_COLUMNS),
+        *((column, pa.float64()) for column in ALLOCATION_FIELDS),
+        ("cost_currency", pa.string()),
     ])
 
 
@@ -151,7 +169,22 @@ def fleet_rows(manifest: Manifest, tasks: pd.DataFrame) -> pd.DataFrame:
                                 kind)
     deaths = _stage_deaths(manifest)
     out["stage_worker_deaths"] = [deaths.get(stage, 0) for stage in out["stage"]]
+    _allocation_columns(out, manifest)
     return out[COLUMNS].reset_index(drop=True)
+
+
+def _allocation_columns(out: pd.DataFrame, manifest: dict[str, Any]) -> None:
+    """The stage's and the run's allocation (:data:`ALLOCATION_COLUMNS`) on every row; null
+    for runs stored before allocations, and cost null unless the run was priced."""
+    doc = manifest.get("allocation") if isinstance(manifest.get("allocation"), dict) else {}
+    stages = _stage_entries(manifest, "allocation")
+    run = doc.get("run") or {}
+    for column, key, scale in ALLOCATION_COLUMNS:
+        out[f"run_{column}"] = _number(run.get(key)) / scale
+        out[f"stage_{column}"] = [_number(stages.get(stage, {}).get(key)) / scale
+                                  for stage in out["stage"]]
+    rates = doc.get("rates")
+    out["cost_currency"] = rates.get("currency") if isinstance(rates, dict) else None
 
 
 def to_parquet(rows: pd.DataFrame) -> bytes:

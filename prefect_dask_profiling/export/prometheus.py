@@ -19,6 +19,12 @@ Metrics (all gauges, the run's values; labels in braces):
   ``dask_profiling_stage_read_amplification_ratio`` — bytes downloaded / bytes of decoded
   pixels; ``dask_profiling_stage_s3fs_requests`` and ``dask_profiling_stage_s3fs_bytes``.
   A stage whose source was not loaded on any worker has no sample (absent, not 0);
+* what the cluster allocated (the manifest's ``allocation``), all ``{pipeline,scope}`` with
+  ``scope`` a stage, ``outside stages`` or ``run``: ``dask_profiling_allocated_worker_hours``,
+  ``dask_profiling_allocated_thread_hours``, ``dask_profiling_allocated_memory_gib_hours``
+  (memory limits), ``dask_profiling_idle_thread_hours``, ``dask_profiling_idle_ratio``
+  (idle / allocated thread-hours); and ``dask_profiling_cost_estimate{pipeline,scope,
+  currency}``, only for runs priced with ``cost=`` (the metric is absent otherwise);
 * ``dask_profiling_run_worker_deaths{pipeline,kind}`` — workers that died with tasks on them
   (``kind``: ``suspected OOM`` or ``worker lost``; 0 for both when none did);
 * ``dask_profiling_regression{pipeline,stage,prefix,verdict}`` — 1 for each prefix judged
@@ -60,6 +66,19 @@ FLAGGED = ("regression", "drift", "improved")
 EXPORTED_STATUSES = ("healthy", "regressed", "failed", "unjudged")
 # Judged runs replayed for the open alert episodes of each pipeline (a few weeks of nights).
 ALERT_LOOKBACK_RUNS = 30
+# (key of an ``allocation`` row, divisor, gauge, help) of the allocation gauges
+ALLOCATION_GAUGES = (
+    ("worker_s", 3600.0, "dask_profiling_allocated_worker_hours", "Worker-hours the cluster "
+     "allocated, per stage, outside stages and for the latest run"),
+    ("thread_s", 3600.0, "dask_profiling_allocated_thread_hours", "Thread-hours the cluster "
+     "allocated, latest run"),
+    ("gib_h", 1.0, "dask_profiling_allocated_memory_gib_hours", "GiB-hours of the workers' "
+     "memory limits, latest run"),
+    ("idle_s", 3600.0, "dask_profiling_idle_thread_hours", "Thread-hours allocated but not "
+     "computing tasks, latest run"),
+    ("idle_share", 1.0, "dask_profiling_idle_ratio", "Idle / allocated thread-hours, latest "
+     "run"),
+)
 # (key of the stage's ``io`` entry, gauge, help) of the per-stage storage gauges
 STORAGE_GAUGES = (
     ("requests", "dask_profiling_stage_storage_requests", "GDAL storage requests (GET + HEAD "
@@ -173,8 +192,14 @@ def build_registry(runs: list[LatestRun]) -> CollectorRegistry:
     alert = gauge("dask_profiling_alert", "1 for each open alert episode (suspected, "
                   "confirmed or acknowledged)", ["pipeline", "version", "stage", "prefix",
                                                  "metric", "episode", "state"])
+    allocated = {key: (scale, gauge(name, doc, ["pipeline", "scope"]))
+                 for key, scale, name, doc in ALLOCATION_GAUGES}
+    cost = (gauge("dask_profiling_cost_estimate", "Estimated cost at the run's own rates "
+                  "(cost= on the runner), latest run", ["pipeline", "scope", "currency"])
+            if any(_rates(run.manifest) for run in runs) else None)
     for run in runs:
         m, p = run.manifest, run.pipeline
+        _set_allocation(allocated, cost, p, m)
         version = str(m.get("version", ""))
         for row in run.tasks.itertuples(index=False):
             labels = (p, version, str(row.stage), str(row.prefix))
@@ -270,6 +295,32 @@ def _set_storage(gauges: dict[str, Any], pipeline: str, info: Any) -> None:
     labels = (pipeline, str(info.get("name")))
     for key, gauge in gauges.items():
         _set(gauge, labels, io.get(key))
+
+
+def _rates(manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """The rates a run was priced at (``None``: not priced, or stored before)."""
+    doc = manifest.get("allocation")
+    rates = doc.get("rates") if isinstance(doc, dict) else None
+    return rates if isinstance(rates, dict) else None
+
+
+def _set_allocation(gauges: dict[str, tuple[float, Any]], cost: Any, pipeline: str,
+                    manifest: dict[str, Any]) -> None:
+    """The allocation gauges of one run: every stage, the outside row and the run; the
+    cost only when the run was priced."""
+    doc = manifest.get("allocation")
+    if not isinstance(doc, dict) or not isinstance(doc.get("run"), dict):
+        return
+    rates = _rates(manifest)
+    for row in [*(doc.get("stages") or []), doc.get("outside") or {}, doc["run"]]:
+        if not isinstance(row, dict) or not row.get("scope"):
+            continue
+        labels = (pipeline, str(row["scope"]))
+        for key, (scale, gauge) in gauges.items():
+            value = row.get(key)
+            _set(gauge, labels, None if value is None else float(value) / scale)
+        if cost is not None and rates is not None:
+            _set(cost, (*labels, str(rates.get("currency", ""))), row.get("cost"))
 
 
 def _set(gauge: Any, labels: tuple, value: Any) -> None:

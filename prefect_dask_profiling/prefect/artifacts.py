@@ -22,6 +22,7 @@ import pandas as pd
 
 from prefect_dask_profiling._util import artifact_key, json_clean
 from prefect_dask_profiling.regression.drift import flagged_markdown
+from prefect_dask_profiling.summary.allocation import allocation_markdown
 from prefect_dask_profiling.summary.io import io_text, raster_text
 from prefect_dask_profiling.summary.memory import describe_incident, memory_cells
 
@@ -75,6 +76,14 @@ def run_markdown(result: FinishResult, links: dict[str, str], trend: str | None)
         peak, headroom, spilled = memory_cells(s.get("memory"))
         lines.append(f"| {s['name']} | {s['tasks']} | {_fmt(s['task_s'])} | {peak} | "
                      f"{headroom} | {spilled} | {verdict} | {evidence} | {report} |")
+    allocated = allocation_markdown(m.get("allocation"))
+    if allocated:
+        lines += ["", "## What the cluster allocated (busy = task compute seconds)", "",
+                  *allocated]
+    idle = (m.get("cost") or {}).get("flagged") or []
+    if idle:
+        lines += ["", "**Idle grew against the baseline (informational):**", "",
+                  *[f"- {text}" for text in idle]]
     if m.get("incidents"):
         lines += ["", "## Worker deaths", ""] + [f"- {describe_incident(i)}"
                                                  for i in m["incidents"]]

@@ -39,6 +39,7 @@ from prefect_dask import DaskTaskRunner
 
 from prefect_dask_profiling._util import positive_int, positive_number, validate_name
 from prefect_dask_profiling.prefect.reports import RENDERERS as REPORT_RENDERERS
+from prefect_dask_profiling.pricing import CostRates, parse_cost
 from prefect_dask_profiling.regression.rule import RegressionRule
 from prefect_dask_profiling.stage import running_task_annotations, running_task_key
 from prefect_dask_profiling.store.url import check_store_url, redacted_options
@@ -68,6 +69,7 @@ __all__ = ["ProfiledDaskTaskRunner", "ProfilingOptions", "RegressionDetected", "
 
 ON_REGRESSION = ("fail", "warn")
 STAGE_REPORTS = ("auto", True, False)
+COST_REGRESSION = ("warn", "off")
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,16 @@ class ProfilingOptions:
     store_timeout
         Upper bound in seconds for any one call to the store; when the store does not
         answer, the run's files wait in the local spool (``dask-profiling upload-pending``).
+    cost
+        Rates that price the resource-hours the cluster allocated (an estimate; see
+        docs/cost.md): ``{"worker_hour": 0.12}``, any of ``worker_hour``, ``thread_hour``,
+        ``gib_hour`` (and ``currency``), or ``{"workers": {"gpu-*": {...}, "*": {...}}}``,
+        rates per worker name pattern (:func:`~prefect_dask_profiling.pricing.parse_cost`).
+        ``None`` (default): resource-hours only, no price anywhere.
+    cost_regression
+        ``"warn"`` (default): a stage whose idle worker-hours grew against the baseline
+        (``threshold`` x its median) is named in the manifest, the artifact and a warning;
+        informational, it never fails the run. ``"off"``: not judged.
     """
 
     store: str | None = None
@@ -139,8 +151,14 @@ class ProfilingOptions:
     sample_interval: float = 1.0
     check_options: dict[str, Any] = field(default_factory=dict)
     store_timeout: float = 10.0
+    cost: CostRates | None = None
+    cost_regression: str = "warn"
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "cost", parse_cost(self.cost))
+        if self.cost_regression not in COST_REGRESSION:
+            raise ValueError(f"cost_regression must be one of {COST_REGRESSION}, "
+                             f"got {self.cost_regression!r}")
         positive_int(self.report_retention_days, "report_retention_days")
         if self.on_regression not in ON_REGRESSION:
             raise ValueError(f"on_regression must be one of {ON_REGRESSION}, "
@@ -217,7 +235,8 @@ class ProfiledDaskTaskRunner(DaskTaskRunner):
                  threshold: float = RegressionRule.threshold,
                  history: int = RegressionRule.history,
                  sample_interval: float = 1.0, check_options: dict | None = None,
-                 store_timeout: float = 10.0,
+                 store_timeout: float = 10.0, cost: dict[str, Any] | None = None,
+                 cost_regression: str = "warn",
                  profiling: ProfilingOptions | None = None) -> None:
         self.profiling = profiling or ProfilingOptions(
             store=store, storage_options=storage_options, pipeline=pipeline, version=version,
@@ -226,7 +245,7 @@ class ProfiledDaskTaskRunner(DaskTaskRunner):
             on_regression=on_regression, retry_on_regression=retry_on_regression,
             threshold=threshold, history=history,
             sample_interval=sample_interval, check_options=_copy_dict(check_options),
-            store_timeout=store_timeout)
+            store_timeout=store_timeout, cost=cost, cost_regression=cost_regression)
         super().__init__(cluster=cluster, address=address, cluster_class=cluster_class,
                          cluster_kwargs=cluster_kwargs, adapt_kwargs=adapt_kwargs,
                          client_kwargs=client_kwargs,

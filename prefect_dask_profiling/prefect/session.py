@@ -157,6 +157,7 @@ class Session:
         self.result: FinishResult | None = None
         self._captured = False
         self._checked_workers = False
+        self._pricing_checked = False
         self._installed_stream = False
         self._store = None
         self._store_url: str | None = None
@@ -239,7 +240,8 @@ class Session:
             check_options=dict(options.check_options),
             report_retention_days=options.report_retention_days,
             spool_budget_s=options.store_timeout,
-            fail_on_regression=options.on_regression == "fail", views_in_background=True)
+            fail_on_regression=options.on_regression == "fail", views_in_background=True,
+            cost=options.cost, cost_regression=options.cost_regression)
 
     def _read_history_early(self) -> None:
         """Start reading the run's history while the flow computes (once the pipeline and
@@ -454,8 +456,25 @@ class Session:
             self.warnings.append(f"stage {name!r}: snapshot failed: {got['snapshot']!r}")
         else:
             self.last_snapshot = got["snapshot"]
+            self._check_pricing(got["snapshot"])
         if token.window is not None:
             self._submit_report(info, token.window, got["end"], failed=error is not None)
+
+    def _check_pricing(self, snap: dict[str, Any]) -> None:
+        """At the first stage: warn (once) about workers ``cost=`` patterns do not price."""
+        rates = self.options.cost
+        if self._pricing_checked or rates is None or not rates.by_name:
+            return
+        self._pricing_checked = True
+        names = [str(entry.get("name", "")) for entry in snap.get("lifetimes") or []]
+        unpriced = rates.unpriced(names)
+        if unpriced:
+            patterns = ", ".join(repr(p) for p, _ in rates.by_name)
+            message = (f"cost: no pattern ({patterns}) matches worker(s) "
+                       f"{', '.join(unpriced)}: they are not priced, the run's cost "
+                       "leaves them out")
+            self.warnings.append(message)
+            _run_log(logging.WARNING, f"dask-profiling: {message}")
 
     def _count_local_work(self, info: StageInfo, watch: LocalWorkWatch) -> None:
         """Add the Dask work that ran on local threads in this window to the stage's entry,

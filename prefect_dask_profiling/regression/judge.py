@@ -59,6 +59,11 @@ from prefect_dask_profiling.regression.confirm import (
     confirm_verdicts,
     noise_reach,
 )
+from prefect_dask_profiling.regression.cost import (
+    COST_VERDICT_COLUMNS,
+    cost_flagged,
+    detect_idle,
+)
 from prefect_dask_profiling.regression.explain import explain_verdicts
 from prefect_dask_profiling.regression.memory import (
     MEMORY_VERDICT_COLUMNS,
@@ -235,6 +240,10 @@ class Judgement:
     requests
         Storage-request verdicts per stage and metric (``requests.REQUEST_VERDICT_COLUMNS``):
         ``request-regression`` when requests or bytes per chunk doubled.
+    cost
+        Idle verdicts per stage (``cost.COST_VERDICT_COLUMNS``): ``idle-regression`` when a
+        stage's idle worker-hours grew against the baseline runs' manifests. Informational:
+        never in the outcome.
     explanations
         Per regressed stage: how its bottleneck and the run's context changed since the
         baseline runs (:func:`~.explain.explain_verdicts`).
@@ -253,6 +262,8 @@ class Judgement:
         default_factory=lambda: pd.DataFrame(columns=MEMORY_VERDICT_COLUMNS))
     requests: pd.DataFrame = field(
         default_factory=lambda: pd.DataFrame(columns=REQUEST_VERDICT_COLUMNS))
+    cost: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame(columns=COST_VERDICT_COLUMNS))
     explanations: dict[str, dict[str, Any]] = field(default_factory=dict)
     baseline_runs: tuple[str, ...] = ()
     baseline_note: str = ""
@@ -311,6 +322,7 @@ class Judgement:
                 "verdicts": self.verdicts.to_dict(orient="records"),
                 "memory_verdicts": self.memory.to_dict(orient="records"),
                 "request_verdicts": self.requests.to_dict(orient="records"),
+                "cost_verdicts": self.cost.to_dict(orient="records"),
                 "drift_verdicts": self.drift.drop(columns="series", errors="ignore")
                 .to_dict(orient="records")}
 
@@ -331,6 +343,7 @@ class Judgement:
                                    self.memory_flagged().itertuples(index=False)]},
             "requests": {"flagged": [f"{r.stage}/{r.metric}: {r.ratio:.2f}x" for r in
                                      self.requests_flagged().itertuples(index=False)]},
+            "cost": {"flagged": cost_flagged(self.cost)},
             "explanations": self.explanations,
         }
 
@@ -441,11 +454,15 @@ def judge(tonight: Tonight, history: History, rules: Rules | None = None) -> Jud
     requests = _confirm_stage_rows(requests, history.alerts, rules.regression,
                                    REQUEST_POLICY)
     outcome = _outcome(tonight, one_night, drift, memory, requests, history, rules)
+    cost = detect_idle(history.memory_manifests, tonight.context,
+                       threshold=rules.regression.threshold,
+                       min_seconds=60.0 * rules.regression.min_seconds,
+                       min_history=rules.regression.min_history)
     explanations = explain_verdicts(one_night, tonight.context, list(history.manifests)) \
         if not regressed(one_night).empty else {}
     return Judgement(run_id=tonight.run_id, pipeline=tonight.pipeline, version=tonight.version,
                      rules=rules, verdicts=verdicts, drift=drift, outcome=outcome,
-                     memory=memory, requests=requests,
+                     memory=memory, requests=requests, cost=cost,
                      explanations=explanations, baseline_runs=tuple(history.baseline.runs),
                      baseline_note=history.baseline.note, series_note=history.series_note)
 

@@ -74,6 +74,8 @@ class Manifest(TypedDict, total=False):
     finish_seconds: dict[str, float]
     spool_delivery: dict[str, Any]
     history_read: dict[str, str]  # at (ISO), when ("run start" or "finish"), why (re-read)
+    # per stage, outside stages, run (summary.allocation.RunAllocation.to_dict); rates if priced
+    allocation: dict[str, Any]
 
 
 class LocalWork(TypedDict):
@@ -114,6 +116,9 @@ class StageInfo:
     # peak / start / added bytes, headroom, spilled bytes... (summary.memory.StageMemory);
     # absent in old runs, start_bytes / added_bytes absent in runs before issue 35
     memory: dict[str, Any] | None = None
+    # worker-, thread- and GiB-hours allocated, busy and idle seconds, idle share and, when
+    # priced, cost (summary.allocation.Allocation.to_dict); absent in runs before issue 37
+    allocation: dict[str, Any] | None = None
 
 
 @dataclass

@@ -64,6 +64,9 @@ class RunRecord:
     scheduler
         Per stage: the scheduler's event-loop CPU, run-queue wait and sampled seconds while
         it ran (:class:`~prefect_dask_profiling.timing.types.StageScheduler`).
+    lifetimes
+        Each worker's stay (:class:`~prefect_dask_profiling.timing.types.WorkerLifetime`):
+        what the cluster allocated (:mod:`prefect_dask_profiling.summary.allocation`).
     """
 
     name: str
@@ -88,6 +91,8 @@ class RunRecord:
     spill: dict[str, dict[str, int]] = field(default_factory=dict)
     incidents: list[dict[str, Any]] = field(default_factory=list)
     scheduler: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # each worker's arrival and departure (timing.types.WorkerLifetime); empty in old runs
+    lifetimes: list[dict[str, Any]] = field(default_factory=list)
     # (frame, {stage: rows}) per table name: each table split by stage once (stage_rows)
     _split: dict[str, tuple[pd.DataFrame, dict[str, pd.DataFrame]]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
@@ -109,6 +114,9 @@ class RunRecord:
                             "ring (per-worker peaks and means still cover the whole run)")
         sketches = {(r["stage"], r["prefix"]): QuantileSketch.from_dict(r["sketch"])
                     for r in snap.get("tasks", []) if r.get("sketch")}
+        if snap.get("lifetimes_dropped"):
+            warnings.append(f"{snap['lifetimes_dropped']} worker arrival(s) not kept (too "
+                            "many in one run): allocated worker-hours are a lower bound")
         if snap.get("incidents_dropped"):
             warnings.append(f"{snap['incidents_dropped']} worker incident(s) not kept "
                             "(too many in one run)")
@@ -132,7 +140,8 @@ class RunRecord:
                             "disk_read_bytes": int(v.get("disk_read_bytes", 0))}
                    for k, v in (snap.get("stage_spill") or {}).items()},
             incidents=[dict(i) for i in snap.get("incidents", [])],
-            scheduler={str(k): dict(v) for k, v in (snap.get("stage_scheduler") or {}).items()})
+            scheduler={str(k): dict(v) for k, v in (snap.get("stage_scheduler") or {}).items()},
+            lifetimes=[dict(x) for x in snap.get("lifetimes") or []])
 
     # -- windows -------------------------------------------------------------------------
 

@@ -66,6 +66,7 @@ MAX_TIMELINE = 10_000
 MAX_WRAPPERS = 10_000
 MAX_STAGE_MEMORY = 20_000  # (stage, worker) rows of per-stage memory
 MAX_INCIDENTS = 100
+MAX_LIFETIMES = 10_000  # worker arrivals kept (adaptive clusters come and go)
 MAX_INCIDENT_KEYS = 20
 MAX_PROCESSING_SCAN = 64  # tasks looked at per worker and sample to find running stages
 MAX_STAGES = 1_000  # stages with scheduler-load entries
@@ -275,6 +276,10 @@ class TaskTimings(SchedulerPlugin):
         self.incidents: list[dict[str, Any]] = []
         self.incidents_dropped = 0
         self.memory_kills: dict[str, dict[str, Any]] = {}  # worker -> nanny's report
+        # one entry per worker arrival: name, nthreads, memory_limit, arrived, departed
+        self.lifetimes: list[dict[str, Any]] = []
+        self._open_lifetimes: dict[str, dict[str, Any]] = {}  # address -> its open entry
+        self.lifetimes_dropped = 0
         self.started = time.time()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -291,6 +296,7 @@ class TaskTimings(SchedulerPlugin):
         self.started = time.time()
         try:
             self._record_threads()
+            self._record_present_workers()
             self._check_late_registration()
             self._listen_long_running()
             if self.sample_interval and self.sample_interval > 0:
@@ -380,6 +386,7 @@ class TaskTimings(SchedulerPlugin):
     def add_worker(self, scheduler=None, worker: str | None = None) -> None:
         try:
             self._record_threads()
+            self._worker_arrived(worker, time.time())
         except Exception:
             self._fail()
 
@@ -389,6 +396,7 @@ class TaskTimings(SchedulerPlugin):
         # from Dask's ``remove-worker`` event instead (see :meth:`log_event`).
         try:
             self._record_threads()
+            self._worker_departed(worker, time.time())
         except Exception:
             self._fail()
 
@@ -598,6 +606,49 @@ class TaskTimings(SchedulerPlugin):
         if len(self.timeline) >= MAX_TIMELINE:
             self.timeline.pop(1)
         self.timeline.append((time.time(), nthreads))
+
+    # -- worker lifetimes: what the cluster allocated ----------------------------------------
+
+    def _record_present_workers(self) -> None:
+        """Open a lifetime for every worker connected at registration (``add_worker`` is
+        not called for them): it started at the scheduler's ``add-worker`` event for it
+        when that is still in the event log, else now (``start_known`` says which)."""
+        for addr in list(self.scheduler.workers):
+            arrived = self._arrival_event(addr)
+            self._worker_arrived(addr, arrived if arrived is not None else self.started,
+                                 start_known=arrived is not None)
+
+    def _arrival_event(self, addr: str) -> float | None:
+        """When the scheduler logged the worker's latest ``add-worker`` event, or None."""
+        get_events = getattr(self.scheduler, "get_events", None)
+        if get_events is None:
+            return None
+        for stamp, msg in reversed(get_events(addr)):
+            if isinstance(msg, dict) and msg.get("action") == "add-worker":
+                return float(stamp)
+        return None
+
+    def _worker_arrived(self, addr: str | None, now: float, start_known: bool = True) -> None:
+        """Open a lifetime for ``addr`` with its threads, memory limit and name."""
+        if addr is None or addr in self._open_lifetimes:
+            return
+        ws = self.scheduler.workers.get(addr) if self.scheduler is not None else None
+        if ws is None:
+            return
+        if len(self.lifetimes) >= MAX_LIFETIMES:
+            self.lifetimes_dropped += 1
+            return
+        entry = {"worker": addr, "name": str(ws.name), "nthreads": int(ws.nthreads),
+                 "memory_limit": int(ws.memory_limit or 0), "arrived": now,
+                 "departed": None, "start_known": start_known}
+        self.lifetimes.append(entry)
+        self._open_lifetimes[addr] = entry
+
+    def _worker_departed(self, addr: str | None, now: float) -> None:
+        """Close the open lifetime of ``addr`` (if it arrived while we watched)."""
+        entry = self._open_lifetimes.pop(addr, None) if addr is not None else None
+        if entry is not None:
+            entry["departed"] = now
 
     def _check_late_registration(self) -> None:
         busy = 0
@@ -907,6 +958,8 @@ class TaskTimings(SchedulerPlugin):
             "cluster": self._cluster_size(),
             "incidents": [dict(i) for i in self.incidents],
             "incidents_dropped": self.incidents_dropped,
+            "lifetimes": [dict(entry) for entry in self.lifetimes],
+            "lifetimes_dropped": self.lifetimes_dropped,
             "warnings": list(self.warnings),
             "internal_errors": self.internal_errors, "last_error": self.last_error,
         }

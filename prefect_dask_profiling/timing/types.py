@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, TypedDict
 
 __all__ = ["ClusterSize", "Incident", "PrefixRow", "Snapshot", "StageMemoryRow", "StageScheduler",
-           "StageSpill", "TransferRow", "WorkerAggregate"]
+           "StageSpill", "TransferRow", "WorkerAggregate", "WorkerLifetime"]
 
 
 class PrefixRow(TypedDict, total=False):
@@ -126,6 +126,23 @@ class Incident(TypedDict):
     nanny_rss: int | None
 
 
+class WorkerLifetime(TypedDict):
+    """One worker's stay on the scheduler: from its arrival to its departure.
+
+    ``departed`` is ``None`` while it is still connected. ``start_known`` is False for a
+    worker connected before the plugin whose arrival had left the scheduler's event log:
+    its ``arrived`` is the plugin's registration time.
+    """
+
+    worker: str
+    name: str
+    nthreads: int
+    memory_limit: int
+    arrived: float
+    departed: float | None
+    start_known: bool
+
+
 class ClusterSize(TypedDict):
     """The workers connected when a snapshot was taken, and their threads."""
 
@@ -157,6 +174,8 @@ class Snapshot(TypedDict, total=False):
     cluster: ClusterSize
     incidents: list[Incident]
     incidents_dropped: int
+    lifetimes: list[WorkerLifetime]
+    lifetimes_dropped: int
     warnings: list[str]
     internal_errors: int
     last_error: str | None

@@ -706,3 +706,29 @@ def test_each_stage_gets_the_scheduler_loops_cpu_while_it_ran(client, run) -> No
         record.scheduler
     if sys.platform == "linux":
         assert many["loop_wait_s"] is not None and many["loop_wait_s"] >= 0
+
+
+def test_worker_lifetimes_as_the_cluster_scales() -> None:
+    """Workers present at registration keep their arrival (from the scheduler's event
+    log); later ones open and close a lifetime with their threads, memory and name."""
+    with LocalCluster(n_workers=1, processes=False, threads_per_worker=2, memory_limit="1GiB",
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        first = next(iter(cluster.scheduler.workers))
+        before = time.time()
+        name = install(client)
+        cluster.scale(3)
+        client.wait_for_workers(3, timeout=60)
+        added = set(cluster.scheduler.workers) - {first}
+        cluster.scale(1)
+        deadline = time.time() + 60
+        while len(cluster.scheduler.workers) > 1 and time.time() < deadline:
+            time.sleep(0.05)
+        lives = {entry["worker"]: entry for entry in snapshot(client, name)["lifetimes"]}
+        uninstall(client, name)
+    assert set(lives) == {first, *added}
+    assert lives[first]["start_known"] and lives[first]["arrived"] < before
+    assert all(e["nthreads"] == 2 and e["memory_limit"] == 2 ** 30 for e in lives.values())
+    departed = [w for w, e in lives.items() if e["departed"] is not None]
+    assert len(departed) == 2
+    assert all(lives[w]["departed"] > lives[w]["arrived"] for w in departed)
+    assert all(isinstance(e["name"], str) and e["name"] for e in lives.values())
