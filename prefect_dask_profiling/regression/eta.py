@@ -47,8 +47,12 @@ DEFAULT_ETA_INTERVAL_S = 30.0
 # RegressionRule.min_history by default).
 MIN_NIGHTS = 3
 # How much a stage's observed speed is trusted against its history, at a progress fraction
-# f: weight f / (f + PRIOR_WEIGHT). Small: a stage a tenth done already moves the ETA.
-PRIOR_WEIGHT = 0.1
+# f: weight f / (f + PRIOR_WEIGHT). A stage's first tasks finish late (start-up, a task's own
+# length), so an early speed reads slow: 0.25 keeps that bias under 0.02 / 0.25 = 8 % for a
+# stage whose first tasks need 2 % of it, and a stage a third done still moves the ETA by half.
+PRIOR_WEIGHT = 0.25
+# Below this share of its work done a stage's counts are start-up, not speed: time only.
+MIN_FRACTION = 0.05
 Risk = Literal["on-track", "at-risk", "late"]
 
 
@@ -383,13 +387,16 @@ def _current_part(st: StageStats, spent: float, fraction: float | None) -> _Part
     """The rest of the stage open now: its history's durations, scaled by its speed so far
     (the observed speed weighted by the progress fraction)."""
     speed = 1.0
-    if fraction is not None and fraction > 0 and st.p50_s > 0:
+    if fraction is not None and fraction >= MIN_FRACTION and st.p50_s > 0:
         observed = spent / fraction / st.p50_s
         speed = (fraction * observed + PRIOR_WEIGHT) / (fraction + PRIOR_WEIGHT)
     elif st.p50_s > 0 and spent > st.p90_s:  # past its p90 without counts: at least as slow
         speed = spent / st.p50_s
     if fraction is not None and fraction >= 1.0:
         low = high = 0.0
+    elif fraction is not None and fraction >= MIN_FRACTION:  # the spread of what is left
+        low = max(st.p50_s * speed - spent, 0.0)
+        high = low + (st.p90_s - st.p50_s) * speed * (1.0 - fraction)
     else:
         low = max(st.p50_s * speed - spent, 0.0)
         high = max(st.p90_s * speed - spent, low)
