@@ -32,6 +32,7 @@ import logging
 import pickle
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import dask
@@ -40,6 +41,12 @@ from prefect_dask import DaskTaskRunner
 
 from prefect_dask_profiling._util import positive_int, positive_number, validate_name
 from prefect_dask_profiling.prefect.reports import RENDERERS as REPORT_RENDERERS
+from prefect_dask_profiling.regression.eta import (
+    DEFAULT_ETA_INTERVAL_S,
+    check_eta_interval,
+    check_margin,
+    parse_deadline,
+)
 from prefect_dask_profiling.regression.rule import RegressionRule
 from prefect_dask_profiling.stage import running_task_annotations, running_task_key
 from prefect_dask_profiling.store.url import check_store_url, redacted_options
@@ -123,6 +130,15 @@ class ProfilingOptions:
     store_timeout
         Upper bound in seconds for any one call to the store; when the store does not
         answer, the run's files wait in the local spool (``dask-profiling upload-pending``).
+    deadline
+        When the run's data must be ready: a time of day with a time zone
+        (``"06:00 Europe/Berlin"``: its first occurrence after the flow run's scheduled
+        start) or a ``timedelta`` from the scheduled start (``expected_start_time``). The
+        live ETA then emits ``dask-profiling.run.at-risk`` / ``on-track`` / ``late``.
+    deadline_margin
+        Seconds (or a ``timedelta``) before the deadline the ETA's upper end must stay.
+    eta_interval
+        Seconds (or a ``timedelta``) between two ETA updates inside a stage (default 30).
     """
 
     store: str | None = None
@@ -140,8 +156,14 @@ class ProfilingOptions:
     sample_interval: float = 1.0
     check_options: dict[str, Any] = field(default_factory=dict)
     store_timeout: float = 10.0
+    deadline: str | timedelta | None = None
+    deadline_margin: float | timedelta = 0.0
+    eta_interval: float | timedelta = DEFAULT_ETA_INTERVAL_S
 
     def __post_init__(self) -> None:
+        parse_deadline(self.deadline)  # each refused here, naming its option
+        check_margin(self.deadline_margin)
+        check_eta_interval(self.eta_interval)
         positive_int(self.report_retention_days, "report_retention_days")
         if self.on_regression not in ON_REGRESSION:
             raise ValueError(f"on_regression must be one of {ON_REGRESSION}, "
@@ -224,7 +246,9 @@ class ProfiledDaskTaskRunner(DaskTaskRunner):
                  threshold: float = RegressionRule.threshold,
                  history: int = RegressionRule.history,
                  sample_interval: float = 1.0, check_options: dict | None = None,
-                 store_timeout: float = 10.0,
+                 store_timeout: float = 10.0, deadline: str | timedelta | None = None,
+                 deadline_margin: float | timedelta = 0.0,
+                 eta_interval: float | timedelta = DEFAULT_ETA_INTERVAL_S,
                  profiling: ProfilingOptions | None = None) -> None:
         self.profiling = profiling or ProfilingOptions(
             store=store, storage_options=storage_options, pipeline=pipeline, version=version,
@@ -233,7 +257,8 @@ class ProfiledDaskTaskRunner(DaskTaskRunner):
             on_regression=on_regression, retry_on_regression=retry_on_regression,
             threshold=threshold, history=history,
             sample_interval=sample_interval, check_options=_copy_dict(check_options),
-            store_timeout=store_timeout)
+            store_timeout=store_timeout, deadline=deadline, deadline_margin=deadline_margin,
+            eta_interval=eta_interval)
         super().__init__(cluster=cluster, address=address, cluster_class=cluster_class,
                          cluster_kwargs=cluster_kwargs, adapt_kwargs=adapt_kwargs,
                          client_kwargs=client_kwargs,

@@ -30,13 +30,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, time, timedelta, tzinfo
 from statistics import median
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-import numpy as np
-import pandas as pd
-
 from prefect_dask_profiling.errors import InvalidInput
+
+if TYPE_CHECKING:  # the runner validates its options with this module in Dask workers too,
+    import pandas as pd  # which must not load pandas: nothing here imports it at run time
 
 __all__ = ["DEFAULT_ETA_INTERVAL_S", "Deadline", "Eta", "HistoryStats", "RiskTracker",
            "RunProgress", "StageStats", "check_eta_interval", "check_margin", "estimate",
@@ -158,13 +158,22 @@ def history_stats(pipeline: str, version: str, manifests: Sequence[Mapping[str, 
     runs = tuple(str(m.get("run_id")) for m in nights)
     counts = _prefix_counts(tasks, runs)
     stages = tuple(
-        StageStats(name=name, nights=len(values), p50_s=float(np.quantile(values, 0.5)),
-                   p90_s=float(np.quantile(values, 0.9)),
+        StageStats(name=name, nights=len(values), p50_s=_quantile(values, 0.5),
+                   p90_s=_quantile(values, 0.9),
                    windows=max(1, round(median(windows[name]))),
                    tasks=counts.get(name, ({}, {}))[0], weights=counts.get(name, ({}, {}))[1])
         for name, values in ((n, durations[n]) for n in _stage_order(nights)))
     total = float(median(_wall(m) for m in nights)) if nights else None
     return HistoryStats(pipeline, version, runs, stages, total, needed)
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile, interpolated linearly (numpy's default)."""
+    ordered = sorted(values)
+    at = q * (len(ordered) - 1)
+    low = math.floor(at)
+    high = min(low + 1, len(ordered) - 1)
+    return float(ordered[low] + (ordered[high] - ordered[low]) * (at - low))
 
 
 def _wall(manifest: Mapping[str, Any]) -> float | None:
