@@ -180,8 +180,8 @@ def _allocation_columns(out: pd.DataFrame, manifest: dict[str, Any]) -> None:
     stages = _stage_entries(manifest, "allocation")
     run = doc.get("run") or {}
     for column, key, scale in ALLOCATION_COLUMNS:
-        out[f"run_{column}"] = _number(run.get(key)) / scale
-        out[f"stage_{column}"] = [_number(stages.get(stage, {}).get(key)) / scale
+        out[f"run_{column}"] = float_or_nan(run.get(key)) / scale
+        out[f"stage_{column}"] = [float_or_nan(stages.get(stage, {}).get(key)) / scale
                                   for stage in out["stage"]]
     rates = doc.get("rates")
     out["cost_currency"] = rates.get("currency") if isinstance(rates, dict) else None

@@ -31,6 +31,7 @@ import inspect
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import dask
@@ -40,6 +41,12 @@ from prefect_dask import DaskTaskRunner
 from prefect_dask_profiling._util import positive_int, positive_number, validate_name
 from prefect_dask_profiling.prefect.reports import RENDERERS as REPORT_RENDERERS
 from prefect_dask_profiling.pricing import CostRates, parse_cost
+from prefect_dask_profiling.regression.eta import (
+    DEFAULT_ETA_INTERVAL_S,
+    check_eta_interval,
+    check_margin,
+    parse_deadline,
+)
 from prefect_dask_profiling.regression.rule import RegressionRule
 from prefect_dask_profiling.stage import running_task_annotations, running_task_key
 from prefect_dask_profiling.store.url import check_store_url, redacted_options
@@ -134,6 +141,15 @@ class ProfilingOptions:
         ``"warn"`` (default): a stage whose idle worker-hours grew against the baseline
         (``threshold`` x its median) is named in the manifest, the artifact and a warning;
         informational, it never fails the run. ``"off"``: not judged.
+    deadline
+        When the run's data must be ready: a time of day with a time zone
+        (``"06:00 Europe/Berlin"``: its first occurrence after the flow run's scheduled
+        start) or a ``timedelta`` from the scheduled start (``expected_start_time``). The
+        live ETA then emits ``dask-profiling.run.at-risk`` / ``on-track`` / ``late``.
+    deadline_margin
+        Seconds (or a ``timedelta``) before the deadline the ETA's upper end must stay.
+    eta_interval
+        Seconds (or a ``timedelta``) between two ETA updates inside a stage (default 30).
     """
 
     store: str | None = None
@@ -153,12 +169,18 @@ class ProfilingOptions:
     store_timeout: float = 10.0
     cost: CostRates | None = None
     cost_regression: str = "warn"
+    deadline: str | timedelta | None = None
+    deadline_margin: float | timedelta = 0.0
+    eta_interval: float | timedelta = DEFAULT_ETA_INTERVAL_S
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cost", parse_cost(self.cost))
         if self.cost_regression not in COST_REGRESSION:
             raise ValueError(f"cost_regression must be one of {COST_REGRESSION}, "
                              f"got {self.cost_regression!r}")
+        parse_deadline(self.deadline)  # each refused here, naming its option
+        check_margin(self.deadline_margin)
+        check_eta_interval(self.eta_interval)
         positive_int(self.report_retention_days, "report_retention_days")
         if self.on_regression not in ON_REGRESSION:
             raise ValueError(f"on_regression must be one of {ON_REGRESSION}, "
@@ -236,7 +258,9 @@ class ProfiledDaskTaskRunner(DaskTaskRunner):
                  history: int = RegressionRule.history,
                  sample_interval: float = 1.0, check_options: dict | None = None,
                  store_timeout: float = 10.0, cost: dict[str, Any] | None = None,
-                 cost_regression: str = "warn",
+                 cost_regression: str = "warn", deadline: str | timedelta | None = None,
+                 deadline_margin: float | timedelta = 0.0,
+                 eta_interval: float | timedelta = DEFAULT_ETA_INTERVAL_S,
                  profiling: ProfilingOptions | None = None) -> None:
         self.profiling = profiling or ProfilingOptions(
             store=store, storage_options=storage_options, pipeline=pipeline, version=version,
@@ -245,7 +269,9 @@ class ProfiledDaskTaskRunner(DaskTaskRunner):
             on_regression=on_regression, retry_on_regression=retry_on_regression,
             threshold=threshold, history=history,
             sample_interval=sample_interval, check_options=_copy_dict(check_options),
-            store_timeout=store_timeout, cost=cost, cost_regression=cost_regression)
+            store_timeout=store_timeout, cost=cost, cost_regression=cost_regression,
+            deadline=deadline, deadline_margin=deadline_margin,
+            eta_interval=eta_interval)
         super().__init__(cluster=cluster, address=address, cluster_class=cluster_class,
                          cluster_kwargs=cluster_kwargs, adapt_kwargs=adapt_kwargs,
                          client_kwargs=client_kwargs,

@@ -29,6 +29,7 @@ from prefect_dask_profiling.finishing import (
     read_history_early,
 )
 from prefect_dask_profiling.prefect import artifacts, reports
+from prefect_dask_profiling.prefect.eta import LiveEta
 from prefect_dask_profiling.regression.verdict import RegressionDetected
 from prefect_dask_profiling.stage import (
     LocalWorkWatch,
@@ -162,6 +163,7 @@ class Session:
         self._store = None
         self._store_url: str | None = None
         self._early_history: EarlyHistory | None = None
+        self.eta: LiveEta | None = None  # the live ETA, once the history is being read
         self._report_pool: ThreadPoolExecutor | None = None
         self._boundary_pool: ThreadPoolExecutor | None = None
         self._pending_reports: list[Future] = []
@@ -198,6 +200,8 @@ class Session:
         The views are waited for last: the removals are round trips to the scheduler,
         during which the views' thread draws.
         """
+        if self.eta is not None:  # no tick may read the plugin once it is removed
+            self.eta.stop(finished=False)
         self._gate.release()
         self.wait_reports()
         if self._report_pool is not None:
@@ -255,6 +259,16 @@ class Session:
             logger.debug("history not read early", exc_info=True)
             return
         self._early_history = read_history_early(store, self.ctx, rules)
+        self._start_eta()
+
+    def _start_eta(self) -> None:
+        """Start the live ETA on the history being read (never fails the run)."""
+        try:
+            self.eta = LiveEta(self)
+            self.eta.start(self._early_history.future)
+        except Exception:
+            logger.debug("dask-profiling: no live ETA", exc_info=True)
+            self.eta = None
 
     def use_store(self, url: str | None) -> None:
         """Store this run at ``url`` instead of the runner's store (before it finishes)."""
@@ -372,6 +386,8 @@ class Session:
         self.open_stages[name] = opened
         self._gate.opened()  # the previous stage's report may be drawn now
         self._read_history_early()
+        if self.eta is not None:
+            self.eta.stage_opened(name)
         return opened
 
     def _boundary_reads(self, reads: dict[str, Callable[[], Any]]) -> dict[str, Any]:
@@ -459,6 +475,8 @@ class Session:
             self._check_pricing(got["snapshot"])
         if token.window is not None:
             self._submit_report(info, token.window, got["end"], failed=error is not None)
+        if self.eta is not None:
+            self.eta.stage_closed(name)
 
     def _check_pricing(self, snap: dict[str, Any]) -> None:
         """At the first stage: warn (once) about workers ``cost=`` patterns do not price."""
@@ -648,6 +666,8 @@ class Session:
             return self.result
         self.finished = True
         self._gate.release()  # the last stage's report is drawn while the run is collected
+        if self.eta is not None:
+            self.eta.stop(finished=error is None)
         try:
             stored = self._store_run(error, state, publish, extra_warning)
         except Exception as exc:  # never change the flow's own outcome by our failure

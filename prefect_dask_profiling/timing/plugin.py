@@ -1034,6 +1034,26 @@ def _snapshot(dask_scheduler, name: str) -> dict[str, Any] | None:
     return None if plugin is None else plugin.snapshot()
 
 
+def _task_counts(dask_scheduler, name: str) -> dict[str, dict[str, int]] | None:
+    plugin = dask_scheduler.plugins.get(name)
+    if plugin is None:
+        return None
+    out: dict[str, dict[str, int]] = {}
+    for (stage, prefix), stats in list(plugin.stats.items()):
+        out.setdefault(str(stage), {})[str(prefix)] = int(stats.tasks)
+    return out
+
+
+def task_counts(client: Client, name: str) -> dict[str, dict[str, int]]:
+    """Tasks finished so far per stage and prefix (the live ETA's progress): one small read
+    on the scheduler, O(stages x prefixes), far lighter than :func:`snapshot`."""
+    _register_by_value()
+    counts = client.run_on_scheduler(_task_counts, name=name)
+    if counts is None:
+        raise KeyError(f"no TaskTimings plugin named {name!r} on the scheduler")
+    return counts
+
+
 def _incoming_transfers(dask_worker, since: float) -> dict[str, Any]:
     log = dask_worker.transfer_incoming_log
     entries = [(e.get("who"), e.get("total", 0), e.get("duration", 0.0))

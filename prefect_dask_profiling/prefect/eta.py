@@ -1,0 +1,391 @@
+"""The live ETA of a flow run: kept current off the flow's critical path, published to Prefect.
+
+The :class:`~prefect_dask_profiling.prefect.session.Session` tells a :class:`LiveEta` when
+the run's history is being read and when stages open and close (a few dictionary updates in
+the flow thread); everything else runs as jobs of the process's one background service
+(:class:`~prefect_dask_profiling.prefect.background.Background`):
+
+* at the run's start (once the history the judge reads early is there), at every stage
+  boundary and every ``eta_interval`` seconds: one small read of the plugin's task counts
+  (:func:`~prefect_dask_profiling.timing.plugin.task_counts`), then
+  :func:`~prefect_dask_profiling.regression.eta.estimate`;
+* a Prefect progress artifact on the flow run (percent of the expected work done, never
+  going back, 100 at the end), its description the ETA line;
+* one flow-run log line per stage boundary;
+* with a ``deadline=``: the events ``dask-profiling.run.at-risk``, ``...on-track`` (a run at
+  risk recovered) and ``...late`` (the deadline passed, run unfinished: emitted by the
+  periodic job even while a stage computes), each with a stable id per (flow run, kind,
+  occurrence) so a retried emission adds nothing.
+
+A failing Prefect API, store or scheduler read never fails or slows the flow: each job
+catches and logs at debug level, and keeps the last good estimate.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from prefect_dask_profiling._util import json_clean
+from prefect_dask_profiling.regression.eta import (
+    Eta,
+    HistoryStats,
+    RiskTracker,
+    RunProgress,
+    boundary_text,
+    check_eta_interval,
+    check_margin,
+    estimate,
+    history_stats,
+    parse_deadline,
+    resolve_deadline,
+    risk,
+)
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    from prefect_dask_profiling.prefect.background import Periodic
+
+logger = logging.getLogger("prefect_dask_profiling")
+
+AT_RISK_EVENT = "dask-profiling.run.at-risk"
+ON_TRACK_EVENT = "dask-profiling.run.on-track"
+LATE_EVENT = "dask-profiling.run.late"
+EVENTS = {"at-risk": AT_RISK_EVENT, "on-track": ON_TRACK_EVENT, "late": LATE_EVENT}
+_ETA_EVENT_NAMESPACE = uuid.UUID("5d0f3a8e-7b21-4c6e-9a43-2f81c7e0b9d4")
+
+
+def event_id(flow_run_id: str, kind: str, occurrence: int = 1) -> uuid.UUID:
+    """The stable id of the ``occurrence``-th ``kind`` event of a flow run."""
+    return uuid.uuid5(_ETA_EVENT_NAMESPACE, f"{flow_run_id}/{kind}/{occurrence}")
+
+
+@dataclass
+class _Clock:
+    """Where the run is, kept by the flow thread (under the lock)."""
+
+    completed: dict[str, float]
+    windows: dict[str, int]
+    current: str | None = None
+    opened_at: float = 0.0  # monotonic
+
+
+class LiveEta:
+    """The ETA of one flow run (see the module docstring).
+
+    Parameters
+    ----------
+    session
+        The run's session (its client, plugin name, run context, options).
+    """
+
+    def __init__(self, session: Any) -> None:
+        options = session.options
+        self.session = session
+        self.interval = check_eta_interval(options.eta_interval)
+        self.margin_s = check_margin(options.deadline_margin)
+        self.deadline = parse_deadline(options.deadline)
+        self.needed = options.rule.min_history
+        self.stats: HistoryStats | None = None
+        self.eta: Eta | None = None
+        self.deadline_at: datetime | None = None
+        self.tracker = RiskTracker()
+        self.events: list[Any] = []
+        self.log: list[str] = []  # the boundary lines (the run's markdown shows the last)
+        self.predictions: list[tuple[float, float]] = []  # (elapsed_s, predicted total_s)
+        self._artifact_id: Any = None
+        self._percent = 0.0
+        self._counts: dict[str, dict[str, int]] | None = None
+        self._manifests: tuple[Any, ...] = ()
+        self._clock = _Clock(completed={}, windows={})
+        self._lock = threading.Lock()
+        self._context: contextvars.Context | None = None
+        self._periodic: Periodic | None = None
+        self._stopped = False
+        self._said_no_eta = False
+
+    # -- told by the session (flow thread) ---------------------------------------------------
+
+    def start(self, history: Future | None) -> None:
+        """The run's history is being read (``history``: its future): estimate once it is
+        there, then every ``eta_interval``."""
+        from prefect_dask_profiling.prefect.background import Background
+
+        if self._periodic is not None or self._stopped:
+            return
+        self._context = contextvars.copy_context()  # the flow run's: artifacts attach to it
+        service = Background.instance()
+        self._periodic = service.every(self.interval, self._tick, label="dask-profiling eta")
+        if history is not None:
+            history.add_done_callback(lambda f: self._in_run(self._load, f))
+
+    def stage_opened(self, name: str) -> None:
+        with self._lock:
+            self._clock.current = name
+            self._clock.opened_at = time.monotonic()
+            self._clock.windows[name] = self._clock.windows.get(name, 0) + 1
+
+    def stage_closed(self, name: str) -> None:
+        with self._lock:
+            clock = self._clock
+            spent = time.monotonic() - clock.opened_at if clock.current == name else 0.0
+            clock.completed[name] = clock.completed.get(name, 0.0) + spent
+            clock.current = None
+        if self._periodic is not None:
+            self._in_run(self._boundary, name)
+
+    def stop(self, finished: bool = True) -> None:
+        """The run is over: no more ticks; the progress artifact goes to 100 (queued)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._periodic is not None:
+            self._periodic.cancel()
+        if finished and self._artifact_id is not None:
+            self._in_run(self._progress, 100.0, "finished")
+
+    # -- background jobs ---------------------------------------------------------------------
+
+    def _in_run(self, job: Any, *args: Any) -> None:
+        """Queue ``job`` on the background service inside the flow run's context."""
+        from prefect_dask_profiling.prefect.background import Background
+
+        context = self._context.copy() if self._context is not None else \
+            contextvars.copy_context()
+        context.run(Background.instance().submit, _quietly, job, *args,
+                    label="dask-profiling eta")
+
+    def _load(self, future: Future) -> None:
+        history = future.result()  # a failed read: no ETA (the judge says why at the end)
+        ctx = self.session.ctx
+        self._manifests = tuple(history.manifests)
+        self.stats = history_stats(ctx.pipeline, ctx.version, history.manifests,
+                                   history.baseline.history, needed=self.needed)
+        if self.deadline is not None:
+            self.deadline_at, note = resolve_deadline(self.deadline, ctx.started,
+                                                      _scheduled_start())
+            if note:
+                _run_log(logging.WARNING, f"dask-profiling: {note}")
+        self._update(read_counts=False)
+
+    def _tick(self) -> None:
+        if self._stopped:
+            return
+        _quietly(self._update)
+
+    def _boundary(self, name: str) -> None:
+        eta = self._update()
+        if eta is None or self.stats is None:
+            return
+        line = boundary_text(name, self._clock.completed.get(name, 0.0), self.stats, eta,
+                             datetime.now(UTC), self._zone())
+        self.log.append(line)
+        _run_log(logging.INFO, f"dask-profiling: {line}")
+
+    def _update(self, read_counts: bool = True) -> Eta | None:
+        """Estimate now; publish the progress and the deadline's news."""
+        if self.stats is None:
+            return None
+        if read_counts:
+            self._read_counts()
+        eta = estimate(self.stats, self._progress_now(), self._zone())
+        self.eta = eta
+        if not eta.known:
+            if not self._said_no_eta:
+                self._said_no_eta = True
+                _run_log(logging.INFO, f"dask-profiling: {eta.text}")
+            return eta
+        progress = self._progress_now()
+        self.predictions.append((progress.elapsed_s, progress.elapsed_s + eta.remaining_s))
+        self._progress(eta.percent_done or 0.0, eta.text)
+        self._judge_deadline(eta)
+        return eta
+
+    def _read_counts(self) -> None:
+        from prefect_dask_profiling.timing import plugin
+
+        try:
+            self._counts = plugin.task_counts(self.session.client, self.session.plugin_name)
+        except Exception:  # the scheduler is busy or gone: time only, last counts kept
+            logger.debug("dask-profiling: task counts not read for the ETA", exc_info=True)
+
+    def _progress_now(self) -> RunProgress:
+        now = datetime.now(UTC)
+        with self._lock:
+            clock = self._clock
+            current_s = time.monotonic() - clock.opened_at if clock.current else 0.0
+            completed = dict(clock.completed)  # closed windows (the current's earlier ones)
+            windows = dict(clock.windows)
+            current = clock.current
+        elapsed = (now - self.session.ctx.started).total_seconds()
+        return RunProgress(now=now, elapsed_s=max(elapsed, 0.0), completed=completed,
+                           windows=windows, current=current, current_s=current_s,
+                           done=self._counts)
+
+    def _zone(self):
+        return self.deadline.tz if self.deadline is not None else UTC
+
+    def _progress(self, percent: float, text: str) -> None:
+        """Create or move the progress artifact (never backwards)."""
+        from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+        from prefect_dask_profiling.prefect import artifacts
+
+        self._percent = max(self._percent, min(percent, 100.0))
+        with artifacts._few_retries():
+            if self._artifact_id is None:
+                self._artifact_id = create_progress_artifact(
+                    self._percent, key=f"dask-profiling-eta-{_key(self.session.ctx.pipeline)}",
+                    description=text)
+            else:
+                update_progress_artifact(self._artifact_id, self._percent, description=text)
+
+    def _judge_deadline(self, eta: Eta) -> None:
+        if self.deadline_at is None:
+            return
+        now = datetime.now(UTC)
+        kind = self.tracker.update(risk(eta, self.deadline_at, self.margin_s, now))
+        if kind is not None:
+            self._emit(kind, eta)
+
+    def _emit(self, kind: str, eta: Eta) -> None:
+        from prefect.events import emit_event
+
+        ctx = self.session.ctx
+        if not ctx.flow_run_id:
+            return
+        occurrence = self.tracker.emitted.count(kind)
+        event = emit_event(EVENTS[kind], resource=_resource(ctx), related=_related(ctx, eta),
+                           payload=self.payload(kind, eta),
+                           id=event_id(ctx.flow_run_id, kind, occurrence))
+        if event is not None:
+            self.events.append(event)
+        _run_log(logging.WARNING if kind != "on-track" else logging.INFO,
+                 f"dask-profiling: run {kind} (deadline {self.deadline_at:%Y-%m-%d %H:%M} UTC):"
+                 f" {eta.text}")
+
+    def payload(self, kind: str, eta: Eta) -> dict[str, Any]:
+        """The event's payload: the ETA range, the deadline, the stage behind."""
+        ctx = self.session.ctx
+        lag = eta.lag
+        behind = None if lag is None else {
+            "stage": lag.stage, "behind_pct": round(lag.behind_pct, 1),
+            "expected_s": round(lag.expected_s, 1), "projected_s": round(lag.projected_s, 1),
+            "bottleneck": self._bottleneck(lag.stage)}
+        return json_clean({
+            "kind": kind, "run_id": ctx.run_id, "pipeline": ctx.pipeline,
+            "version": ctx.version, "eta": eta.to_json(),
+            "deadline": self.deadline_at.isoformat() if self.deadline_at else None,
+            "deadline_margin_s": self.margin_s, "stage_behind": behind})
+
+    def _bottleneck(self, stage: str) -> str | None:
+        """The stage's bottleneck in the newest baseline night that diagnosed it (tonight's
+        is diagnosed only when the run ends)."""
+        for manifest in reversed(self._manifests):
+            for entry in manifest.get("stages") or []:
+                diagnosis = entry.get("diagnosis") if isinstance(entry, dict) else None
+                if entry.get("name") == stage and isinstance(diagnosis, dict):
+                    return diagnosis.get("primary")
+        return None
+
+    def markdown_lines(self) -> list[str]:
+        """The run's markdown artifact lines: the last ETA, and how it fared (predicted at
+        25 / 50 / 75 % of the run against the actual finish)."""
+        if self.eta is None:
+            return []
+        lines = [f"**ETA**: {self.eta.text}"]
+        total = (datetime.now(UTC) - self.session.ctx.started).total_seconds()
+        fared = []
+        for share in (0.25, 0.5, 0.75):
+            before = [p for p in self.predictions if p[0] <= share * total]
+            if before:
+                _, predicted = before[-1]
+                fared.append(f"{share:.0%}: {100 * (predicted - total) / total:+.1f} %")
+        if fared and total > 0:
+            lines.append("ETA error against the actual finish, predicted at " +
+                         ", ".join(fared))
+        return lines
+
+
+def _quietly(job: Any, *args: Any) -> Any:
+    """``job(*args)``; a failure (API, store, scheduler) is a debug log, never the flow's."""
+    try:
+        return job(*args)
+    except Exception:
+        logger.debug("dask-profiling: ETA job failed", exc_info=True)
+        return None
+
+
+def _key(name: str) -> str:
+    """An artifact key (lowercase letters, digits, dashes)."""
+    return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-") or "run"
+
+
+def _scheduled_start() -> datetime | None:
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    run = getattr(ctx, "flow_run", None)
+    at = getattr(run, "expected_start_time", None)
+    if at is None:
+        return None
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+
+
+def _resource(ctx: Any) -> dict[str, str]:
+    """The flow run as the resource (as the regression events)."""
+    resource = {"prefect.resource.id": f"prefect.flow-run.{ctx.flow_run_id}",
+                "dask-profiling.pipeline": ctx.pipeline,
+                "dask-profiling.version": str(ctx.version),
+                "dask-profiling.run-id": ctx.run_id}
+    if ctx.flow_run_name:
+        resource["prefect.resource.name"] = str(ctx.flow_run_name)
+    return resource
+
+
+def _related(ctx: Any, eta: Eta) -> list[dict[str, str]]:
+    """The flow, the pipeline, its version and the stage behind (if any)."""
+    related = []
+    try:
+        from prefect_dask_profiling.prefect.events import _run_identity
+
+        flow_id, flow_name, _ = _run_identity(str(ctx.flow_run_id))
+        flow = {"prefect.resource.id": f"prefect.flow.{flow_id}", "prefect.resource.role": "flow"}
+        if flow_name:
+            flow["prefect.resource.name"] = flow_name
+        related.append(flow)
+    except Exception:  # the API did not answer: the event still names the run
+        logger.debug("dask-profiling: flow of the run not read", exc_info=True)
+    related += [{"prefect.resource.id": f"dask-profiling.pipeline.{ctx.pipeline}",
+                "prefect.resource.role": "pipeline"},
+               {"prefect.resource.id": f"dask-profiling.pipeline.{ctx.pipeline}.version."
+                                       f"{ctx.version}",
+                "prefect.resource.role": "version"}]
+    if eta.lag is not None:
+        related.append({"prefect.resource.id": f"dask-profiling.pipeline.{ctx.pipeline}."
+                                               f"stage.{eta.lag.stage}",
+                        "prefect.resource.role": "stage"})
+    if ctx.deployment:
+        related.append({"prefect.resource.id": f"prefect.deployment.{ctx.deployment}",
+                        "prefect.resource.role": "deployment"})
+    return related
+
+
+def _run_log(level: int, message: str) -> None:
+    """To the flow run's logger (in the run's context), else ours."""
+    try:
+        from prefect.logging import get_run_logger
+
+        get_run_logger().log(level, message)
+    except Exception:
+        logger.log(level, message)
+
+
+__all__ = ["AT_RISK_EVENT", "EVENTS", "LATE_EVENT", "LiveEta", "ON_TRACK_EVENT", "event_id"]
