@@ -19,7 +19,7 @@ Shared by the stateful simulation (``test_history_simulation.py``), the focused 
   rough noise, blips, steps, drift, chronic and sudden near-OOM, spill noise, request
   blow-ups, acks, accepts, version bumps, overlapping runs in both orders, failed and
   retried flows, unreadable tables — that checks the history model's invariants
-  (/work/helper-notes/model.md, issue 33) after every night and collects violations with
+  (docs/alerts.md, "What the simulation checks") after every night and collects violations with
   the sequence of nights that led to them.
 
 A seeded generator rather than Hypothesis' ``RuleBasedStateMachine``: one night costs

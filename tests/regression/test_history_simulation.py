@@ -7,7 +7,8 @@ nights, storage-request blow-ups, acks (by episode and by run), accepts, version
 overlapping runs finished in both orders (on two stores), failed flows, infrastructure
 retries and unreadable tables and manifests inside the replay window; after every night
 :class:`night_sim.Simulation` checks the invariants of the model
-(/work/helper-notes/model.md). The generator and the checks are in ``night_sim.py``.
+(docs/alerts.md, "What the simulation checks"). The generator and the checks are in
+``night_sim.py``.
 
 Budget: ``SIM_NIGHTS`` (default 40 local nights over two seeds: ~2 s a night on the loaded
 2-core machine under a load of 8-9) and ``SIM_S3_NIGHTS`` (default 8 on moto S3);
