@@ -9,8 +9,12 @@ task does a known amount of its own work (a busy loop) before and after it waits
 What must hold in every case: the inner Dask tasks belong to the stage the Prefect task was
 submitted in; the time the Prefect task spent waiting on them is reported apart (the
 orchestration table), never as task time; its own work is task time; per-stage utilisation
-stays <= 1.05. Dask's own task stream is the reference for the wrapper's compute interval
-and for when its inner tasks ran, so the bounds below do not depend on machine speed.
+stays <= 1.05. Dask's own task stream is the reference for the wrapper's compute seconds,
+and each inner task's own record of when it ran (``time.time()`` on this host, sent as a
+worker event) for the span of its pattern's inner tasks, so the bounds below depend neither
+on machine speed nor on the scheduler's per-worker clock corrections (a worker adds its
+heartbeat-estimated offset to every timestamp it reports; under load that estimate moves by
+seconds, and the stream's tasks from two workers then seem to overlap other patterns').
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import time
 import dask
 import dask.array as da
 import distributed
+import numpy as np
 import pytest
 from distributed import Client, LocalCluster, get_task_stream, wait, worker_client
 from prefect import flow, task
@@ -35,7 +40,8 @@ pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.timeout(300
 INNER = 6  # inner tasks per pattern
 NAP = 0.4  # seconds each inner task sleeps: >= 6 * 0.4 / 4 threads = 0.6 s of waiting
 OWN = 0.25  # seconds of busy work the Prefect task does before, and again after, waiting
-CLOCK_SLACK = 0.05  # scheduler-clock corrections of worker timestamps
+CLOCK_SLACK = 0.05  # the scheduler clock against the host clock of the inner tasks' records
+NAP_TOPIC = "orchestration-pattern-nap"
 
 
 # -- work run on the workers (this module is importable by the worker processes) ----------
@@ -48,18 +54,28 @@ def busy(seconds: float) -> None:
         pass
 
 
-def nap(i: int, delay: float) -> int:
+def _record_nap(tag: str, start: float) -> None:
+    """Send when this inner task of pattern ``tag`` ran, by the host's clock."""
+    distributed.get_worker().log_event(NAP_TOPIC, {"tag": tag, "start": start,
+                                                   "stop": time.time()})
+
+
+def nap(i: int, delay: float, tag: str) -> int:
+    start = time.time()
     time.sleep(delay)
+    _record_nap(tag, start)
     return i
 
 
-def nap_block(block, delay: float):
+def nap_block(block, delay: float, tag: str):
+    start = time.time()
     time.sleep(delay)
+    _record_nap(tag, start)
     return block + 1
 
 
-def _inner_sum() -> dask.delayed:
-    parts = [dask.delayed(nap, pure=False)(i, NAP) for i in range(INNER)]
+def _inner_sum(tag: str) -> dask.delayed:
+    parts = [dask.delayed(nap, pure=False)(i, NAP, tag) for i in range(INNER)]
     return dask.delayed(sum, pure=False)(parts)
 
 
@@ -67,7 +83,7 @@ def _inner_sum() -> dask.delayed:
 def via_get_dask_client() -> int:
     busy(OWN)
     with get_dask_client() as client:
-        total = client.compute(_inner_sum()).result()  # blocks without seceding
+        total = client.compute(_inner_sum("get-dask-client")).result()  # no secede
     busy(OWN)
     return total
 
@@ -76,7 +92,8 @@ def via_get_dask_client() -> int:
 def via_worker_client() -> int:
     busy(OWN)
     with worker_client() as client:  # secedes while it waits
-        total = sum(client.gather(client.map(nap, range(INNER), delay=NAP, pure=False)))
+        total = sum(client.gather(client.map(nap, range(INNER), delay=NAP,
+                                             tag="worker-client", pure=False)))
     busy(OWN)
     return total
 
@@ -85,7 +102,7 @@ def via_worker_client() -> int:
 def via_get_client_wait() -> int:
     busy(OWN)
     client = distributed.get_client()
-    futures = client.map(nap, range(INNER), delay=NAP, pure=False)
+    futures = client.map(nap, range(INNER), delay=NAP, tag="get-client-wait", pure=False)
     wait(futures)  # blocks without seceding
     total = sum(f.result() for f in futures)
     busy(OWN)
@@ -95,8 +112,9 @@ def via_get_client_wait() -> int:
 @task
 def via_persist_wait() -> int:
     busy(OWN)
-    blocks = da.zeros((INNER * 10, 10), chunks=(10, 10)).map_blocks(nap_block, NAP,
-                                                                       dtype=float)
+    # meta given: else map_blocks calls nap_block once on an empty array to infer it
+    blocks = da.zeros((INNER * 10, 10), chunks=(10, 10)).map_blocks(
+        nap_block, NAP, "persist-wait", meta=np.empty((0, 0), dtype=float))
     persisted = blocks.persist()
     wait(persisted)
     busy(OWN)
@@ -107,7 +125,7 @@ def via_persist_wait() -> int:
 async def via_async_client() -> int:
     busy(OWN)
     async with get_async_dask_client() as client:
-        total = await client.compute(_inner_sum())
+        total = await client.compute(_inner_sum("async-client"))
     busy(OWN)
     return total
 
@@ -147,6 +165,7 @@ def patterns_run(tmp_path_factory):
         with get_task_stream(client=client) as stream:
             state = patterns(return_state=True)
         rows = stream.data
+        naps = [msg for _, msg in client.get_events(NAP_TOPIC)]
     assert state.is_completed(), state.message
     assert state.result() == {"get-dask-client": sum(range(INNER)), "worker-client":
                               sum(range(INNER)), "get-client-wait": sum(range(INNER)),
@@ -157,7 +176,7 @@ def patterns_run(tmp_path_factory):
     tasks = store.read_table("orchestration-patterns", run["run_id"], "tasks")
     orchestration = store.read_table("orchestration-patterns", run["run_id"], "orchestration")
     return {"tasks": tasks, "orchestration": orchestration, "manifest": manifest,
-            "stream": rows}
+            "stream": rows, "naps": naps}
 
 
 def _compute_interval(row: dict) -> tuple[float, float]:
@@ -165,13 +184,14 @@ def _compute_interval(row: dict) -> tuple[float, float]:
     return min(a for a, _ in spans), max(b for _, b in spans)
 
 
-def _wrapper_and_inner(stream: list[dict], prefix: str) -> tuple[float, float]:
-    """The wrapper's compute seconds, and the span in which its inner tasks ran."""
-    [wrapper] = [r for r in stream if distributed.utils.key_split(r["key"]) == prefix]
+def _wrapper_and_inner(run: dict, pattern: str) -> tuple[float, float]:
+    """The wrapper's compute seconds (its worker's own duration), and the span in which its
+    inner tasks ran (their own records, by the host's clock)."""
+    prefix = WRAPPER_PREFIX[pattern]
+    [wrapper] = [r for r in run["stream"] if distributed.utils.key_split(r["key"]) == prefix]
     start, stop = _compute_interval(wrapper)
-    inner = [_compute_interval(r) for r in stream
-             if r is not wrapper and start <= _compute_interval(r)[0] <= stop]
-    assert len(inner) >= INNER, f"{prefix}: {len(inner)} inner tasks in its interval"
+    inner = [(n["start"], n["stop"]) for n in run["naps"] if n["tag"] == pattern]
+    assert len(inner) >= INNER, f"{pattern}: {len(inner)} inner tasks recorded"
     return stop - start, max(b for _, b in inner) - min(a for a, _ in inner)
 
 
@@ -212,7 +232,7 @@ def test_waiting_is_orchestration_and_own_work_is_task_time(patterns_run,
     assert list(zip(wait_rows["prefix"], wait_rows["tasks"], strict=True)) == [(prefix, 1)]
     own, waited = float(own_rows["total_s"].sum()), float(wait_rows["compute_s"].sum())
 
-    compute_s, inner_span = _wrapper_and_inner(patterns_run["stream"], prefix)
+    compute_s, inner_span = _wrapper_and_inner(patterns_run, pattern)
     assert own + waited == pytest.approx(compute_s, abs=1e-3)  # the interval, split
     assert waited >= inner_span - CLOCK_SLACK, (  # the whole wait is orchestration ...
         waited, _timeline(patterns_run["stream"], prefix))
