@@ -56,6 +56,9 @@ from prefect_dask_profiling.summary import RunRecord
 
 PIPELINE = "sim"
 STAGES = ("read", "reduce")
+BASELINE_NIGHTS = 8  # the rule's default history
+STEP_WATCHED = 2.3  # a step must leave the stage this far above its baseline's level to be
+#                     watched (the threshold, 2.0, with the rough regime's noise)
 MAIN_PREFIX = "sum"  # the prefix that holds ~85% of a stage's time: the judged one
 MIB, GIB = 2**20, 2**30
 LIMIT = GIB  # every worker's memory limit
@@ -488,8 +491,23 @@ class Simulation:
         night = self.spec(f"step {stage} {factor:.1f}x")
         exempt = "acknowledged before" if any(k[:2] == (stage, MAIN_PREFIX)
                                               for k in self.acked.values()) else ""
+        reference = self._baseline_level(stage)
+        if not exempt and reference and self.level[stage] < STEP_WATCHED * reference:
+            # after a revert the baseline still holds the accepted higher level: the step
+            # leaves tonight below it, not a regression against the baseline
+            exempt = f"{self.level[stage] / reference:.2f}x the baseline's level"
         self.watches.append(Watch(stage, factor, night.run_id, exempt=exempt))
         self.finish(night)
+
+    def _baseline_level(self, stage: str) -> float | None:
+        """The median level of ``stage`` over the nights tonight's time baseline can hold:
+        the newest :data:`BASELINE_NIGHTS` judged nights of this version (since the
+        accepted run) whose time was not flagged."""
+        levels = [float(n.spec.factors.get(stage, 1.0)) for n in reversed(self.log)
+                  if n.spec.version == self.v and n.judged
+                  and (not n.time_flagged() or n.run_id == self.accepted)
+                  and not (self.accepted and n.run_id < self.accepted)][:BASELINE_NIGHTS]
+        return float(np.median(levels)) if levels else None
 
     def _free(self) -> list[str]:
         return [s for s in STAGES if s not in self.drift
@@ -530,6 +548,7 @@ class Simulation:
         self.accepted = last.run_id
         self.notes.append(f"day {self.day}: accepted {last.run_id} ({last.status})")
         self.watches.clear()
+        self.chronic_regressed = 0  # the accepted night ends every episode: a new one
         self._do_plain()
 
     def _do_ack(self) -> None:
@@ -643,6 +662,7 @@ class Simulation:
         self.drift.clear()
         self.blowup.clear()
         self.accepted = None
+        self.chronic_regressed = 0  # a new version's episodes are its own
         run = self.finish(self.spec("version bump"))
         old = {n.run_id for n in self.log if n.spec.version != self.v}
         self._expect(not old & set(run.baseline_runs),
