@@ -59,6 +59,9 @@ AT_RISK_EVENT = "dask-profiling.run.at-risk"
 ON_TRACK_EVENT = "dask-profiling.run.on-track"
 LATE_EVENT = "dask-profiling.run.late"
 EVENTS = {"at-risk": AT_RISK_EVENT, "on-track": ON_TRACK_EVENT, "late": LATE_EVENT}
+# A run at risk is back on track once its ETA said so for this long (and 3 intervals):
+# inside a stage the ETA is a sawtooth, which would flap the events (RiskTracker).
+RECOVERY_HOLD_S = 60.0
 _ETA_EVENT_NAMESPACE = uuid.UUID("5d0f3a8e-7b21-4c6e-9a43-2f81c7e0b9d4")
 
 
@@ -96,7 +99,7 @@ class LiveEta:
         self.stats: HistoryStats | None = None
         self.eta: Eta | None = None
         self.deadline_at: datetime | None = None
-        self.tracker = RiskTracker()
+        self.tracker = RiskTracker(hold_s=max(RECOVERY_HOLD_S, 3 * self.interval))
         self.events: list[Any] = []
         self.log: list[str] = []  # the boundary lines (the run's markdown shows the last)
         self.predictions: list[tuple[float, float]] = []  # (elapsed_s, predicted total_s)
@@ -251,7 +254,7 @@ class LiveEta:
         if self.deadline_at is None:
             return
         now = datetime.now(UTC)
-        kind = self.tracker.update(risk(eta, self.deadline_at, self.margin_s, now))
+        kind = self.tracker.update(risk(eta, self.deadline_at, self.margin_s, now), now)
         if kind is not None:
             self._emit(kind, eta)
 
