@@ -113,6 +113,8 @@ class LiveEta:
         self._periodic: Periodic | None = None
         self._stopped = False
         self._said_no_eta = False
+        self._ended_s: float | None = None  # seconds from the start to stop()
+        self.first_text: str | None = None  # the first known ETA (the run's markdown)
 
     # -- told by the session (flow thread) ---------------------------------------------------
 
@@ -149,6 +151,7 @@ class LiveEta:
         if self._stopped:
             return
         self._stopped = True
+        self._ended_s = (datetime.now(UTC) - self.session.ctx.started).total_seconds()
         if self._periodic is not None:
             self._periodic.cancel()
         if finished and self._artifact_id is not None:
@@ -206,6 +209,8 @@ class LiveEta:
                 _run_log(logging.INFO, f"dask-profiling: {eta.text}")
             return eta
         progress = self._progress_now()
+        if self.first_text is None:
+            self.first_text = eta.text
         self.predictions.append((progress.elapsed_s, progress.elapsed_s + eta.remaining_s))
         self._progress(eta.percent_done or 0.0, eta.text)
         self._judge_deadline(eta)
@@ -298,22 +303,36 @@ class LiveEta:
                     return diagnosis.get("primary")
         return None
 
-    def markdown_lines(self) -> list[str]:
-        """The run's markdown artifact lines: the last ETA, and how it fared (predicted at
-        25 / 50 / 75 % of the run against the actual finish)."""
+    def markdown_lines(self, actual_s: float | None = None) -> list[str]:
+        """The run's markdown artifact lines: the ETA at the run's start, the deadline and
+        what was emitted, and how the estimate fared: the prediction made by 25 / 50 / 75 %
+        of the run against the actual finish (``actual_s``: the run's wall time; default
+        its time when it stopped).
+
+        Pure over what the run kept: safe to call from the flow thread at the end.
+        """
         if self.eta is None:
             return []
-        lines = [f"**ETA**: {self.eta.text}"]
-        total = (datetime.now(UTC) - self.session.ctx.started).total_seconds()
+        if not self.eta.known:
+            return [f"- **ETA**: {self.eta.text}"]
+        total = actual_s if actual_s is not None else self._ended_s
+        if total is None:
+            total = (datetime.now(UTC) - self.session.ctx.started).total_seconds()
+        lines = [f"- **ETA** at the start: {self.first_text or self.eta.text}"]
+        if self.deadline_at is not None:
+            emitted = ", ".join(f"`{EVENTS[k]}`" for k in self.tracker.emitted) or "none"
+            local = self.deadline_at.astimezone(self._zone())
+            lines.append(f"- deadline: {local:%Y-%m-%d %H:%M %Z} ({self.deadline}); "
+                         f"ETA events: {emitted}")
         fared = []
         for share in (0.25, 0.5, 0.75):
-            before = [p for p in self.predictions if p[0] <= share * total]
-            if before:
+            before = [p for p in list(self.predictions) if p[0] <= share * total]
+            if before and total > 0:
                 _, predicted = before[-1]
-                fared.append(f"{share:.0%}: {100 * (predicted - total) / total:+.1f} %")
-        if fared and total > 0:
-            lines.append("ETA error against the actual finish, predicted at " +
-                         ", ".join(fared))
+                fared.append(f"at {share:.0%}: {100 * (predicted - total) / total:+.1f} %")
+        if fared:
+            lines.append("- how the ETA fared (predicted finish minus actual, in % of the "
+                         f"run's {total:.0f} s): " + ", ".join(fared))
         return lines
 
 

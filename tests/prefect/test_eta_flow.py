@@ -23,7 +23,13 @@ from datetime import datetime, timedelta
 import pytest
 from eta_flows import ONE_TASKS, events_of, make_eta_flow, progress_percent
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+from prefect.client.schemas.filters import (
+    ArtifactFilter,
+    ArtifactFilterFlowRunId,
+    ArtifactFilterKey,
+    LogFilter,
+    LogFilterFlowRunId,
+)
 from prefect.events import emit_event
 from prefect.events.worker import EventsWorker
 from prefect.logging.handlers import APILogWorker
@@ -52,6 +58,16 @@ def runner(store: str, **options) -> ProfiledDaskTaskRunner:
 def all_events(api_url: str, flow_run_id: str) -> dict[str, list[dict]]:
     EventsWorker.drain_all(timeout=10)
     return {kind: events_of(api_url, flow_run_id, kind) for kind in KINDS}
+
+
+def run_markdown(flow_run_id: str) -> str:
+    """The run's markdown artifact (``<pipeline>-run``)."""
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]),
+            key=ArtifactFilterKey(any_=[f"{PIPELINE}-run"])))
+    assert len(found) == 1, found
+    return found[0].data
 
 
 def run_logs(flow_run_id: str) -> list[str]:
@@ -114,6 +130,7 @@ def test_without_history_the_run_says_so_and_emits_nothing(first_night, prefect_
     assert first_night["samples"] == [] and progress_percent(run) is None
     assert all(not found for found in all_events(prefect_server.api_url, run).values())
     assert any("no ETA yet: needs 3 earlier runs" in m for m in run_logs(run)), run_logs(run)
+    assert "- **ETA**: no ETA yet: needs 3 earlier runs" in run_markdown(run)
 
 
 def test_a_healthy_night_moves_its_progress_to_100_and_emits_nothing(healthy_night,
@@ -127,6 +144,10 @@ def test_a_healthy_night_moves_its_progress_to_100_and_emits_nothing(healthy_nig
         time.sleep(0.3)
     assert progress_percent(run) == 100.0
     assert all(not found for found in all_events(prefect_server.api_url, run).values())
+    markdown = run_markdown(run)
+    assert "- **ETA** at the start: ETA " in markdown
+    assert "; ETA events: none" in markdown
+    assert "- how the ETA fared (predicted finish minus actual, in % of the run's" in markdown
     logs = run_logs(run)
     for name in ("one", "two"):
         assert any(m.startswith(f"dask-profiling: stage {name} done at ") and "ETA" in m
@@ -156,6 +177,8 @@ def test_a_slow_first_stage_is_at_risk_before_stage_two_ends_then_late(slow_nigh
     assert roles["version"] == f"dask-profiling.pipeline.{PIPELINE}.version.1"
     assert at_risk["id"] == str(event_id(run, "at-risk", 1))
     assert late["id"] == str(event_id(run, "late", 1))
+    assert ("ETA events: `dask-profiling.run.at-risk`, `dask-profiling.run.late`"
+            in run_markdown(run))
 
 
 def test_a_retried_emission_adds_no_second_event(slow_night, prefect_server):
