@@ -114,6 +114,7 @@ class LiveEta:
         self._stopped = False
         self._said_no_eta = False
         self._ended_s: float | None = None  # seconds from the start to stop()
+        self._history_future: Future | None = None
         self.first_text: str | None = None  # the first known ETA (the run's markdown)
 
     # -- told by the session (flow thread) ---------------------------------------------------
@@ -128,6 +129,7 @@ class LiveEta:
         self._context = contextvars.copy_context()  # the flow run's: artifacts attach to it
         service = Background.instance()
         self._periodic = service.every(self.interval, self._tick, label="dask-profiling eta")
+        self._history_future = history
         if history is not None:
             history.add_done_callback(lambda f: self._in_run(self._load, f))
 
@@ -309,12 +311,17 @@ class LiveEta:
         of the run against the actual finish (``actual_s``: the run's wall time; default
         its time when it stopped).
 
-        Pure over what the run kept: safe to call from the flow thread at the end.
+        Safe to call from the flow thread at the end: it publishes nothing.
         """
+        if self.eta is None:
+            self._settle()
         if self.eta is None:
             return []
         if not self.eta.known:
             return [f"- **ETA**: {self.eta.text}"]
+        if not self.predictions:
+            return ["- **ETA**: no estimate was made while the run computed (its history "
+                    "was read too late)"]
         total = actual_s if actual_s is not None else self._ended_s
         if total is None:
             total = (datetime.now(UTC) - self.session.ctx.started).total_seconds()
@@ -334,6 +341,23 @@ class LiveEta:
             lines.append("- how the ETA fared (predicted finish minus actual, in % of the "
                          f"run's {total:.0f} s): " + ", ".join(fared))
         return lines
+
+
+    def _settle(self) -> None:
+        """The history is read but the background job estimating from it has not run yet
+        (it is queued behind others): estimate here, without publishing, so the run's
+        markdown says what is known (e.g. "no ETA yet: needs 3 earlier runs")."""
+        future = self._history_future
+        if future is None or not future.done() or future.exception() is not None:
+            return
+        try:
+            if self.stats is None:
+                history, ctx = future.result(), self.session.ctx
+                self.stats = history_stats(ctx.pipeline, ctx.version, history.manifests,
+                                           history.baseline.history, needed=self.needed)
+            self.eta = estimate(self.stats, self._progress_now(), self._zone())
+        except Exception:
+            logger.debug("dask-profiling: no ETA for the run's markdown", exc_info=True)
 
 
 def _quietly(job: Any, *args: Any) -> Any:

@@ -70,12 +70,20 @@ def run_markdown(flow_run_id: str) -> str:
     return found[0].data
 
 
-def run_logs(flow_run_id: str) -> list[str]:
-    APILogWorker.drain_all(timeout=10)
-    with get_client(sync_client=True) as client:
-        logs = client.read_logs(log_filter=LogFilter(
-            flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
-    return [entry.message for entry in logs]
+def run_logs(flow_run_id: str, *wanted: str, wait_s: float = 60.0) -> list[str]:
+    """The flow run's log messages, once each of ``wanted`` starts one (bounded wait: the
+    ETA's lines are written by the background service, the last after the flow body)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        APILogWorker.drain_all(timeout=10)
+        with get_client(sync_client=True) as client:
+            logs = client.read_logs(log_filter=LogFilter(
+                flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+        messages = [entry.message for entry in logs]
+        if all(any(m.startswith(w) for m in messages) for w in wanted) or \
+                time.monotonic() > deadline:
+            return messages
+        time.sleep(0.5)
 
 
 def seed_history(store: RunStore, nights: int = 4) -> None:
@@ -129,7 +137,8 @@ def test_without_history_the_run_says_so_and_emits_nothing(first_night, prefect_
     run = first_night["flow_run_id"]
     assert first_night["samples"] == [] and progress_percent(run) is None
     assert all(not found for found in all_events(prefect_server.api_url, run).values())
-    assert any("no ETA yet: needs 3 earlier runs" in m for m in run_logs(run)), run_logs(run)
+    logs = run_logs(run, "dask-profiling: no ETA yet")
+    assert any("no ETA yet: needs 3 earlier runs" in m for m in logs), logs
     assert "- **ETA**: no ETA yet: needs 3 earlier runs" in run_markdown(run)
 
 
@@ -148,7 +157,7 @@ def test_a_healthy_night_moves_its_progress_to_100_and_emits_nothing(healthy_nig
     assert "- **ETA** at the start: ETA " in markdown
     assert "; ETA events: none" in markdown
     assert "- how the ETA fared (predicted finish minus actual, in % of the run's" in markdown
-    logs = run_logs(run)
+    logs = run_logs(run, *(f"dask-profiling: stage {n} done at " for n in ("one", "two")))
     for name in ("one", "two"):
         assert any(m.startswith(f"dask-profiling: stage {name} done at ") and "ETA" in m
                    for m in logs), logs

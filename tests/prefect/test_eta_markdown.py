@@ -61,3 +61,22 @@ def test_a_healthy_run_without_deadline_has_no_deadline_line():
     lines = eta.markdown_lines(actual_s=100.0)
     assert len(lines) == 2 and "deadline" not in " ".join(lines)
     assert lines[1].endswith("at 25%: +0.0 %, at 50%: +0.0 %, at 75%: +0.0 %")
+
+
+def test_a_history_read_whose_estimate_is_still_queued_is_settled_for_the_markdown():
+    """The background job that estimates from the history may still be queued when the run
+    publishes: the markdown then estimates itself (pure), saying what is known."""
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    eta = live()
+    history: Future = Future()
+    history.set_result(SimpleNamespace(manifests=(), baseline=SimpleNamespace(history=None)))
+    eta._history_future = history
+    assert eta.markdown_lines(actual_s=10.0) == [
+        "- **ETA**: no ETA yet: needs 3 earlier runs of ndvi 1 (has 0)"]
+    failed: Future = Future()
+    failed.set_exception(OSError("store down"))
+    other = live()
+    other._history_future = failed
+    assert other.markdown_lines() == []
