@@ -692,7 +692,12 @@ class Session:
         if self.eta is None:
             return []
         wall = result.manifest.get("wall_s")
-        return self.eta.markdown_lines(float(wall) if isinstance(wall, int | float) else None)
+        try:  # never costs the run its artifacts
+            return self.eta.markdown_lines(float(wall) if isinstance(wall, int | float)
+                                           else None)
+        except Exception:
+            logger.debug("dask-profiling: no ETA lines in the run's markdown", exc_info=True)
+            return []
 
     def _fails(self, error: BaseException | None, publish: bool) -> bool:
         """Whether the stored result fails the flow: a regression, in ``"fail"`` mode, from
