@@ -76,6 +76,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -562,6 +563,10 @@ NDVI_VARIANTS = {  # name: runner options (None: the plain DaskTaskRunner)
     "no reports": {"stage_reports": False},
     "auto": {"stage_reports": "auto"},
     "dask renderer": {"report_renderer": "dask"},
+    # the live ETA judging a deadline (events), updated every second inside a stage; the
+    # ETA itself needs 3 earlier runs of the variant: use --repeats >= 6
+    "no reports + deadline": {"stage_reports": False, "deadline": timedelta(hours=4),
+                              "eta_interval": 1.0},
 }
 
 

@@ -15,7 +15,7 @@ import typer
 from prefect_dask_profiling.cli._output import DEBUG_ENV, set_debug
 
 # Command modules under prefect_dask_profiling.cli, in the order their commands are listed.
-COMMAND_MODULES: tuple[str, ...] = ("history", "alerts", "store", "bench", "export")
+COMMAND_MODULES: tuple[str, ...] = ("history", "eta", "alerts", "store", "bench", "export")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Where each night's Dask time went, and whether it regressed.")

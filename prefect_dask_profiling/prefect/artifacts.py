@@ -50,8 +50,10 @@ def _fmt(value: Any, pattern: str = "{:.2f}") -> str:
     return "n/a" if clean is None else pattern.format(clean)
 
 
-def run_markdown(result: FinishResult, links: dict[str, str], trend: str | None) -> str:
-    """The run's markdown: wall, workers, utilisation per stage, warnings, environment, links."""
+def run_markdown(result: FinishResult, links: dict[str, str], trend: str | None,
+                 eta: list[str] | tuple[str, ...] = ()) -> str:
+    """The run's markdown: wall, workers, utilisation per stage, warnings, environment, links;
+    ``eta``: the live ETA's lines (:meth:`~.eta.LiveEta.markdown_lines`)."""
     m = result.manifest
     lines = [f"# {result.pipeline} · run `{result.run_id}`", "",
              f"- version: `{result.version}`, state: **{m['state']}**, status: **{m['status']}**",
@@ -60,6 +62,7 @@ def run_markdown(result: FinishResult, links: dict[str, str], trend: str | None)
              f"- baseline: {m['baseline'].get('note') or ''} "
              f"({len(m['baseline'].get('runs') or [])} runs)",
              *([f"- **not judged**: {m['unjudged_reason']}"] if m.get("unjudged_reason") else []),
+             *eta,
              "",
              "## Utilisation (task seconds ÷ thread-seconds available)", "",
              "| scope | utilisation | wall s | task s | reading |", "|---|---|---|---|---|"]
@@ -164,16 +167,18 @@ def summary_artifact(pipeline: str, run_id: str, summary: pd.DataFrame) -> Any:
 
 
 def run_artifacts(result: FinishResult, links: dict[str, str],
-                  trend_location: str | None = None, *, summary: bool = True) -> list[Any]:
+                  trend_location: str | None = None, *, summary: bool = True,
+                  eta: list[str] | tuple[str, ...] = ()) -> list[Any]:
     """The judged run's artifacts: summary table (unless ``summary=False``: posted
-    already), run markdown, regression table, trend."""
+    already), run markdown (with the live ETA's lines ``eta``), regression table, trend."""
     from prefect.artifacts import LinkArtifact, MarkdownArtifact, TableArtifact
 
     key = artifact_key(result.pipeline)
     artifacts = [
         *([summary_artifact(result.pipeline, result.run_id, result.summary)] if summary
           else []),
-        MarkdownArtifact(markdown=run_markdown(result, links, trend_location), key=f"{key}-run",
+        MarkdownArtifact(markdown=run_markdown(result, links, trend_location, eta),
+                         key=f"{key}-run",
                          description=f"Utilisation, stages and reports of run {result.run_id}"),
         TableArtifact(table=regression_rows(result), key=f"{key}-regression",
                       description=f"Regression check of run {result.run_id}"),

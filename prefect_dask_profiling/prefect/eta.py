@@ -59,6 +59,9 @@ AT_RISK_EVENT = "dask-profiling.run.at-risk"
 ON_TRACK_EVENT = "dask-profiling.run.on-track"
 LATE_EVENT = "dask-profiling.run.late"
 EVENTS = {"at-risk": AT_RISK_EVENT, "on-track": ON_TRACK_EVENT, "late": LATE_EVENT}
+# A run at risk is back on track once its ETA said so for this long (and 3 intervals):
+# inside a stage the ETA is a sawtooth, which would flap the events (RiskTracker).
+RECOVERY_HOLD_S = 60.0
 _ETA_EVENT_NAMESPACE = uuid.UUID("5d0f3a8e-7b21-4c6e-9a43-2f81c7e0b9d4")
 
 
@@ -96,7 +99,7 @@ class LiveEta:
         self.stats: HistoryStats | None = None
         self.eta: Eta | None = None
         self.deadline_at: datetime | None = None
-        self.tracker = RiskTracker()
+        self.tracker = RiskTracker(hold_s=max(RECOVERY_HOLD_S, 3 * self.interval))
         self.events: list[Any] = []
         self.log: list[str] = []  # the boundary lines (the run's markdown shows the last)
         self.predictions: list[tuple[float, float]] = []  # (elapsed_s, predicted total_s)
@@ -110,6 +113,9 @@ class LiveEta:
         self._periodic: Periodic | None = None
         self._stopped = False
         self._said_no_eta = False
+        self._ended_s: float | None = None  # seconds from the start to stop()
+        self._history_future: Future | None = None
+        self.first_text: str | None = None  # the first known ETA (the run's markdown)
 
     # -- told by the session (flow thread) ---------------------------------------------------
 
@@ -123,6 +129,7 @@ class LiveEta:
         self._context = contextvars.copy_context()  # the flow run's: artifacts attach to it
         service = Background.instance()
         self._periodic = service.every(self.interval, self._tick, label="dask-profiling eta")
+        self._history_future = history
         if history is not None:
             history.add_done_callback(lambda f: self._in_run(self._load, f))
 
@@ -146,6 +153,7 @@ class LiveEta:
         if self._stopped:
             return
         self._stopped = True
+        self._ended_s = (datetime.now(UTC) - self.session.ctx.started).total_seconds()
         if self._periodic is not None:
             self._periodic.cancel()
         if finished and self._artifact_id is not None:
@@ -203,6 +211,8 @@ class LiveEta:
                 _run_log(logging.INFO, f"dask-profiling: {eta.text}")
             return eta
         progress = self._progress_now()
+        if self.first_text is None:
+            self.first_text = eta.text
         self.predictions.append((progress.elapsed_s, progress.elapsed_s + eta.remaining_s))
         self._progress(eta.percent_done or 0.0, eta.text)
         self._judge_deadline(eta)
@@ -251,7 +261,7 @@ class LiveEta:
         if self.deadline_at is None:
             return
         now = datetime.now(UTC)
-        kind = self.tracker.update(risk(eta, self.deadline_at, self.margin_s, now))
+        kind = self.tracker.update(risk(eta, self.deadline_at, self.margin_s, now), now)
         if kind is not None:
             self._emit(kind, eta)
 
@@ -295,23 +305,59 @@ class LiveEta:
                     return diagnosis.get("primary")
         return None
 
-    def markdown_lines(self) -> list[str]:
-        """The run's markdown artifact lines: the last ETA, and how it fared (predicted at
-        25 / 50 / 75 % of the run against the actual finish)."""
+    def markdown_lines(self, actual_s: float | None = None) -> list[str]:
+        """The run's markdown artifact lines: the ETA at the run's start, the deadline and
+        what was emitted, and how the estimate fared: the prediction made by 25 / 50 / 75 %
+        of the run against the actual finish (``actual_s``: the run's wall time; default
+        its time when it stopped).
+
+        Safe to call from the flow thread at the end: it publishes nothing.
+        """
+        if self.eta is None:
+            self._settle()
         if self.eta is None:
             return []
-        lines = [f"**ETA**: {self.eta.text}"]
-        total = (datetime.now(UTC) - self.session.ctx.started).total_seconds()
+        if not self.eta.known:
+            return [f"- **ETA**: {self.eta.text}"]
+        if not self.predictions:
+            return ["- **ETA**: no estimate was made while the run computed (its history "
+                    "was read too late)"]
+        total = actual_s if actual_s is not None else self._ended_s
+        if total is None:
+            total = (datetime.now(UTC) - self.session.ctx.started).total_seconds()
+        lines = [f"- **ETA** at the start: {self.first_text or self.eta.text}"]
+        if self.deadline_at is not None:
+            emitted = ", ".join(f"`{EVENTS[k]}`" for k in self.tracker.emitted) or "none"
+            local = self.deadline_at.astimezone(self._zone())
+            lines.append(f"- deadline: {local:%Y-%m-%d %H:%M %Z} ({self.deadline}); "
+                         f"ETA events: {emitted}")
         fared = []
         for share in (0.25, 0.5, 0.75):
-            before = [p for p in self.predictions if p[0] <= share * total]
-            if before:
+            before = [p for p in list(self.predictions) if p[0] <= share * total]
+            if before and total > 0:
                 _, predicted = before[-1]
-                fared.append(f"{share:.0%}: {100 * (predicted - total) / total:+.1f} %")
-        if fared and total > 0:
-            lines.append("ETA error against the actual finish, predicted at " +
-                         ", ".join(fared))
+                fared.append(f"at {share:.0%}: {100 * (predicted - total) / total:+.1f} %")
+        if fared:
+            lines.append("- how the ETA fared (predicted finish minus actual, in % of the "
+                         f"run's {total:.0f} s): " + ", ".join(fared))
         return lines
+
+
+    def _settle(self) -> None:
+        """The history is read but the background job estimating from it has not run yet
+        (it is queued behind others): estimate here, without publishing, so the run's
+        markdown says what is known (e.g. "no ETA yet: needs 3 earlier runs")."""
+        future = self._history_future
+        if future is None or not future.done() or future.exception() is not None:
+            return
+        try:
+            if self.stats is None:
+                history, ctx = future.result(), self.session.ctx
+                self.stats = history_stats(ctx.pipeline, ctx.version, history.manifests,
+                                           history.baseline.history, needed=self.needed)
+            self.eta = estimate(self.stats, self._progress_now(), self._zone())
+        except Exception:
+            logger.debug("dask-profiling: no ETA for the run's markdown", exc_info=True)
 
 
 def _quietly(job: Any, *args: Any) -> Any:

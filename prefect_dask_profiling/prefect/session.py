@@ -687,6 +687,18 @@ class Session:
             raise self._regression()
         return self.result
 
+    def _eta_lines(self, result: FinishResult) -> list[str]:
+        """The live ETA's lines of the run's markdown (none without it)."""
+        if self.eta is None:
+            return []
+        wall = result.manifest.get("wall_s")
+        try:  # never costs the run its artifacts
+            return self.eta.markdown_lines(float(wall) if isinstance(wall, int | float)
+                                           else None)
+        except Exception:
+            logger.debug("dask-profiling: no ETA lines in the run's markdown", exc_info=True)
+            return []
+
     def _fails(self, error: BaseException | None, publish: bool) -> bool:
         """Whether the stored result fails the flow: a regression, in ``"fail"`` mode, from
         the flow body (``publish``) of a flow that did not raise."""
@@ -829,7 +841,8 @@ class Session:
                 late = {k: v for k, v in late.items() if k not in early_links}
                 summary_posted = any(p is not None for p in early[1:])
                 return artifacts.post([
-                    *artifacts.run_artifacts(result, links, trend, summary=not summary_posted),
+                    *artifacts.run_artifacts(result, links, trend, summary=not summary_posted,
+                                             eta=self._eta_lines(result)),
                     *artifacts.report_link_artifacts(result.pipeline, result.run_id, late)])
 
             posting = _attempt(post, "artifacts", problems)

@@ -539,12 +539,13 @@ def resolve_deadline(deadline: Deadline, started: datetime,
     next morning. A duration counts from the scheduled start (``expected_start_time``), so
     a run that started late is judged against its schedule; without one, from the start.
     """
-    base = (scheduled or started).astimezone(UTC)
+    started = _plain_utc(started)
+    base = _plain_utc(scheduled) if scheduled is not None else started
     note = None
     if deadline.after is not None:
         if scheduled is None:
             note = (f"deadline {deadline}: the flow run has no scheduled start; counted from "
-                    f"its start {started.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC instead")
+                    f"its start {started:%Y-%m-%d %H:%M:%S} UTC instead")
         return base + deadline.after, note
     zone = ZoneInfo(deadline.zone or "UTC")
     local = base.astimezone(zone)
@@ -553,6 +554,15 @@ def resolve_deadline(deadline: Deadline, started: datetime,
     if candidate <= local:
         candidate = datetime.combine(local.date() + timedelta(days=1), at, tzinfo=zone)
     return candidate.astimezone(UTC), note
+
+
+def _plain_utc(at: datetime) -> datetime:
+    """``at`` as a plain aware ``datetime`` in UTC (naive: taken as UTC). Prefect's
+    ``expected_start_time`` is a pendulum-like subclass whose arithmetic after
+    ``astimezone(UTC)`` drops the zone."""
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=UTC)
+    return datetime.fromtimestamp(at.timestamp(), UTC)
 
 
 def _seconds(value: object, option: str, *, allow_zero: bool) -> float:
@@ -591,21 +601,47 @@ def risk(eta: Eta, deadline_at: datetime, margin_s: float, now: datetime,
 
 class RiskTracker:
     """Which risk is news: ``at-risk`` when it starts, ``on-track`` when a run at risk
-    recovers, ``late`` once; a healthy run emits nothing."""
+    recovers, ``late`` once; a healthy run emits nothing.
 
-    def __init__(self) -> None:
+    Parameters
+    ----------
+    hold_s
+        How long a run at risk must read ``on-track`` before its recovery is news. Inside a
+        stage the ETA is a sawtooth (the counts move in steps, the time between them
+        smoothly): without a hold, a run near its threshold would flap ``at-risk`` /
+        ``on-track`` at every step. ``at-risk`` itself is news at once.
+    """
+
+    def __init__(self, hold_s: float = 0.0) -> None:
+        if isinstance(hold_s, bool) or not isinstance(hold_s, int | float) or \
+                not math.isfinite(hold_s) or hold_s < 0:
+            raise InvalidInput(f"hold_s must be a number of seconds >= 0, got {hold_s!r}")
+        self.hold_s = float(hold_s)
         self.state: Risk | None = None
         self.emitted: list[Risk] = []
+        self._recovering_since: datetime | None = None
 
-    def update(self, current: Risk | None) -> Risk | None:
-        """The kind to emit now (``None``: nothing new)."""
+    def update(self, current: Risk | None, now: datetime | None = None) -> Risk | None:
+        """The kind to emit now (``None``: nothing new); ``now`` times a recovery's hold
+        (``None``: no hold)."""
         if current is None or self.state == "late":
             return None
-        previous, self.state = self.state, current
-        if current == "late" or (current == "at-risk" and previous != "at-risk"):
-            self.emitted.append(current)
-            return current
-        if current == "on-track" and previous == "at-risk":
-            self.emitted.append(current)
-            return current
+        if current == "on-track" and self.state == "at-risk":
+            if now is not None and self.hold_s > 0:
+                since = self._recovering_since = self._recovering_since or now
+                if (now - since).total_seconds() < self.hold_s:
+                    return None  # still at risk until the recovery has held
+            self._recovering_since = None
+            return self._news("on-track")
+        self._recovering_since = None
+        if current == "at-risk" and self.state == "at-risk":
+            return None
+        if current == "at-risk" or current == "late":
+            return self._news(current)
+        self.state = current  # on-track, as before
         return None
+
+    def _news(self, kind: Risk) -> Risk:
+        self.state = kind
+        self.emitted.append(kind)
+        return kind

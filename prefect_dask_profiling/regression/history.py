@@ -7,14 +7,17 @@ stored run again (``check``) is :func:`~prefect_dask_profiling.regression.judge.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from prefect_dask_profiling.store.errors import StoreNotFound
 from prefect_dask_profiling.store.runs import RunStore, StoreError
 
-__all__ = ["accept_run", "compare_runs", "find_run", "list_runs", "open_store",
+if TYPE_CHECKING:
+    from prefect_dask_profiling.regression.eta import HistoryStats
+
+__all__ = ["accept_run", "compare_runs", "eta_plan", "find_run", "list_runs", "open_store",
            "resolve_pipeline", "show_run"]
 
 SHOW_COLUMNS = ["stage", "prefix", "tasks", "errors", "total_s", "p50_s", "p95_s", "gb_out",
@@ -84,6 +87,33 @@ def _has_manifest(store: RunStore, pipeline: str, run_id: str) -> bool:
     except StoreError:
         return False
     return True
+
+
+def eta_plan(store: RunStore, pipeline: str, version: str | None = None,
+             history: int | None = None) -> HistoryStats:
+    """What the live ETA of the pipeline's next run starts from: per stage the p50 / p90 of
+    its duration over the time baseline the run would be judged against (same version:
+    ``version``, default the newest run's), and from which nights.
+
+    Raises
+    ------
+    StoreError
+        When the pipeline has no runs (of ``version``).
+    """
+    from prefect_dask_profiling.regression.eta import history_stats
+    from prefect_dask_profiling.regression.judge import load_history
+    from prefect_dask_profiling.regression.rule import RegressionRule, Rules
+
+    if version is None:
+        runs = store.list_runs(pipeline)
+        if not runs:
+            raise StoreError(f"no runs of pipeline {pipeline!r} in {store.url}")
+        version = str(runs[0]["version"])
+    rules = Rules.from_options(history=history or RegressionRule.history)
+    with store.remembering_reads():
+        found = load_history(store, pipeline, version, rules, run_id="")
+    return history_stats(pipeline, version, found.manifests, found.baseline.history,
+                         needed=rules.regression.min_history)
 
 
 def list_runs(store: RunStore, pipeline: str, version: str | None = None) -> pd.DataFrame:

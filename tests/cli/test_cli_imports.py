@@ -41,7 +41,7 @@ def test_importing_the_cli_imports_no_heavy_library(code):
 
 
 @pytest.mark.parametrize("args", [["--help"], ["alerts", "--help"], ["check", "--help"],
-                                  ["export", "--help"]])
+                                  ["export", "--help"], ["eta", "--help"]])
 def test_help_imports_no_heavy_library(args):
     code = ("import contextlib, io\n"
             "from prefect_dask_profiling.cli import app\n"

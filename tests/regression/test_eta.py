@@ -244,3 +244,31 @@ def test_risk_and_tracker():
            "late", "on-track"]
     assert [tracker.update(s) for s in seq] == [
         None, None, "at-risk", None, "on-track", "at-risk", "late", None, None]
+
+
+def test_a_prefect_scheduled_start_resolves_to_a_comparable_instant():
+    """Prefect's ``expected_start_time`` is a pendulum-like DateTime: its arithmetic after
+    ``astimezone(UTC)`` dropped the zone, and the live ETA's comparisons failed."""
+    objects = pytest.importorskip("prefect.client.schemas.objects")
+    run = objects.FlowRun(flow_id="00000000-0000-0000-0000-000000000000",
+                          expected_start_time=NOW)
+    for deadline in (parse_deadline(timedelta(hours=2)), parse_deadline("06:00 UTC")):
+        at, note = resolve_deadline(deadline, NOW, run.expected_start_time)
+        assert type(at) is datetime and at.tzinfo is not None and note is None
+        assert at > NOW  # comparable with a plain aware datetime
+
+
+def test_a_recovery_is_news_only_once_it_has_held():
+    """The ETA inside a stage is a sawtooth: near the threshold it reads at-risk, on-track,
+    at-risk...; with a hold, one at-risk and one on-track once the recovery held."""
+    tracker = RiskTracker(hold_s=60.0)
+    at = [NOW + timedelta(seconds=10 * i) for i in range(12)]
+    seq = ["on-track", "at-risk", "on-track", "at-risk", "on-track", "on-track", "at-risk",
+           "on-track", "on-track", "on-track", "on-track", "on-track"]
+    got = [tracker.update(s, t) for s, t in zip(seq, at, strict=True)]
+    assert got == [None, "at-risk"] + [None] * 10  # on-track since 70 s: held 40 s
+    assert tracker.update("on-track", at[-1] + timedelta(seconds=10)) is None  # 50 s
+    assert tracker.update("on-track", at[-1] + timedelta(seconds=20)) == "on-track"  # 60 s
+    assert tracker.emitted == ["at-risk", "on-track"]
+    with pytest.raises(ValueError, match="hold_s"):
+        RiskTracker(hold_s=-1)

@@ -1,0 +1,98 @@
+"""``dask-profiling eta`` on a generated local store (``RunStore.write_run``)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from prefect_dask_profiling.cli import app
+from prefect_dask_profiling.cli.eta import IN_PROGRESS_NOTE
+from prefect_dask_profiling.store.runs import RunStore, new_run_id
+
+T0 = datetime(2026, 11, 1, 2, 0, tzinfo=UTC)
+READ = [100.0, 110.0, 90.0, 105.0, 95.0]  # seconds of stage read, night by night
+
+
+def night(store: RunStore, i: int, read_s: float, *, version: str = "v1",
+          status: str = "healthy", stages: tuple[str, ...] = ("read", "write")) -> str:
+    walls = {"read": read_s, "write": 20.0, "publish": 5.0}
+    started = T0 + timedelta(days=i)
+    run_id = new_run_id(started)
+    tasks = pd.DataFrame({"stage": list(stages), "prefix": [f"{s}_task" for s in stages],
+                          "tasks": [40] * len(stages), "total_s": [walls[s] for s in stages],
+                          "p50_s": [1.0] * len(stages), "p95_s": [1.0] * len(stages),
+                          "gb_out": [0.0] * len(stages), "share": [0.5] * len(stages)})
+    wall = sum(walls[s] for s in stages)
+    doc = {"version": version, "status": status, "state": "COMPLETED", "wall_s": wall,
+           "started": started.isoformat(),
+           "ended": (started + timedelta(seconds=wall)).isoformat(),
+           "stages": [{"name": s, "wall_s": walls[s], "windows": 1} for s in stages],
+           "utilisation": {"run": 0.5}}
+    assert not store.write_run("ndvi", run_id, {"tasks": tasks}, doc).spooled
+    return run_id
+
+
+@pytest.fixture
+def store(tmp_path) -> RunStore:
+    store = RunStore(str(tmp_path / "store"), spool_dir=tmp_path / "spool")
+    for i, read_s in enumerate(READ):
+        night(store, i, read_s)
+    return store
+
+
+def cli(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def test_eta_prints_each_stage_p50_p90_and_the_nights(store):
+    out = cli("eta", "--pipeline", "ndvi", "--store", store.url)
+    assert out.exit_code == 0, out.output
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("ndvi v1: ETA plan from 5 baseline nights (2026110")
+    read = next(line for line in lines if line.strip().startswith("read"))
+    assert "1m40s" in read and "1m48s" in read  # p50, p90 (linear) of READ
+    assert any(line.strip().startswith("write") and "20.0s" in line for line in lines)
+    assert any(line.startswith("whole run: 2m00s expected") for line in lines), lines
+    assert f"note: {IN_PROGRESS_NOTE}" in lines
+
+
+def test_eta_json_has_the_figures_and_says_it_is_the_plan(store):
+    out = cli("eta", "--pipeline", "ndvi", "--store", store.url, "--json")
+    assert out.exit_code == 0, out.output
+    plan = json.loads(out.stdout)
+    stages = {s["stage"]: s for s in plan["stages"]}
+    assert stages["read"]["p50_s"] == pytest.approx(100.0)
+    assert stages["read"]["p90_s"] == pytest.approx(108.0)
+    assert stages["read"]["nights"] == 5 and stages["read"]["usual_tasks"] == 40
+    assert len(plan["nights"]) == 5 and plan["ready"] is True
+    assert plan["run"]["expected_s"] == pytest.approx(120.0)
+    assert plan["naive_s"] == pytest.approx(120.0)
+    assert plan["note"] == IN_PROGRESS_NOTE
+
+
+def test_a_stage_with_too_little_history_is_named_unknown(store):
+    night(store, 9, 100.0, stages=("read", "write", "publish"))
+    out = cli("eta", "--pipeline", "ndvi", "--store", store.url)
+    assert out.exit_code == 0, out.output
+    assert "unknown: too little history (1 of 3 nights)" in out.stdout
+    assert "not counting stage `publish`: too little history (1 of 3 nights)" in out.stdout
+
+
+def test_a_new_version_has_no_eta_yet(store):
+    night(store, 10, 100.0, version="v2")
+    out = cli("eta", "--pipeline", "ndvi", "--store", store.url)  # the newest run's version
+    assert out.exit_code == 0, out.output
+    assert "ndvi v2: ETA plan from 1 baseline night" in out.stdout
+    assert "no ETA yet: needs 2 earlier runs of ndvi v2 (has 1)" in out.stdout
+    old = cli("eta", "--pipeline", "ndvi", "--version", "v1", "--store", store.url)
+    assert "ndvi v1: ETA plan from 5 baseline nights" in old.stdout
+
+
+def test_a_pipeline_without_runs_is_bad_input(tmp_path, store):
+    out = cli("eta", "--pipeline", "nope", "--store", store.url)
+    assert out.exit_code == 2, out.output
+    assert "nope" in out.stderr
