@@ -22,10 +22,15 @@ from prefect_dask_profiling.finishing import (
     EarlyHistory,
     FinishResult,
     FinishSettings,
-    finish_run,
+    RunEnd,
+    complete_run,
+    draw_views,
+    judge_run,
     read_history_early,
+    store_record,
 )
 from prefect_dask_profiling.prefect import artifacts, reports
+from prefect_dask_profiling.prefect.background import Background
 from prefect_dask_profiling.prefect.eta import LiveEta
 from prefect_dask_profiling.regression.verdict import RegressionDetected
 from prefect_dask_profiling.stage import (
@@ -40,7 +45,6 @@ from prefect_dask_profiling.summary.record import RunRecord
 from prefect_dask_profiling.timing import plugin, storage_io
 
 if TYPE_CHECKING:
-    import pandas as pd
     from distributed import Client
 
 logger = logging.getLogger("prefect_dask_profiling")
@@ -185,7 +189,9 @@ class Session:
         except Exception:  # a bad setting is refused at finish(), with its message
             logger.debug("history not read early", exc_info=True)
             return
-        self._early_history = read_history_early(store, self.ctx, rules)
+        self._early_history = read_history_early(
+            store, self.ctx, rules,
+            submit=lambda read: Background.instance().submit(read, label="history read"))
         self._start_eta()
 
     def _start_eta(self) -> None:
@@ -412,7 +418,7 @@ class Session:
         """Collect, store, judge and publish the run; idempotent.
 
         The order is what keeps a regression's failure: the run is stored and judged
-        (:func:`~prefect_dask_profiling.finishing.finish_run`), then whether the flow fails
+        (:mod:`~prefect_dask_profiling.finishing`), then whether the flow fails
         is decided, then the run is published (artifacts, events, report links). A failure
         while publishing is a warning and never drops the failure; a failure before the
         judgement never changes the flow's own outcome (it is logged, ``None`` returned).
@@ -531,8 +537,9 @@ class Session:
 
     def _store_run(self, error: BaseException | None, state: str | None, publish: bool,
                    extra_warning: str | None) -> Stored:
-        """Collect, store and judge the run (:func:`finish_run`); start posting the report
-        links and the summary meanwhile. Raises only when the run could not be stored."""
+        """Collect, store and judge the run (:func:`store_record`, :func:`judge_run`, the
+        flagged stages' reports, :func:`complete_run`); start posting the report links and
+        the summary meanwhile. Raises only when the run could not be stored."""
         self.capture()
         if not self.ctx.pipeline:  # no flow context ever seen: name after the runner
             self.ctx.pipeline = self.options.pipeline or "unnamed"
@@ -550,24 +557,40 @@ class Session:
         # flagged stage's report is drawn after the judgement, its link posted with the rest)
         early_links = self.reports.links(self.reports.unposted(self.stages)) if publish else {}
         early = [self._post_links(early_links)]  # and the summary once it is computed
-
-        def summarised(summary: pd.DataFrame) -> None:
-            if publish:
-                early.append(self._post([artifacts.summary_artifact(
-                    self.ctx.pipeline, self.ctx.run_id, summary)], "summary"))
-
         try:
-            result = finish_run(self.store, record, self.ctx, self.stages, settings,
-                                state=state, error=error, env=env, warnings=warnings,
-                                flagged_reports=self.reports.flagged if self.reports.deferred
-                                else None,
-                                early_history=self._early_history, summarised=summarised,
-                                log_warnings=False)  # logged once each, below, to the run
+            end = store_record(self.store, record, self.ctx, self.stages, settings,
+                               state=state, error=error, env=env, warnings=warnings,
+                               early_history=self._early_history,
+                               log_warnings=False)  # logged once each, below, to the run
+            if publish and end.summary is not None:
+                self._post_summary(end, early)
+            judge_run(end)
+            end.step("flagged reports", self._draw_flagged)
+            result = complete_run(end)
         except BaseException:
             for w in self._wait_early(early):
                 logger.warning("dask-profiling: %s", w)
             raise
+        if result.views:  # drawn and stored while the run is published, and after
+            result.views_pending = Background.instance().submit(
+                draw_views, result.views, label="the run's views")
         return Stored(result=result, early_links=early_links, early=early)
+
+    def _post_summary(self, end: RunEnd, early: list[artifacts.Posting | None]) -> None:
+        """Start posting the summary's artifact while the run is judged."""
+        try:
+            early.append(self._post([artifacts.summary_artifact(
+                self.ctx.pipeline, self.ctx.run_id, end.summary)], "summary"))
+        except Exception as exc:
+            end.warnings.append(f"summary not handed on: {type(exc).__name__}: {exc}")
+
+    def _draw_flagged(self, end: RunEnd) -> None:
+        """Draw the reports kept for the stages that regressed or drifted (auto mode), before
+        the run is completed, so its manifest lists them."""
+        if self.reports.deferred:
+            stages = end.flagged_stages
+            if stages:
+                end.warnings.extend(self.reports.flagged(stages))
 
     def _publish(self, stored: Stored, publish: bool) -> None:
         """Log the run's warnings; post its artifacts (``publish``) and emit its events.
