@@ -501,9 +501,9 @@ class StageReports:
         from prefect_dask_profiling.prefect import artifacts
 
         links = self.links([info])
-        try:
-            problems = artifacts.post(artifacts.report_link_artifacts(
-                self.ctx.pipeline, self.ctx.run_id, links)).wait()
+        try:  # in the background service already: created here, not queued behind us
+            problems = artifacts.create(artifacts.report_link_artifacts(
+                self.ctx.pipeline, self.ctx.run_id, links))
         except Exception as exc:
             problems = [f"report link not posted: {exc!r}"]
         if problems:

@@ -450,6 +450,9 @@ class Session:
         except Exception as exc:  # a bug while publishing: said, and the verdict stands
             _run_log(logging.WARNING, f"dask-profiling: the run {stored.result.run_id} is "
                      f"stored and judged, but publishing it failed: {exc!r}", exc_info=True)
+        if self.result.views:  # after the artifacts (one queue): the runner's exit waits
+            self.result.views_pending = Background.instance().submit(
+                draw_views, self.result.views, label="the run's views")
         if fails:
             raise self._regression()
         return self.result
@@ -571,9 +574,6 @@ class Session:
             for w in self._wait_early(early):
                 logger.warning("dask-profiling: %s", w)
             raise
-        if result.views:  # drawn and stored while the run is published, and after
-            result.views_pending = Background.instance().submit(
-                draw_views, result.views, label="the run's views")
         return Stored(result=result, early_links=early_links, early=early)
 
     def _post_summary(self, end: RunEnd, early: list[artifacts.Posting | None]) -> None:
