@@ -3,22 +3,26 @@
 Used by the Prefect session (:mod:`prefect_dask_profiling.prefect.session`), by plain
 ``distributed.Client`` users and by tests. The order is what keeps a night's record safe:
 
-1. **summarise** the record (pure; if even that fails, the raw per-stage table is kept);
-2. **store the record first** — tables and a provisional manifest with status ``unjudged``
-   — or spool it when the store does not answer;
-3. run each later **step** on its own (:data:`STEPS`): deliver what earlier runs left in the
-   spool, lifecycle rule, per-stage diagnosis, the history, **the judgement** (the one
-   :func:`~prefect_dask_profiling.regression.judge.judge`), trend... A step that raises
-   leaves the others done; its failure becomes a warning in the manifest and in the logs.
-   The trend page and the run's rows of the fleet view are *views* drawn from what the run
-   stores: with :attr:`FinishSettings.views_in_background` one background thread draws and
-   stores them once the run is complete (:attr:`FinishResult.views_pending`), so neither
-   the flow nor its artifacts wait for Bokeh or Parquet: the artifacts link the trend page
-   where it is being written;
-4. **complete** the stored run: the judgement's tables, the final manifest (with the rules
-   that judged the run) and the fleet view's rows. A run whose history could not be read or
-   whose judgement could not be made keeps status ``unjudged``: it stays out of every
-   baseline and ``dask-profiling check`` exits non-zero for it, with the reason.
+Three seams, each returning what the next takes (:func:`finish_run` calls them in order; the
+Prefect session does its own work between them):
+
+1. :func:`store_record` — **summarise** the record (pure; if even that fails, the raw
+   per-stage table is kept) and **store the record first**: tables and a provisional
+   manifest with status ``unjudged``, or spooled when the store does not answer;
+2. :func:`judge_run` — each later **step** on its own (:data:`STEPS`): deliver what earlier
+   runs left in the spool, lifecycle rule, per-stage diagnosis, the history, **the
+   judgement** (the one :func:`~prefect_dask_profiling.regression.judge.judge`). A step
+   that raises leaves the others done; its failure becomes a warning in the manifest and
+   in the logs;
+3. :func:`complete_run` — **complete** the stored run: the judgement's tables, the final
+   manifest (with the rules that judged the run) and the views (:data:`FINAL`): the trend
+   page and the run's rows of the fleet view, drawn from what the run stores. With
+   :attr:`FinishSettings.views_in_background` they are left to the caller
+   (:attr:`FinishResult.views`, :func:`draw_views`), so neither the flow nor its artifacts
+   wait for Bokeh or Parquet: the artifacts link the trend page where it is being written.
+   A run whose history could not be read or whose judgement could not be made keeps status
+   ``unjudged``: it stays out of every baseline and ``dask-profiling check`` exits non-zero
+   for it, with the reason.
 
 Every write after the record fails closed: a store error at the final write (a listing, a
 PUT, 403, 503, a timeout) spools what was not written and never loses the judgement, which
@@ -32,7 +36,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -96,10 +99,11 @@ class FinishSettings:
         Rates that price the allocated resource-hours
         (:class:`~prefect_dask_profiling.pricing.CostRates`); ``None``: no price.
     views_in_background
-        Draw and store the views (trend page, fleet rows) in a background thread once the
-        run is complete (:attr:`FinishResult.views_pending`) instead of with the run's
-        files; the manifest then does not list them, and their failures are logged, not in
-        the manifest (both can be drawn again: ``dask-profiling fleet --rebuild``).
+        Draw and store the views (trend page, fleet rows) once the run is complete
+        (:attr:`FinishResult.views`; the Prefect session does it in its background service)
+        instead of with the run's files; the manifest then does not list them, and their
+        failures are logged, not in the manifest (both can be drawn again:
+        ``dask-profiling fleet --rebuild``).
     """
 
     threshold: float = RegressionRule.threshold
@@ -136,9 +140,12 @@ class FinishResult:
     trend_location, fleet_location
         Where the trend page and the run's rows of the fleet view are written (being
         written, while :attr:`views_pending`).
+    views
+        The views left to draw and store (``views_in_background``): ``(name, job)``, each
+        job returning its warnings; :func:`draw_views` draws them.
     views_pending
-        The views being drawn and stored in the background (``views_in_background``);
-        :meth:`wait_views` waits for them.
+        The views being drawn and stored (by :func:`finish_run`, done; the Prefect session
+        queues them on its background service); :meth:`wait_views` waits for them.
     """
 
     run_id: str
@@ -156,6 +163,7 @@ class FinishResult:
     judgement: Judgement | None = None
     diagnoses: dict[str, Diagnosis] = field(default_factory=dict)
     fleet_location: str | None = None
+    views: list[tuple[str, Callable[[], list[str]]]] = field(default_factory=list, repr=False)
     views_pending: Future[list[str]] | None = None
 
     def wait_views(self, timeout: float | None = None) -> list[str]:
@@ -206,9 +214,9 @@ class RunEnd:
     # views drawn after the run is complete (views_in_background): (name, job -> warnings)
     views: list[tuple[str, Callable[[], list[str]]]] = field(default_factory=list)
     step_seconds: dict[str, float] = field(default_factory=dict)
-    flagged_reports: Callable[[set[str]], list[str]] | None = None
     early_history: EarlyHistory | None = None
     log_warnings: bool = True  # False: the caller logs FinishResult.warnings (once each)
+    first: Any = None  # what the record's write returned (its location, its warnings)
 
     @property
     def flow_failed(self) -> bool:
@@ -235,8 +243,33 @@ class RunEnd:
         """The judgement's outcome; never for a flow that failed (its timings are partial)."""
         return self.judgement is not None and self.judgement.regressed and not self.flow_failed
 
+    @property
+    def flagged_stages(self) -> set[str]:
+        """The stages that regressed or drifted (none before the judgement)."""
+        if self.judgement is None:
+            return set()
+        return set(self.judgement.flagged()["stage"].astype(str))
 
-Step = Callable[[RunEnd], None]
+    def step(self, name: str, step: Step) -> None:
+        """Run ``step(self)`` on its own, timed under ``name`` in the manifest's
+        ``finish_seconds``: one that raises is a warning (a failing judging step leaves the
+        run unjudged), never an error."""
+        started = time.perf_counter()
+        try:
+            step(self)
+        except Exception as exc:
+            message = f"{name} step failed: {type(exc).__name__}: {exc}"
+            self.warnings.append(message)
+            if name in JUDGING_STEPS:
+                self.unjudged_reason = self.unjudged_reason or message
+            # the traceback always; the warning itself once: here, or by the caller
+            logger.log(logging.WARNING if self.log_warnings else logging.DEBUG,
+                       "dask-profiling: %s", message, exc_info=True)
+        finally:
+            self.step_seconds[name] = time.perf_counter() - started
+
+
+Step = Callable[["RunEnd"], None]
 
 
 def _deliver_spool(end: RunEnd) -> None:
@@ -343,10 +376,14 @@ class EarlyHistory:
         return None
 
 
-def read_history_early(store: RunStore, ctx: RunContext, rules: Rules) -> EarlyHistory:
-    """Start reading the history ``ctx``'s run will be judged against, in a background
-    thread (pass the result to :func:`finish_run`).
+def read_history_early(store: RunStore, ctx: RunContext, rules: Rules,
+                       submit: Callable[[Callable[[], History]], Future] | None = None,
+                       ) -> EarlyHistory:
+    """Read the history ``ctx``'s run will be judged against, now or (``submit``) in the
+    background (pass the result to :func:`finish_run` or :func:`store_record`).
 
+    ``submit`` queues a call and returns its future (the Prefect session passes its
+    process's background service); without it the history is read before this returns.
     ``store`` should be a store of its own (the same URL and options as the run's): reads
     remembered in it must not meet the run's writes, made from another thread.
     """
@@ -361,10 +398,17 @@ def read_history_early(store: RunStore, ctx: RunContext, rules: Rules) -> EarlyH
             return load_history(store, pipeline, version, rules, run_id=run_id,
                                 started=started, flow_run_id=flow_run_id, attempt=attempt)
 
+    started_at = _now()
+    if submit is not None:
+        future = submit(read)
+    else:
+        future = Future()
+        try:
+            future.set_result(read())
+        except Exception as exc:  # judged at finish: read again then
+            future.set_exception(exc)
     return EarlyHistory(location=store.url, pipeline=pipeline, version=version, run_id=run_id,
-                        rules=rules, started=_now(),
-                        future=_in_background(read, name="dask-profiling-history",
-                                              daemon=True))
+                        rules=rules, started=started_at, future=future)
 
 
 def _judge(end: RunEnd) -> None:
@@ -425,8 +469,9 @@ def _trend_page(history: pd.DataFrame, summary: pd.DataFrame, verdicts: pd.DataF
     return trend_html(history, summary, verdicts, title=title).encode()
 
 
-def _draw_views(views: list[tuple[str, Callable[[], list[str]]]]) -> list[str]:
-    """Draw and store each view; never raises: a failure is a warning (logged, returned)."""
+def draw_views(views: list[tuple[str, Callable[[], list[str]]]]) -> list[str]:
+    """Draw and store each view (:attr:`FinishResult.views`); never raises: a failure is a
+    warning (logged, returned)."""
     warnings: list[str] = []
     for name, view in views:
         try:
@@ -436,22 +481,6 @@ def _draw_views(views: list[tuple[str, Callable[[], list[str]]]]) -> list[str]:
             logger.warning("dask-profiling: %s", message, exc_info=True)
             warnings.append(message)
     return warnings
-
-
-def _in_background(job: Callable[[], Any], *, name: str = "dask-profiling-views",
-                   daemon: bool = False) -> Future:
-    """Run ``job`` in a thread of its own (by default not a daemon: a process that ends
-    waits for it; a daemon for reads, which lose nothing when the process ends first)."""
-    future: Future = Future()
-
-    def run() -> None:
-        try:
-            future.set_result(job())
-        except BaseException as exc:  # the job catches its own failures; this is a bug
-            future.set_exception(exc)
-
-    threading.Thread(target=run, name=name, daemon=daemon).start()
-    return future
 
 
 def _diagnose(end: RunEnd) -> None:
@@ -479,16 +508,6 @@ def _note_misaligned_chunks(info: StageInfo) -> None:
     info.diagnosis["actions"] = [found["fix"], *(info.diagnosis.get("actions") or [])]
 
 
-def _flagged_reports(end: RunEnd) -> None:
-    """Ask the caller for the reports of stages that regressed or drifted (when it deferred
-    them), before the stored run is completed so its manifest lists them."""
-    if end.flagged_reports is None or end.judgement is None:
-        return
-    stages = set(end.judgement.flagged()["stage"].astype(str))
-    if stages:
-        end.warnings.extend(end.flagged_reports(stages))
-
-
 def _fleet(end: RunEnd) -> None:
     """Write the run's rows of the fleet-wide Parquet view (``<store>/fleet/``), from the
     final manifest: before it is written, so a failure here reaches the manifest, or
@@ -511,18 +530,18 @@ def _fleet(end: RunEnd) -> None:
     end.fleet_location = fleet_location(store, end.ctx.pipeline, end.ctx.run_id)
 
 
-# The steps after the record is stored, in order. Each one is isolated: add new ones here.
+# The steps after the record is stored, up to the judgement (:func:`judge_run`), in order.
+# Each one is isolated: add new ones here.
 STEPS: list[tuple[str, Step]] = [
     ("spool delivery", _deliver_spool),
     ("lifecycle", _lifecycle),
     ("diagnosis", _diagnose),
     ("history", _history),
     ("judgement", _judge),
-    ("flagged reports", _flagged_reports),
-    ("trend", _trend),
 ]
-# Steps that need the final manifest (built, not yet written): views built from it.
-FINAL: list[tuple[str, Step]] = [("fleet", _fleet)]
+# The steps of the completion (:func:`complete_run`), once the final manifest is built (not
+# yet written): the views drawn from the run.
+FINAL: list[tuple[str, Step]] = [("trend", _trend), ("fleet", _fleet)]
 # A failing step of these names leaves the run unjudged.
 JUDGING_STEPS = ("summary", "history", "judgement")
 
@@ -531,11 +550,14 @@ def finish_run(store: RunStore, record: RunRecord, ctx: RunContext, stages: list
                settings: FinishSettings | None = None, *, state: str | None = None,
                error: BaseException | None = None, env: dict[str, Any] | None = None,
                warnings: list[str] | None = None,
-               flagged_reports: Callable[[set[str]], list[str]] | None = None,
                early_history: EarlyHistory | None = None,
-               summarised: Callable[[pd.DataFrame], None] | None = None,
                ended: datetime | None = None, log_warnings: bool = True) -> FinishResult:
     """Summarise, store, judge and complete one run; never raises for a failing step.
+
+    The three seams in order, for a caller that has nothing to do between them:
+    :func:`store_record`, :func:`judge_run`, :func:`complete_run`; then the views
+    (``views_in_background``) are drawn and stored before this returns
+    (:attr:`FinishResult.views_pending` is done).
 
     Parameters
     ----------
@@ -560,18 +582,10 @@ def finish_run(store: RunStore, record: RunRecord, ctx: RunContext, stages: list
         The environment fingerprint; default this process's.
     warnings
         Warnings collected before finishing (stage reports, snapshots...).
-    flagged_reports
-        Called with the names of the stages that regressed or drifted, once the run is
-        judged and before it is completed: renders the reports left for that case (it fills
-        the ``report`` of those ``stages``) and returns warnings for the manifest.
     early_history
         The history read while the run computed (:func:`read_history_early`): used when it
         is still the run's (:meth:`EarlyHistory.stale_for`) and its read succeeded, else
         the history is read now. The manifest's ``history_read`` says which.
-    summarised
-        Called with the per-prefix summary as soon as it is computed, before the run is
-        stored and judged (the session starts posting its artifact then); what it raises
-        is a warning.
     ended
         When the flow's work ended (UTC); default now. A run that ended after another run
         started overlaps it and is not part of that run's history.
@@ -591,45 +605,89 @@ def finish_run(store: RunStore, record: RunRecord, ctx: RunContext, stages: list
     StoreError
         Only when the run id already exists in the store (runs are never overwritten).
     """
+    end = store_record(store, record, ctx, stages, settings, state=state, error=error,
+                       env=env, warnings=warnings, early_history=early_history, ended=ended,
+                       log_warnings=log_warnings)
+    judge_run(end)
+    result = complete_run(end)
+    if result.views:
+        done: Future[list[str]] = Future()
+        done.set_result(draw_views(result.views))
+        result.views_pending = done
+    return result
+
+
+def store_record(store: RunStore, record: RunRecord, ctx: RunContext,
+                 stages: list[StageInfo], settings: FinishSettings | None = None, *,
+                 state: str | None = None, error: BaseException | None = None,
+                 env: dict[str, Any] | None = None, warnings: list[str] | None = None,
+                 early_history: EarlyHistory | None = None, ended: datetime | None = None,
+                 log_warnings: bool = True) -> RunEnd:
+    """The first seam: summarise the run and store its record (status ``unjudged``).
+
+    Takes the parameters of :func:`finish_run`. The summary is in the returned
+    :class:`RunEnd` (``summary``; ``None`` if even that failed, the raw per-stage table is
+    then stored). Pass it on to :func:`judge_run`.
+
+    Raises
+    ------
+    StoreError
+        Only when the run id already exists in the store (runs are never overwritten).
+    """
     end = RunEnd(store=store, record=record, ctx=ctx, stages=stages,
                  settings=settings or FinishSettings(), state=state, error=error,
                  env=env if env is not None else environment(),
                  warnings=[*(warnings or []), *record.warnings],
-                 flagged_reports=flagged_reports, early_history=early_history,
-                 ended=ended, log_warnings=log_warnings)
-    _run_step(end, "summary", _summarise)
-    if summarised is not None and end.summary is not None:
-        try:
-            summarised(end.summary)
-        except Exception as exc:
-            end.warnings.append(f"summary not handed on: {type(exc).__name__}: {exc}")
-    first = _store_record(end)
-    with store.remembering_reads():  # the baseline and the drift series share the history
+                 early_history=early_history, ended=ended, log_warnings=log_warnings)
+    end.step("summary", _summarise)
+    end.first = _store_record(end)
+    return end
+
+
+def judge_run(end: RunEnd) -> Judgement | None:
+    """The second seam: the steps up to the judgement (:data:`STEPS`: spool delivery,
+    lifecycle, diagnosis, history, judgement), each on its own; the judgement (``None``:
+    the run stays unjudged, ``end.unjudged_reason`` says why)."""
+    with end.store.remembering_reads():  # the baseline and the drift series share the history
         for name, step in STEPS:
-            _run_step(end, name, step)
+            end.step(name, step)
     if not end.judged:
         end.unjudged_reason = end.unjudged_reason or "the verdict was not computed"
+    return end.judgement
+
+
+def complete_run(end: RunEnd) -> FinishResult:
+    """The third seam: the final manifest, the views (:data:`FINAL`) and the final write;
+    never raises.
+
+    What the caller adds between :func:`judge_run` and this (the reports of flagged stages,
+    in ``end.stages``; their warnings, in ``end.warnings``) is in the final manifest. With
+    ``views_in_background`` the views are not drawn here: they are in
+    :attr:`FinishResult.views`, for the caller to draw (:func:`draw_views`) once the run is
+    published.
+    """
     end.manifest = _manifest(end, provisional=False)
     for name, step in FINAL:
-        _run_step(end, name, step)
+        end.step(name, step)
     final_warnings, location = _complete(end)
-    location = location or first.location
-    pending = _in_background(functools.partial(_draw_views, end.views)) if end.views else None
-    if log_warnings:
+    first = end.first
+    location = location or (first.location if first is not None else None)
+    if end.log_warnings:
         for w in final_warnings:
             logger.warning("dask-profiling: %s", w)
     judgement = end.judgement
     return FinishResult(
-        run_id=ctx.run_id, pipeline=ctx.pipeline, version=ctx.version,
+        run_id=end.ctx.run_id, pipeline=end.ctx.pipeline, version=end.ctx.version,
         status=end.manifest["status"], summary=_or_empty(end.summary),
         utilisation=_or_empty(end.util),
         verdicts=judgement.verdicts if judgement is not None
         else pd.DataFrame(columns=VERDICT_COLUMNS),
         manifest=end.manifest, location=location, regressed=end.regressed,
-        warnings=[*end.warnings, *first.warnings, *final_warnings],
+        warnings=[*end.warnings, *(first.warnings if first is not None else []),
+                  *final_warnings],
         trend_location=_join(location, TREND_FILE) if TREND_FILE in end.files or any(
             name == TREND_FILE for name, _ in end.views) else None,
-        views_pending=pending,
+        views=list(end.views),
         judgement=judgement, diagnoses=end.diagnoses, fleet_location=end.fleet_location)
 
 
@@ -640,22 +698,6 @@ def _summarise(end: RunEnd) -> None:
     if end.record.incidents:  # workers that died with work on them
         end.manifest_extra["incidents"] = end.record.incidents
     end.summary = summarise(end.record)
-
-
-def _run_step(end: RunEnd, name: str, step: Step) -> None:
-    started = time.perf_counter()
-    try:
-        step(end)
-    except Exception as exc:
-        message = f"{name} step failed: {type(exc).__name__}: {exc}"
-        end.warnings.append(message)
-        if name in JUDGING_STEPS:
-            end.unjudged_reason = end.unjudged_reason or message
-        # the traceback always; the warning itself once: here, or by the caller
-        logger.log(logging.WARNING if end.log_warnings else logging.DEBUG,
-                   "dask-profiling: %s", message, exc_info=True)
-    finally:
-        end.step_seconds[name] = time.perf_counter() - started
 
 
 def _manifest(end: RunEnd, *, provisional: bool) -> dict[str, Any]:

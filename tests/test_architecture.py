@@ -367,9 +367,6 @@ THREADS_ALLOWED = {
     # A benchmark fault (the "slow worker" plugin) burning CPU inside a Dask worker process
     # it is installed in: not the flow process, and the point of the workload.
     f"{PACKAGE}.bench.workloads": "worker-side CPU burners of the slow-worker fault",
-    # ``_in_background``: a raw thread for the early history read and one for the views.
-    # To move onto prefect/background.py with the finish_run split (issue 34, Target 1).
-    f"{PACKAGE}.finishing": "history read and views threads (issue 34: to Background)",
 }
 
 

@@ -1,7 +1,7 @@
 """finish_run fails closed: the record is stored first, each later step is isolated.
 
 Records come from a real LocalCluster; steps are made to fail by replacing them in
-``finish.STEPS`` (our own code, not Dask's or S3's), the way a bug or bad history would.
+``finish.STEPS``/``FINAL`` (our own code, not Dask's or S3's), the way a bug or bad history would.
 """
 
 from __future__ import annotations
@@ -35,9 +35,14 @@ def failing(message: str):
 
 
 def replace_step(monkeypatch, name: str, step) -> None:
-    steps = [(n, step if n == name else s) for n, s in finish_mod.STEPS]
-    assert any(n == name for n, _ in steps), name
-    monkeypatch.setattr(finish_mod, "STEPS", steps)
+    """Replace the step ``name`` of the judgement (``STEPS``) or of the completion
+    (``FINAL``: the views)."""
+    found = False
+    for where in ("STEPS", "FINAL"):
+        steps = [(n, step if n == name else s) for n, s in getattr(finish_mod, where)]
+        found |= any(n == name for n, _ in steps)
+        monkeypatch.setattr(finish_mod, where, steps)
+    assert found, name
 
 
 def test_healthy_run_is_stored_complete(inproc_client, tmp_path):

@@ -12,10 +12,8 @@ run's other artifacts.
 from __future__ import annotations
 
 import contextlib
-import contextvars
-import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -197,65 +195,76 @@ def publish(result: FinishResult, links: dict[str, str],
                  *report_link_artifacts(result.pipeline, result.run_id, links)]).wait()
 
 
-class Posting:
-    """Artifacts being created in the current flow run, concurrently, in the background.
+def _requests(artifacts: list[Any]) -> list[Any]:
+    """The API requests that create ``artifacts`` in the current flow (or task) run."""
+    from prefect.client.schemas.actions import ArtifactCreate
+    from prefect.utilities.context import get_task_and_flow_run_ids
 
-    The Prefect API has no bulk endpoint for artifacts: each is one request, posted from
-    a thread of its own (of a pool the process keeps) through the flow run's client (one
-    round trip of wall time instead of one per artifact). Started by :func:`post`, so a
-    caller can go on with other work (the session posts the report links and the summary
-    while the run is judged); :meth:`wait` joins them and
-    returns the warnings, never raising.
+    task_run_id, flow_run_id = get_task_and_flow_run_ids()
+    return [ArtifactCreate(type=a.type, key=a.key, description=a.description,
+                           task_run_id=task_run_id, flow_run_id=flow_run_id,
+                           data=a.format(_sync=True))
+            for a in artifacts]
+
+
+def _create(requests: list[Any]) -> list[BaseException]:
+    """Send ``requests``, one after the other, through the flow run's client; the failures.
+
+    The run's client retries a lost API for about a minute per request; artifacts are not
+    worth that: one retry, and a transport failure is reported once for the group.
+    """
+    if not requests:
+        return []
+    errors: list[BaseException] = []
+    with _few_retries(), _run_client() as client:
+        for request in requests:
+            try:
+                client.create_artifact(artifact=request)
+            except Exception as exc:
+                errors.append(exc)
+    return errors
+
+
+def create(artifacts: list[Any]) -> list[str]:
+    """Create ``artifacts`` in the current flow run now, in this thread; the warnings of
+    those not created, never raising (for a job already in the background service)."""
+    return _post_warnings(_create(_requests(artifacts)))
+
+
+class Posting:
+    """Artifacts being created in the current flow run by the process's one background
+    service (:mod:`~prefect_dask_profiling.prefect.background`).
+
+    The Prefect API has no bulk endpoint for artifacts: each is one request. Started by
+    :func:`post`, so a caller can go on with other work (the session posts the report
+    links and the summary while the run is judged); :meth:`wait` waits for them and returns
+    the warnings, never raising. The job runs in the caller's context (Prefect's settings,
+    the API URL and the run context live in context variables).
     """
 
     def __init__(self, artifacts: list[Any]) -> None:
-        from prefect.client.schemas.actions import ArtifactCreate
-        from prefect.utilities.context import get_task_and_flow_run_ids
+        from prefect_dask_profiling.prefect.background import Background
 
-        task_run_id, flow_run_id = get_task_and_flow_run_ids()
-        requests = [ArtifactCreate(type=a.type, key=a.key, description=a.description,
-                                   task_run_id=task_run_id, flow_run_id=flow_run_id,
-                                   data=a.format(_sync=True))
-                    for a in artifacts]
-        self._exit = contextlib.ExitStack()
-        self._futures = []
-        if not requests:
-            return
-        # The run's client retries a lost API for about a minute per request; artifacts
-        # are not worth that: one retry, and a transport failure is reported once for the
-        # group. Each thread runs in a copy of this context: Prefect's settings (the API
-        # URL, the retries) and run context live in context variables.
-        with _few_retries():
-            context = contextvars.copy_context()
-            client = self._exit.enter_context(_run_client())
-        self._futures = [_pool().submit(context.copy().run, client.create_artifact, artifact=r)
-                         for r in requests]
+        requests = _requests(artifacts)
+        self._future: Future[list[BaseException]] | None = None
+        if requests:
+            self._future = Background.instance().submit(_create, requests,
+                                                        label="artifacts")
 
     def wait(self) -> list[str]:
         """Wait for every artifact; the warnings of those not created."""
+        if self._future is None:
+            return []
         try:
-            errors = [f.exception() for f in self._futures]
-        finally:
-            self._exit.close()
-        return _post_warnings([e for e in errors if e is not None])
-
-
-_POOL: list[ThreadPoolExecutor] = []
-_POOL_LOCK = threading.Lock()
-
-
-def _pool() -> ThreadPoolExecutor:
-    """The threads every posting of the process shares: starting a thread costs
-    milliseconds (more on a loaded machine), and a run posts twice."""
-    with _POOL_LOCK:
-        if not _POOL:
-            _POOL.append(ThreadPoolExecutor(max_workers=8,
-                                            thread_name_prefix="dask-profiling-artifacts"))
-        return _POOL[0]
+            errors = self._future.result()
+        except Exception as exc:  # _create keeps its failures; a bug all the same
+            errors = [exc]
+        return _post_warnings(errors)
 
 
 def post(artifacts: list[Any]) -> Posting:
-    """Start creating ``artifacts`` in the current flow run (see :class:`Posting`)."""
+    """Start creating ``artifacts`` in the current flow run (see :class:`Posting`). Not
+    from a job of the background service: it would wait for itself (use :func:`create`)."""
     return Posting(artifacts)
 
 

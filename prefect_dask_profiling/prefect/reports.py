@@ -21,18 +21,38 @@ recorder after the run.
 
 from __future__ import annotations
 
+import logging
 import re
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from distributed.metrics import time
 
 from prefect_dask_profiling.prefect import report_data
+from prefect_dask_profiling.prefect.background import Background
 
 if TYPE_CHECKING:
     from distributed import Client
 
+    from prefect_dask_profiling.store.manifest import RunContext, StageInfo
+    from prefect_dask_profiling.store.runs import RunStore
+
+logger = logging.getLogger("prefect_dask_profiling")
+
 TASK_STREAM_PLUGIN = report_data.TASK_STREAM_PLUGIN
+#: The longest a presigned link (a report's, the trend page's) stays valid: S3's limit.
+MAX_LINK_SECONDS = 7 * 24 * 3600
+#: The longest :meth:`StageReports.drain` waits for the reports still being drawn and stored
+#: (each render is bounded by its own timeout, each upload by the store's).
+DRAIN_TIMEOUT_S = 300.0
+LOCAL_WORK_FIX = (
+    "prefect-dask's clients are not the default client, so a bare .compute() in the flow "
+    "body (also inside `with get_dask_client():`) runs on Dask's local scheduler; send the "
+    "work to the cluster with `with get_dask_client() as client: client.compute(x).result()` "
+    "(or client.persist(x)), or do it inside a Prefect task")
 RENDERERS = ("flow", "dask")
 _TASKS_IN_REPORT = re.compile(r"number of tasks:\s*(\d+)")
 
@@ -214,3 +234,280 @@ def release_task_stream(client: Client, keep_if_prefix: str = "task-timings-") -
     """Remove Dask's task-stream recorder unless another profiled run still uses it."""
     return client.run_on_scheduler(report_data.drop_task_stream,
                                    keep_if_prefix=keep_if_prefix)
+
+
+def presign(store: RunStore, location: str, retention_days: int) -> str:
+    """A presigned link to a stored file on S3, valid while it is kept; else its location."""
+    expires = min(MAX_LINK_SECONDS, retention_days * 86400)
+    try:
+        return store.presign(location, expires) or location
+    except Exception as exc:
+        logger.debug("presign failed: %r", exc)
+        return location
+
+
+def local_work_text(info: StageInfo) -> str | None:
+    """What a stage ran on local threads and the fix, or None (the warning and the note)."""
+    local = info.local_work
+    if not local:
+        return None
+    return (f"stage {info.name!r}: {local['tasks']} Dask tasks ran on local threads of the "
+            f"flow process ({local['seconds']:.2f} s in {local['computes']} compute call(s)), "
+            f"not on the cluster, so the profile did not record them. {LOCAL_WORK_FIX}")
+
+
+@dataclass(frozen=True)
+class ReportSettings:
+    """How a run's stage reports are made: the runner's ``stage_reports`` (``True``,
+    ``False`` or ``"auto"``), ``report_min_seconds``, ``report_renderer`` and
+    ``report_retention_days`` (how long their links stay valid)."""
+
+    mode: bool | str = True
+    min_seconds: float = 0.0
+    renderer: str = "flow"
+    retention_days: int = 30
+
+
+@dataclass
+class _Deferred:
+    """A short stage's window, kept in ``"auto"`` mode: drawn only if the stage regresses."""
+
+    info: StageInfo
+    window: ReportWindow
+    end: WindowEnd
+
+
+class StageReports:
+    """The per-stage reports of one run, from the stage's opening to its link artifact.
+
+    The session tells it when a stage opens (:meth:`opened`: the report's window starts) and
+    closes (:meth:`closed`: the window ends, and the report is drawn, stored and its link
+    posted by the process's one :class:`~prefect_dask_profiling.prefect.background.Background`
+    service while the flow goes on); once the run is judged, :meth:`flagged` draws the
+    reports ``"auto"`` mode kept for stages that regressed; :meth:`drain` waits, with a bound,
+    for the reports still being drawn (before the run is stored, and at the runner's exit).
+
+    A stage opened again is the same stage: its report runs from its first opening to its
+    last closing, and its note says which other stages ran in between. A report that cannot
+    be drawn or stored leaves a note on its stage (and a warning), never an error.
+
+    Parameters
+    ----------
+    client
+        The run's Dask client.
+    ctx
+        The run's identity (filled in by the session; a report is stored under its pipeline
+        and run id).
+    warnings
+        The run's warnings: the reports add theirs (e.g. a spooled upload).
+    store
+        The run's store, when a report is stored (the session may switch stores).
+    settings
+        How reports are made (:class:`ReportSettings`).
+    """
+
+    def __init__(self, client: Client, ctx: RunContext, warnings: list[str],
+                 store: Callable[[], RunStore], settings: ReportSettings) -> None:
+        check_renderer(settings.renderer)
+        self.client = client
+        self.ctx = ctx
+        self.warnings = warnings
+        self.settings = settings
+        self._store = store
+        #: Whether a window of this run installed Dask's task-stream recorder.
+        self.installed_stream = False
+        self._first_window: dict[str, ReportWindow] = {}
+        self._opened_since: dict[str, set[str]] = {}  # other stages opened since the first
+        self._report_notes: dict[str, str | None] = {}
+        self._span_notes: dict[str, str | None] = {}
+        self._pending: dict[str, Future] = {}  # the report being drawn, per stage
+        self._deferred: list[_Deferred] = []  # auto mode: drawn only if the stage regresses
+        self._links_posted: dict[str, str] = {}  # stage -> the location its link points to
+
+    # -- the stages' windows ------------------------------------------------------------------
+
+    def opened(self, name: str) -> ReportWindow | None:
+        """Stage ``name`` opens: the start of its report's window (its first opening's, for
+        a stage opened again); ``None`` when no report is made (or its start was not read:
+        said in a warning)."""
+        for other, since in self._opened_since.items():
+            if other != name:
+                since.add(name)
+        self._opened_since.setdefault(name, set())
+        window = self._first_window.get(name)
+        if window is None and self.settings.mode:
+            try:
+                window = open_window(self.client)
+            except Exception as exc:
+                self.warnings.append(f"stage {name!r}: report not started: {exc!r}")
+                return None
+            self.installed_stream |= window.installed_stream
+            self._first_window[name] = window
+        return window
+
+    def end(self, window: ReportWindow | None) -> WindowEnd | BaseException | None:
+        """The end of ``window``, read now (the exception when it could not be read)."""
+        if window is None:
+            return None
+        try:
+            return close_window(self.client)
+        except Exception as exc:
+            return exc
+
+    def closed(self, info: StageInfo, window: ReportWindow | None,
+               end: WindowEnd | BaseException | None, failed: bool = False) -> None:
+        """The stage of ``info`` closed at ``end``: draw and store its report in the
+        background while the flow goes on.
+
+        In ``"auto"`` mode a stage shorter than ``min_seconds`` whose block did not raise
+        (``failed``) keeps only its window marks: :meth:`flagged` draws it if it regressed.
+        """
+        if window is None or end is None:
+            return
+        if isinstance(end, BaseException):
+            self.note(info, f"report not rendered: {end!r}")
+            return
+        self._span_notes[info.name] = self._span_note(info)
+        self._deferred = [d for d in self._deferred if d.info is not info]  # superseded
+        seconds = end.stop - window.start
+        settings = self.settings
+        if not render_now(settings.mode, seconds, settings.min_seconds, raised=failed):
+            self.note(info, (
+                f"no report: the stage ran {seconds:.1f} s, under report_min_seconds="
+                f"{settings.min_seconds:g} (rendered only if it regresses)"))
+            self._deferred.append(_Deferred(info, window, end))
+            return
+        earlier = self._pending.get(info.name)
+        if earlier is not None:
+            earlier.cancel()  # an earlier window's report not started yet: this one covers it
+        self._pending[info.name] = Background.instance().submit(
+            self._draw, info, window, end, label=f"stage report {info.name!r}")
+
+    def flagged(self, stages: set[str]) -> list[str]:
+        """Draw now the reports ``"auto"`` mode kept for ``stages`` (those that regressed or
+        drifted); the warnings of storing them. Their links are posted with the run's
+        artifacts (:meth:`unposted`).
+
+        The task stream is read by the recorder's counter, so such a report is still exact
+        unless more tasks than the recorder keeps ran since.
+        """
+        before = len(self.warnings)
+        keep = []
+        for deferred in self._deferred:
+            if deferred.info.name in stages:
+                self.note(deferred.info, None)
+                self._draw(deferred.info, deferred.window, deferred.end, post_link=False)
+            else:
+                keep.append(deferred)
+        self._deferred = keep
+        return self.warnings[before:]
+
+    @property
+    def deferred(self) -> bool:
+        """Whether reports are kept for stages that may regress (:meth:`flagged`)."""
+        return bool(self._deferred)
+
+    def drain(self, timeout: float = DRAIN_TIMEOUT_S) -> None:
+        """Wait, at most ``timeout`` seconds in all, for the reports being drawn and stored
+        (never raises: a report not stored in time is a warning)."""
+        pending, self._pending = list(self._pending.values()), {}
+        deadline = time() + timeout
+        for future in pending:
+            if future.cancelled():  # superseded by a later window of the same stage
+                continue
+            try:
+                future.result(max(deadline - time(), 0.0))
+            except FutureTimeout:
+                self.warnings.append(f"stage report not stored within {timeout:.0f} s")
+            except Exception as exc:  # _draw notes its own failures; belt and braces
+                self.warnings.append(f"stage report failed: {exc!r}")
+
+    # -- links --------------------------------------------------------------------------------
+
+    def links(self, infos: list[StageInfo]) -> dict[str, str]:
+        """Links to the stored reports of ``infos`` (presigned on S3), by stage name."""
+        links = {}
+        for info in infos:
+            location = (info.report or {}).get("location")
+            if location:
+                links[info.name] = presign(self._store(), location,
+                                           self.settings.retention_days)
+        return links
+
+    def unposted(self, infos: list[StageInfo]) -> list[StageInfo]:
+        """The stages of ``infos`` whose stored report's link has not been posted."""
+        return [info for info in infos
+                if (info.report or {}).get("location") != self._links_posted.get(info.name)]
+
+    # -- notes --------------------------------------------------------------------------------
+
+    def note(self, info: StageInfo, report_note: str | None) -> None:
+        """Set the stage's note: its local work, its report's note, how its report spans it."""
+        self._report_notes[info.name] = report_note
+        parts = [local_work_text(info), report_note, self._span_notes.get(info.name)]
+        info.note = "; ".join(p for p in parts if p) or None
+
+    def renote(self, info: StageInfo) -> None:
+        """Compose the stage's note again (its local work changed)."""
+        self.note(info, self._report_notes.get(info.name))
+
+    def _span_note(self, info: StageInfo) -> str | None:
+        if info.windows < 2:
+            return None
+        others = sorted(self._opened_since.get(info.name, set()))
+        text = (f"the report spans the stage's {info.windows} windows, from its first "
+                "opening to its last closing")
+        if others:
+            text += (f" (stages {', '.join(others)} ran in between: their tasks appear in it "
+                     "too)")
+        return text
+
+    # -- drawing and storing (in the background) ----------------------------------------------
+
+    def _draw(self, info: StageInfo, window: ReportWindow, end: WindowEnd,
+              post_link: bool = True) -> None:
+        """Draw the stage's report, store it, and (``post_link``, in a flow run) post its
+        link artifact."""
+        try:
+            rendered = render(self.client, window, end, stage=info.name,
+                              renderer=self.settings.renderer)
+        except Exception as exc:
+            self.note(info, f"report not rendered: {exc!r}")
+            return
+        if rendered.tasks == 0:
+            self.note(info, "no tasks ran in this stage: no report")
+            return
+        if not self.ctx.pipeline:
+            self.note(info, "report not stored: stage opened outside a flow run")
+            return
+        result = self._store().write_report(self.ctx.pipeline, self.ctx.run_id, info.name,
+                                            rendered.html)
+        self.warnings.extend(result.warnings)
+        info.report = {"location": result.location, "size": len(rendered.html.encode()),
+                       "tasks": rendered.tasks, "shown": rendered.shown,
+                       "truncated": rendered.truncated, "spooled": result.spooled,
+                       "renderer": rendered.renderer}
+        self.note(info, None if not rendered.truncated else (
+            f"report truncated: it shows {rendered.shown} of the stage's {rendered.tasks} "
+            f"tasks (Dask's task stream keeps the last {window.stream_limit})"))
+        if post_link:
+            self._post_link(info)
+
+    def _post_link(self, info: StageInfo) -> None:
+        """Post the link artifact of a report just stored (only in a flow run); one not
+        posted is left to the run's artifacts (:meth:`unposted`)."""
+        if self.ctx.flow_run_id is None:
+            return
+        from prefect_dask_profiling.prefect import artifacts
+
+        links = self.links([info])
+        try:  # in the background service already: created here, not queued behind us
+            problems = artifacts.create(artifacts.report_link_artifacts(
+                self.ctx.pipeline, self.ctx.run_id, links))
+        except Exception as exc:
+            problems = [f"report link not posted: {exc!r}"]
+        if problems:
+            for w in problems:
+                logger.warning("dask-profiling: %s", w)
+            return
+        self._links_posted[info.name] = info.report["location"]

@@ -7,11 +7,8 @@ storage or artifacts fail — except the regression verdict, which fails the flo
 
 from __future__ import annotations
 
-import contextvars
 import logging
-import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -25,10 +22,15 @@ from prefect_dask_profiling.finishing import (
     EarlyHistory,
     FinishResult,
     FinishSettings,
-    finish_run,
+    RunEnd,
+    complete_run,
+    draw_views,
+    judge_run,
     read_history_early,
+    store_record,
 )
 from prefect_dask_profiling.prefect import artifacts, reports
+from prefect_dask_profiling.prefect.background import Background
 from prefect_dask_profiling.prefect.eta import LiveEta
 from prefect_dask_profiling.regression.verdict import RegressionDetected
 from prefect_dask_profiling.stage import (
@@ -43,12 +45,10 @@ from prefect_dask_profiling.summary.record import RunRecord
 from prefect_dask_profiling.timing import plugin, storage_io
 
 if TYPE_CHECKING:
-    import pandas as pd
     from distributed import Client
 
 logger = logging.getLogger("prefect_dask_profiling")
 
-MAX_LINK_SECONDS = 7 * 24 * 3600
 # the longest the runner's exit waits for the run's views (a few store writes, each bounded by
 # the store's own timeout, and one Bokeh page)
 VIEWS_TIMEOUT_S = 120.0
@@ -56,13 +56,6 @@ FORGOT_FINISH = ("finish() was never called in the flow body: summaries were sto
                  "task runner's exit, but no artifacts were published and no regression verdict "
                  "was applied; decorate the flow function with @profiled or call finish() at "
                  "the end of the flow")
-
-
-LOCAL_WORK_FIX = (
-    "prefect-dask's clients are not the default client, so a bare .compute() in the flow "
-    "body (also inside `with get_dask_client():`) runs on Dask's local scheduler; send the "
-    "work to the cluster with `with get_dask_client() as client: client.compute(x).result()` "
-    "(or client.persist(x)), or do it inside a Prefect task")
 
 
 @dataclass
@@ -86,48 +79,6 @@ class OpenStage:
     alignment: dict[str, Any] | None = None  # chunks against the files' blocks
 
 
-class BoundaryGate:
-    """Holds a stage's report until the flow's next stage has opened.
-
-    The flow process runs Prefect's engine, our stage boundaries and the reports' drawing
-    under one interpreter lock: a report drawn (data copied, Bokeh) while the next stage
-    opens makes that opening's round trips wait for the lock, on the flow's critical path.
-    Held a few milliseconds, the report is drawn while the flow waits for the next stage's
-    work instead. A held report starts anyway after ``hold_s``, and at once when the run
-    finishes (:meth:`release`).
-    """
-
-    def __init__(self, hold_s: float = 0.05) -> None:
-        self.hold_s = hold_s
-        self._changed = threading.Condition()
-        self._opened = 0
-        self._released = False
-
-    def mark(self) -> int:
-        """The number of stages opened so far: pass it to :meth:`wait`."""
-        with self._changed:
-            return self._opened
-
-    def opened(self) -> None:
-        """A stage has opened (its boundary reads are done)."""
-        with self._changed:
-            self._opened += 1
-            self._changed.notify_all()
-
-    def release(self) -> None:
-        """The run is finishing: nothing is held any longer."""
-        with self._changed:
-            self._released = True
-            self._changed.notify_all()
-
-    def wait(self, mark: int) -> None:
-        """Return once a stage has opened since ``mark``, the run finishes, or ``hold_s``
-        has passed."""
-        with self._changed:
-            self._changed.wait_for(lambda: self._opened > mark or self._released,
-                                   timeout=self.hold_s)
-
-
 class Session:
     """Flow-side state of one profiled run."""
 
@@ -142,15 +93,13 @@ class Session:
         self.ctx = RunContext(run_id=new_run_id(), pipeline="", version="")
         self.open_stages: dict[str, OpenStage] = {}
         self.stages: list[StageInfo] = []
-        # a name opened again is the same stage: its entry, its report's first window, the
-        # other stages opened since its first opening, the parts of its note
-        self._stage_by_name: dict[str, StageInfo] = {}
-        self._first_window: dict[str, reports.ReportWindow] = {}
-        self._opened_since: dict[str, set[str]] = {}
-        self._report_notes: dict[str, str | None] = {}
-        self._span_notes: dict[str, str | None] = {}
-        self._pending_by_name: dict[str, Future] = {}
+        self._stage_by_name: dict[str, StageInfo] = {}  # a name opened again: its entry
         self.warnings: list[str] = []
+        self.reports = reports.StageReports(
+            client, self.ctx, self.warnings, lambda: self.store, reports.ReportSettings(
+                mode=self.options.stage_reports, min_seconds=self.options.report_min_seconds,
+                renderer=self.options.report_renderer,
+                retention_days=self.options.report_retention_days))
         self.last_snapshot: dict[str, Any] | None = None
         self.io_rows: list[dict[str, Any]] = []  # storage requests per (stage, worker)
         self.storage_counted = False
@@ -159,21 +108,10 @@ class Session:
         self._captured = False
         self._checked_workers = False
         self._pricing_checked = False
-        self._installed_stream = False
         self._store = None
         self._store_url: str | None = None
         self._early_history: EarlyHistory | None = None
         self.eta: LiveEta | None = None  # the live ETA, once the history is being read
-        self._report_pool: ThreadPoolExecutor | None = None
-        self._boundary_pool: ThreadPoolExecutor | None = None
-        self._pending_reports: list[Future] = []
-        self._gate = BoundaryGate()
-        # report links posted by the report thread as each report is stored (stage -> the
-        # location linked), and their postings: finish() posts only the others
-        self._links_posted: dict[str, str] = {}
-        self._link_postings: list[artifacts.Posting] = []
-        # auto mode: short stages whose report is rendered only if they regress
-        self._deferred: list[tuple[StageInfo, reports.ReportWindow, reports.WindowEnd]] = []
 
     # -- start / stop ----------------------------------------------------------------------
 
@@ -198,25 +136,18 @@ class Session:
         wait for the run's views (trend page, fleet rows) still being stored.
 
         The views are waited for last: the removals are round trips to the scheduler,
-        during which the views' thread draws.
+        during which the background service draws.
         """
         if self.eta is not None:  # no tick may read the plugin once it is removed
             self.eta.stop(finished=False)
-        self._gate.release()
-        self.wait_reports()
-        if self._report_pool is not None:
-            self._report_pool.shutdown(wait=True)
-            self._report_pool = None
-        if self._boundary_pool is not None:
-            self._boundary_pool.shutdown(wait=True)
-            self._boundary_pool = None
+        self.reports.drain()
         try:
             if self.storage_counted and self.scope == "cluster":
                 # on a shared cluster (scope "run") it stays: another run may count with it
                 storage_io.uninstall(self.client)
             try:
                 plugin.uninstall(self.client, self.plugin_name)
-                if self._installed_stream:
+                if self.reports.installed_stream:
                     reports.release_task_stream(self.client)
             except Exception:
                 logger.debug("dask-profiling cleanup failed", exc_info=True)
@@ -258,7 +189,9 @@ class Session:
         except Exception:  # a bad setting is refused at finish(), with its message
             logger.debug("history not read early", exc_info=True)
             return
-        self._early_history = read_history_early(store, self.ctx, rules)
+        self._early_history = read_history_early(
+            store, self.ctx, rules,
+            submit=lambda read: Background.instance().submit(read, label="history read"))
         self._start_eta()
 
     def _start_eta(self) -> None:
@@ -362,49 +295,18 @@ class Session:
             raise
         except Exception:  # identity is best effort; the stage must still open
             logger.debug("capture failed", exc_info=True)
-        for other, since in self._opened_since.items():
-            if other != name:
-                since.add(name)
-        self._opened_since.setdefault(name, set())
-        window = self._first_window.get(name)
-        reads = {}
-        if window is None and self.options.stage_reports:
-            reads["window"] = lambda: reports.open_window(self.client)
-        if self.storage_counted:
-            reads["io"] = lambda: storage_io.io_counters(self.client)
-        got = self._boundary_reads(reads)
-        if isinstance(got.get("window"), BaseException):
-            self.warnings.append(f"stage {name!r}: report not started: {got['window']!r}")
-        elif "window" in got:
-            window = got["window"]
-            self._installed_stream |= window.installed_stream
-            self._first_window[name] = window
+        window = self.reports.opened(name)
+        io = _outcome(lambda: storage_io.io_counters(self.client)) \
+            if self.storage_counted else None
         local = LocalWorkWatch()
         local.register()
         opened = OpenStage(name=name, window=window, local=local,
-                           io_before=self._io_counters(name, got.get("io")))
+                           io_before=self._io_counters(name, io))
         self.open_stages[name] = opened
-        self._gate.opened()  # the previous stage's report may be drawn now
         self._read_history_early()
         if self.eta is not None:
             self.eta.stage_opened(name)
         return opened
-
-    def _boundary_reads(self, reads: dict[str, Callable[[], Any]]) -> dict[str, Any]:
-        """Run a stage boundary's reads from the scheduler and the workers at once.
-
-        Each read is a round trip through the scheduler (and, for the workers' counters, to
-        every worker); concurrently, a boundary costs the slowest of them, not their sum.
-        A read that raised gives its exception as its value.
-        """
-        if len(reads) < 2:
-            return {key: _outcome(read) for key, read in reads.items()}
-        if self._boundary_pool is None:
-            self._boundary_pool = ThreadPoolExecutor(
-                max_workers=3, thread_name_prefix="dask-profiling-boundary")
-        futures = {key: self._boundary_pool.submit(_outcome, read)
-                   for key, read in reads.items()}
-        return {key: future.result() for key, future in futures.items()}
 
     def _io_counters(self, name: str, read: Any) -> dict[str, Any] | None:
         """The workers' storage counters read at a boundary (None when not counted or
@@ -451,13 +353,11 @@ class Session:
         if token.futures:
             with self.client.as_current():
                 distributed.wait(token.futures)
-        reads = {"snapshot": lambda: plugin.snapshot(self.client, self.plugin_name)}
-        if token.io_before is not None:
-            reads["io"] = lambda: storage_io.io_counters(self.client)
-        if token.window is not None:
-            reads["end"] = lambda: reports.close_window(self.client)
-        got = self._boundary_reads(reads)
-        self._record_io(name, token, got.get("io"))
+        snapshot = _outcome(lambda: plugin.snapshot(self.client, self.plugin_name))
+        io = _outcome(lambda: storage_io.io_counters(self.client)) \
+            if token.io_before is not None else None
+        end = self.reports.end(token.window)
+        self._record_io(name, token, io)
         info = self._stage_by_name.get(name)
         if info is None:
             info = self._stage_by_name[name] = StageInfo(name=name)
@@ -468,13 +368,17 @@ class Session:
             self._count_local_work(info, token.local)
         if token.alignment is not None:
             info.chunks_vs_blocks = token.alignment
-        if isinstance(got["snapshot"], BaseException):
-            self.warnings.append(f"stage {name!r}: snapshot failed: {got['snapshot']!r}")
+        if isinstance(snapshot, BaseException):
+            self.warnings.append(f"stage {name!r}: snapshot failed: {snapshot!r}")
         else:
-            self.last_snapshot = got["snapshot"]
-            self._check_pricing(got["snapshot"])
+            self.last_snapshot = snapshot
+            self._check_pricing(snapshot)
         if token.window is not None:
-            self._submit_report(info, token.window, got["end"], failed=error is not None)
+            try:
+                self.capture()  # a report is stored under the run's pipeline
+            except Exception:
+                logger.debug("capture failed", exc_info=True)
+            self.reports.closed(info, token.window, end, failed=error is not None)
         if self.eta is not None:
             self.eta.stage_closed(name)
 
@@ -504,144 +408,8 @@ class Session:
         info.local_work = LocalWork(tasks=before["tasks"] + count.tasks,
                                     seconds=round(before["seconds"] + count.seconds, 4),
                                     computes=before["computes"] + count.computes)
-        self._set_note(info, self._report_notes.get(info.name))
-        _run_log(logging.WARNING, f"dask-profiling: {_local_work_text(info)}")
-
-    def _set_note(self, info: StageInfo, report_note: str | None) -> None:
-        """The stage's note: its local work, its report's note, how its report spans it."""
-        self._report_notes[info.name] = report_note
-        parts = [_local_work_text(info), report_note, self._span_notes.get(info.name)]
-        info.note = "; ".join(p for p in parts if p) or None
-
-    def _span_note(self, info: StageInfo) -> str | None:
-        if info.windows < 2:
-            return None
-        others = sorted(self._opened_since.get(info.name, set()))
-        text = (f"the report spans the stage's {info.windows} windows, from its first "
-                "opening to its last closing")
-        if others:
-            text += (f" (stages {', '.join(others)} ran in between: their tasks appear in it "
-                     "too)")
-        return text
-
-    def _submit_report(self, info: StageInfo, window: reports.ReportWindow,
-                       end: reports.WindowEnd | BaseException, failed: bool = False) -> None:
-        """Mark the stage's end now; render and store its report while the next stage runs.
-
-        Rendering takes the scheduler about half a second per report (Bokeh), which would
-        otherwise hold up the flow at every stage exit. One background thread renders the
-        reports in stage order; :meth:`wait_reports` (called by ``finish()`` and at close)
-        waits for them, so the stored run and its artifacts link every report. In
-        ``"auto"`` mode a stage shorter than ``report_min_seconds`` that did not raise
-        (``failed``) keeps only its window marks; :meth:`render_flagged` renders it if the
-        stage regressed.
-        """
-        if isinstance(end, BaseException):
-            self._set_note(info, f"report not rendered: {end!r}")
-            return
-        self._span_notes[info.name] = self._span_note(info)
-        self._deferred = [d for d in self._deferred if d[0] is not info]  # superseded
-        seconds = end.stop - window.start
-        if not reports.render_now(self.options.stage_reports, seconds,
-                                  self.options.report_min_seconds, raised=failed):
-            self._set_note(info, (
-                f"no report: the stage ran {seconds:.1f} s, under report_min_seconds="
-                f"{self.options.report_min_seconds:g} (rendered only if it regresses)"))
-            self._deferred.append((info, window, end))
-            return
-        try:
-            self.capture()  # the flow-run context is not visible from the report thread
-        except Exception:
-            logger.debug("capture failed", exc_info=True)
-        if self._report_pool is None:
-            self._report_pool = ThreadPoolExecutor(max_workers=1,
-                                                   thread_name_prefix="dask-profiling-report")
-        earlier = self._pending_by_name.get(info.name)
-        if earlier is not None:
-            earlier.cancel()  # an earlier window's render not started yet: this one covers it
-        future = self._report_pool.submit(
-            contextvars.copy_context().run, self._store_report_when_idle, self._gate.mark(),
-            info, window, end)
-        self._pending_by_name[info.name] = future
-        self._pending_reports.append(future)
-
-    def wait_reports(self) -> None:
-        """Wait for the stage reports still being rendered or uploaded (never raises).
-
-        Each render is bounded by its own timeout; a report that failed leaves a note on its
-        stage, not an error.
-        """
-        pending, self._pending_reports = self._pending_reports, []
-        for future in pending:
-            if future.cancelled():  # superseded by a later window of the same stage
-                continue
-            try:
-                future.result()
-            except Exception as exc:  # _store_report notes its own failures; belt and braces
-                self.warnings.append(f"stage report failed: {exc!r}")
-
-    def render_flagged(self, stages: set[str]) -> list[str]:
-        """Render now the deferred reports of ``stages`` (those that regressed or drifted).
-
-        Called by ``finish()`` once the run is judged; the task stream is read by the
-        recorder's counter, so it is still exact unless more than its buffer ran since.
-        Returns the warnings of storing them (e.g. spooled).
-        """
-        before = len(self.warnings)
-        keep = []
-        for info, window, end in self._deferred:
-            if info.name in stages:
-                self._set_note(info, None)
-                self._store_report(info, window, end)
-            else:
-                keep.append((info, window, end))
-        self._deferred = keep
-        return self.warnings[before:]
-
-    def _store_report_when_idle(self, mark: int, info: StageInfo,
-                                window: reports.ReportWindow,
-                                end: reports.WindowEnd | None = None) -> None:
-        """:meth:`_store_report` once the next stage has opened (:class:`BoundaryGate`)."""
-        self._gate.wait(mark)
-        self._store_report(info, window, end)
-
-    def _store_report(self, info: StageInfo, window: reports.ReportWindow,
-                      end: reports.WindowEnd | None = None) -> None:
-        try:
-            rendered = reports.render(self.client, window, end, stage=info.name,
-                                      renderer=self.options.report_renderer)
-        except Exception as exc:
-            self._set_note(info, f"report not rendered: {exc!r}")
-            return
-        if rendered.tasks == 0:
-            self._set_note(info, "no tasks ran in this stage: no report")
-            return
-        if not self.ctx.pipeline:
-            self._set_note(info, "report not stored: stage opened outside a flow run")
-            return
-        result = self.store.write_report(self.ctx.pipeline, self.ctx.run_id, info.name,
-                                         rendered.html)
-        self.warnings.extend(result.warnings)
-        info.report = {"location": result.location, "size": len(rendered.html.encode()),
-                       "tasks": rendered.tasks, "shown": rendered.shown,
-                       "truncated": rendered.truncated, "spooled": result.spooled,
-                       "renderer": rendered.renderer}
-        self._set_note(info, None if not rendered.truncated else (
-            f"report truncated: it shows {rendered.shown} of the stage's {rendered.tasks} "
-            f"tasks (Dask's task stream keeps the last {window.stream_limit})"))
-        self._post_report_link(info)
-
-    def _post_report_link(self, info: StageInfo) -> None:
-        """Start posting the link artifact of a stage's report just stored (in the report
-        thread, while the flow waits for the next stage): finish() then has fewer
-        artifacts to post. Only in a flow run; a failure leaves the link to finish()."""
-        if self.ctx.flow_run_id is None:
-            return
-        links = self._report_links([info])
-        posting = self._post_links(links)
-        if posting is not None:
-            self._link_postings.append(posting)
-            self._links_posted[info.name] = info.report["location"]
+        self.reports.renote(info)
+        _run_log(logging.WARNING, f"dask-profiling: {reports.local_work_text(info)}")
 
     # -- finish ----------------------------------------------------------------------------
 
@@ -650,7 +418,7 @@ class Session:
         """Collect, store, judge and publish the run; idempotent.
 
         The order is what keeps a regression's failure: the run is stored and judged
-        (:func:`~prefect_dask_profiling.finishing.finish_run`), then whether the flow fails
+        (:mod:`~prefect_dask_profiling.finishing`), then whether the flow fails
         is decided, then the run is published (artifacts, events, report links). A failure
         while publishing is a warning and never drops the failure; a failure before the
         judgement never changes the flow's own outcome (it is logged, ``None`` returned).
@@ -665,7 +433,6 @@ class Session:
                 raise self._regression()
             return self.result
         self.finished = True
-        self._gate.release()  # the last stage's report is drawn while the run is collected
         if self.eta is not None:
             self.eta.stop(finished=error is None)
         try:
@@ -683,6 +450,9 @@ class Session:
         except Exception as exc:  # a bug while publishing: said, and the verdict stands
             _run_log(logging.WARNING, f"dask-profiling: the run {stored.result.run_id} is "
                      f"stored and judged, but publishing it failed: {exc!r}", exc_info=True)
+        if self.result.views:  # after the artifacts (one queue): the runner's exit waits
+            self.result.views_pending = Background.instance().submit(
+                draw_views, self.result.views, label="the run's views")
         if fails:
             raise self._regression()
         return self.result
@@ -782,14 +552,15 @@ class Session:
 
     def _store_run(self, error: BaseException | None, state: str | None, publish: bool,
                    extra_warning: str | None) -> Stored:
-        """Collect, store and judge the run (:func:`finish_run`); start posting the report
-        links and the summary meanwhile. Raises only when the run could not be stored."""
+        """Collect, store and judge the run (:func:`store_record`, :func:`judge_run`, the
+        flagged stages' reports, :func:`complete_run`); start posting the report links and
+        the summary meanwhile. Raises only when the run could not be stored."""
         self.capture()
         if not self.ctx.pipeline:  # no flow context ever seen: name after the runner
             self.ctx.pipeline = self.options.pipeline or "unnamed"
             self.ctx.version = self.options.version or "unversioned"
         record = self._collect()  # first: a failed collection adds its warning to self.warnings
-        self.wait_reports()  # the last stage's report rendered during the collection
+        self.reports.drain()  # the last stage's report was drawn during the collection
         warnings = [*self.warnings, *([extra_warning] if extra_warning else [])]
         settings = self._settings()
         env = environment(self.client) if _alive(self.client) else environment()
@@ -799,25 +570,39 @@ class Session:
                 env["raster"] = raster
         # the stored reports' links are posted while the run is judged (auto mode: a
         # flagged stage's report is drawn after the judgement, its link posted with the rest)
-        early_links = self._report_links(self._links_unposted()) if publish else {}
+        early_links = self.reports.links(self.reports.unposted(self.stages)) if publish else {}
         early = [self._post_links(early_links)]  # and the summary once it is computed
-
-        def summarised(summary: pd.DataFrame) -> None:
-            if publish:
-                early.append(self._post([artifacts.summary_artifact(
-                    self.ctx.pipeline, self.ctx.run_id, summary)], "summary"))
-
         try:
-            result = finish_run(self.store, record, self.ctx, self.stages, settings,
-                                state=state, error=error, env=env, warnings=warnings,
-                                flagged_reports=self.render_flagged if self._deferred else None,
-                                early_history=self._early_history, summarised=summarised,
-                                log_warnings=False)  # logged once each, below, to the run
+            end = store_record(self.store, record, self.ctx, self.stages, settings,
+                               state=state, error=error, env=env, warnings=warnings,
+                               early_history=self._early_history,
+                               log_warnings=False)  # logged once each, below, to the run
+            if publish and end.summary is not None:
+                self._post_summary(end, early)
+            judge_run(end)
+            end.step("flagged reports", self._draw_flagged)
+            result = complete_run(end)
         except BaseException:
-            for w in self._wait_early([*early, *self._link_postings]):
+            for w in self._wait_early(early):
                 logger.warning("dask-profiling: %s", w)
             raise
         return Stored(result=result, early_links=early_links, early=early)
+
+    def _post_summary(self, end: RunEnd, early: list[artifacts.Posting | None]) -> None:
+        """Start posting the summary's artifact while the run is judged."""
+        try:
+            early.append(self._post([artifacts.summary_artifact(
+                self.ctx.pipeline, self.ctx.run_id, end.summary)], "summary"))
+        except Exception as exc:
+            end.warnings.append(f"summary not handed on: {type(exc).__name__}: {exc}")
+
+    def _draw_flagged(self, end: RunEnd) -> None:
+        """Draw the reports kept for the stages that regressed or drifted (auto mode), before
+        the run is completed, so its manifest lists them."""
+        if self.reports.deferred:
+            stages = end.flagged_stages
+            if stages:
+                end.warnings.extend(self.reports.flagged(stages))
 
     def _publish(self, stored: Stored, publish: bool) -> None:
         """Log the run's warnings; post its artifacts (``publish``) and emit its events.
@@ -831,13 +616,13 @@ class Session:
             _run_log(logging.WARNING, f"dask-profiling: run {result.run_id} stored unjudged: "
                      f"{result.manifest.get('unjudged_reason')}")
         problems: list[str] = []
-        links = _attempt(lambda: self._report_links(self.stages), "report links", problems,
+        links = _attempt(lambda: self.reports.links(self.stages), "report links", problems,
                          {})
         trend = _attempt(lambda: self._link(result.trend_location), "trend link", problems)
         posting = None
         if publish:
             def post() -> artifacts.Posting:
-                late = self._report_links(self._links_unposted())  # auto mode: flagged ones
+                late = self.reports.links(self.reports.unposted(self.stages))  # flagged ones
                 late = {k: v for k, v in late.items() if k not in early_links}
                 summary_posted = any(p is not None for p in early[1:])
                 return artifacts.post([
@@ -857,7 +642,7 @@ class Session:
             "events", problems, ([], []))
         posted = [*(_attempt(posting.wait, "artifacts", problems, [])
                     if posting is not None else []),
-                  *_attempt(lambda: self._wait_early([*early, *self._link_postings]),
+                  *_attempt(lambda: self._wait_early(early),
                             "early artifacts", problems, [])]
         for w in [*posted, *event_warnings, *problems]:
             logger.warning("dask-profiling: %s", w)
@@ -868,11 +653,6 @@ class Session:
             return None
         return self._post(artifacts.report_link_artifacts(
             self.ctx.pipeline, self.ctx.run_id, links), "report links")
-
-    def _links_unposted(self) -> list[StageInfo]:
-        """The stages whose stored report's link the report thread has not posted."""
-        return [info for info in self.stages
-                if (info.report or {}).get("location") != self._links_posted.get(info.name)]
 
     def _post(self, posted: list[Any], what: str) -> artifacts.Posting | None:
         """Start posting artifacts while the run is judged (None when the posting could
@@ -903,27 +683,7 @@ class Session:
         """A presigned link to a stored file on S3 (as for reports), else its location."""
         if not location:
             return None
-        expires = min(MAX_LINK_SECONDS, self.options.report_retention_days * 86400)
-        try:
-            return self.store.presign(location, expires) or location
-        except Exception as exc:
-            logger.debug("presign failed: %r", exc)
-            return location
-
-    def _report_links(self, infos: list[StageInfo]) -> dict[str, str]:
-        links = {}
-        expires = min(MAX_LINK_SECONDS, self.options.report_retention_days * 86400)
-        for info in infos:
-            location = (info.report or {}).get("location")
-            if not location:
-                continue
-            link = None
-            try:
-                link = self.store.presign(location, expires)
-            except Exception as exc:
-                logger.debug("presign failed: %r", exc)
-            links[info.name] = link or location
-        return links
+        return reports.presign(self.store, location, self.options.report_retention_days)
 
 
 def _attempt(job: Callable[[], Any], what: str, problems: list[str],
@@ -944,16 +704,6 @@ def _outcome(read: Callable[[], Any]) -> Any:
         return read()
     except Exception as exc:
         return exc
-
-
-def _local_work_text(info: StageInfo) -> str | None:
-    """What a stage ran on local threads and the fix, or None (the warning and the note)."""
-    local = info.local_work
-    if not local:
-        return None
-    return (f"stage {info.name!r}: {local['tasks']} Dask tasks ran on local threads of the "
-            f"flow process ({local['seconds']:.2f} s in {local['computes']} compute call(s)), "
-            f"not on the cluster, so the profile did not record them. {LOCAL_WORK_FIX}")
 
 
 def _source_hash(flow) -> str | None:

@@ -44,9 +44,9 @@ def seed_fast_history(store: RunStore, runs: int = 3) -> None:
 def test_api_down_while_artifacts_are_created(tmp_path, cluster, hooks, fault, caplog,
                                               stage_reports):
     """Nothing ``finish()`` posts is created, and the verdict is not held up. With reports,
-    the report thread posts each stage's link as soon as its report is stored, possibly
-    before the API stops (the last one too, when the hook that stops it outlasts the
-    report's hold): those links may be the only artifacts made."""
+    the background service posts each stage's link as soon as its report is stored,
+    possibly before the API stops (the last one too, when the hook that stops it is slower
+    than the report): those links may be the only artifacts made."""
     store_url = str(tmp_path / "store")
     store = RunStore(store_url)
     seed_fast_history(store)
