@@ -190,10 +190,17 @@ class NightRun:
         return list((self.manifest.get("outcome") or {}).get("episodes") or [])
 
     def time_flagged(self) -> set[tuple[str, str]]:
-        """(stage, prefix) the one-night rule flagged or whose drift fails the run."""
+        """(stage, prefix) the one-night rule flagged, that an episode's confirmation
+        flagged (a second night nearer the suspected ratio than the baseline, its one-night
+        verdict ``ok``), or whose drift fails the run."""
         verdicts = self.result.verdicts
-        rows = verdicts[verdicts["verdict"] == "regression"] if "verdict" in verdicts \
-            else verdicts.iloc[0:0]
+        if "verdict" in verdicts:
+            alert = verdicts["alert"].astype(str) if "alert" in verdicts else ""
+            rows = verdicts[(verdicts["verdict"] == "regression")
+                            | pd.Series(alert, index=verdicts.index).isin(
+                                ["regression", "suspected"])]
+        else:
+            rows = verdicts.iloc[0:0]
         flagged = {(str(s), str(p)) for s, p in zip(rows["stage"], rows["prefix"],
                                                     strict=True)}
         for name in (self.manifest.get("drift") or {}).get("failing") or []:
