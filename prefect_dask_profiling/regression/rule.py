@@ -66,7 +66,9 @@ class RegressionRule:
         Minimum absolute change in seconds (>= 0).
     min_share
         Minimum share of the run's task time, between 0 and 1: tiny prefixes never fail a
-        flow.
+        flow. A regression needs it of tonight's run or of the usual run (the baseline
+        medians' sum), so a regression elsewhere that inflates tonight's total does not
+        hide it.
     min_history
         Minimum number of baseline runs, overall and for the prefix, to give a verdict (>= 1).
     mad_floor

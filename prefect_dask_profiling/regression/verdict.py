@@ -12,7 +12,10 @@ few runs — made robust for nightly use on shared cloud machines:
   median), and sub-second prefixes are dominated by timer and scheduling jitter
   (``abs_floor_s`` = 0.1 s);
 * **minimum effect**: the increase is at least ``min_seconds`` and the prefix carries at least
-  ``min_share`` of the latest run's task time, so tiny prefixes never fail a flow.
+  ``min_share`` of the latest run's task time, or tonight's seconds are at least
+  ``min_share`` of the usual run's (the baseline medians' sum: a regression in another
+  stage that inflates tonight's total does not hide this one), so tiny prefixes never fail
+  a flow.
 
 With 20 prefixes checked per night, a plain one-sided 3-sigma rule would alarm on ~3% of
 nights; the ratio gate and the robust z together leave noise of +-20% practically no way to
@@ -293,6 +296,11 @@ def _measure(out: dict[str, np.ndarray]) -> None:
     out["share"] = _fraction(latest)
     # an improvement is judged by the share the prefix had in the baseline
     out["baseline_share"] = _fraction(baseline)
+    # tonight's seconds against the usual run's total: a regression elsewhere inflates
+    # tonight's total and must not push a prefix under the floor
+    usual = float(np.nansum(baseline))
+    out["usual_share"] = np.nan_to_num(latest, nan=0.0) / usual if usual > 0 else \
+        np.zeros_like(latest)
 
 
 def _fraction(values: np.ndarray) -> np.ndarray:
@@ -329,7 +337,7 @@ def _verdicts(out: dict[str, np.ndarray], n_runs_ok: bool, rule: RegressionRule)
     ratio, z, delta = out["ratio"], out["robust_z"], out["delta_s"]
     with np.errstate(invalid="ignore"):
         up = ((ratio >= threshold) & (z >= z_threshold) & (delta >= min_seconds)
-              & (out["share"] >= min_share))
+              & ((out["share"] >= min_share) | (out["usual_share"] >= min_share)))
         down = ((ratio <= 1 / threshold) & (z <= -z_threshold) & (-delta >= min_seconds)
                 & (out["baseline_share"] >= min_share))
     conditions = [np.full(len(n), not n_runs_ok), (n == 0) & has_latest, n == 0,

@@ -441,3 +441,18 @@ def test_which_runs_count_in_a_baseline(run_id, status, restart, counts):
                      restart=restart)
     for family in ("time", "memory", "requests"):
         assert (run_id in book.baseline_runs(family)) is counts
+
+
+def test_a_regression_elsewhere_does_not_hide_a_step_under_the_share_floor():
+    """A prefix carrying 10 % of the usual run steps 3.4x on a night when another prefix
+    runs 100x slow: it is under 5 % of tonight's inflated total, but its seconds are a
+    third of the usual run's, so it regresses; a prefix that is small in both is not judged
+    on its ratio alone."""
+    history = _history({"big": [90.0, 92, 88, 91, 89], "step": [10.0, 10.2, 9.8, 10.1, 9.9],
+                        "tiny": [1.0, 1.02, 0.98, 1.01, 0.99]})
+    latest = _latest({"big": 9000.0, "step": 34.0, "tiny": 3.0})
+    v = detect_regressions(history, latest)
+    assert _row(v, "step")["share"] < 0.05  # of tonight's total: the old floor hid it
+    assert _row(v, "step")["verdict"] == "regression"
+    assert _row(v, "big")["verdict"] == "regression"
+    assert _row(v, "tiny")["verdict"] == "ok"  # 3 s is 3 % of the usual 101 s
