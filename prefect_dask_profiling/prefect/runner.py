@@ -47,7 +47,7 @@ from prefect_dask_profiling.regression.eta import (
     check_margin,
     parse_deadline,
 )
-from prefect_dask_profiling.regression.rule import RegressionRule
+from prefect_dask_profiling.regression.rule import COST_REGRESSION_MODES, RegressionRule
 from prefect_dask_profiling.stage import running_task_annotations, running_task_key
 from prefect_dask_profiling.store.url import check_store_url, redacted_options
 from prefect_dask_profiling.timing.plugin import (
@@ -76,7 +76,7 @@ __all__ = ["ProfiledDaskTaskRunner", "ProfilingOptions", "RegressionDetected", "
 
 ON_REGRESSION = ("fail", "warn")
 STAGE_REPORTS = ("auto", True, False)
-COST_REGRESSION = ("warn", "off")
+COST_REGRESSION = COST_REGRESSION_MODES  # ("warn", "fail", "off")
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,10 @@ class ProfilingOptions:
     cost_regression
         ``"warn"`` (default): a stage whose idle worker-hours grew against the baseline
         (``threshold`` x its median) is named in the manifest, the artifact and a warning;
-        informational, it never fails the run. ``"off"``: not judged.
+        informational, it never fails the run. ``"fail"``: judged like storage requests
+        (one night suspected, the next confirms or clears it) and a confirmed idle
+        regression is a regression of the run (it fails the flow under
+        ``on_regression="fail"``). ``"off"``: not judged.
     deadline
         When the run's data must be ready: a time of day with a time zone
         (``"06:00 Europe/Berlin"``: its first occurrence after the flow run's scheduled

@@ -39,4 +39,4 @@ def test_cost_regression_is_checked_at_construction() -> None:
     assert ProfiledDaskTaskRunner(cost_regression="off").duplicate().profiling \
         .cost_regression == "off"
     with pytest.raises(ValueError, match="cost_regression"):
-        ProfiledDaskTaskRunner(cost_regression="fail")
+        ProfiledDaskTaskRunner(cost_regression="loud")
