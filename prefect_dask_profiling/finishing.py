@@ -39,7 +39,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -93,8 +93,9 @@ class FinishSettings:
         ``FAILED``.
     cost_regression
         ``"warn"`` (default): stages whose idle worker-hours grew against the baseline are
-        named in the manifest, the artifact and a warning, informational only; ``"off"``:
-        not judged.
+        named in the manifest, the artifact and a warning, informational only; ``"fail"``:
+        a confirmed idle regression fails the run like a time regression (the outcome);
+        ``"off"``: not judged (:attr:`~.regression.rule.RegressionRule.cost_regression`).
     cost
         Rates that price the allocated resource-hours
         (:class:`~prefect_dask_profiling.pricing.CostRates`); ``None``: no price.
@@ -119,7 +120,8 @@ class FinishSettings:
     @property
     def rules(self) -> Rules:
         """The rules the run is judged by (refused here if a setting is bad)."""
-        return Rules.from_options(self.threshold, self.history, self.check_options)
+        return Rules.from_options(self.threshold, self.history, self.check_options,
+                                  self.cost_regression)
 
 
 @dataclass
@@ -413,7 +415,6 @@ def read_history_early(store: RunStore, ctx: RunContext, rules: Rules,
 
 def _judge(end: RunEnd) -> None:
     """The one judgement of the night (:func:`~prefect_dask_profiling.regression.judge.judge`)."""
-    from prefect_dask_profiling.regression.cost import cost_flagged
     from prefect_dask_profiling.regression.judge import Tonight, judge
 
     if end.history is None:  # the history step failed and said why: the run is unjudged
@@ -429,12 +430,9 @@ def _judge(end: RunEnd) -> None:
                  "environment": end.env, "stages": [s.__dict__ for s in end.stages],
                  "incidents": end.record.incidents})
     end.judgement = judge(tonight, end.history, end.settings.rules)
-    if end.settings.cost_regression == "off":
-        end.judgement = replace(end.judgement, cost=end.judgement.cost.iloc[0:0])
-    elif not end.judgement.cost.empty:
+    if not end.judgement.cost.empty:
         end.tables["cost_verdicts"] = end.judgement.cost
-        end.warnings.extend(f"idle grew (informational): {text}"
-                            for text in cost_flagged(end.judgement.cost))
+        end.warnings.extend(_idle_warnings(end.judgement))
     end.tables["regression"] = end.judgement.verdicts
     end.tables["drift"] = end.judgement.drift.drop(columns="series", errors="ignore")
     if not end.judgement.memory.empty:
@@ -442,6 +440,21 @@ def _judge(end: RunEnd) -> None:
     if not end.judgement.requests.empty:
         end.tables["request_verdicts"] = end.judgement.requests
     end.manifest_extra.update(end.judgement.to_manifest())
+
+
+def _idle_warnings(judgement: Judgement) -> list[str]:
+    """One warning per stage whose idle grew: informational, suspected or failing."""
+    from prefect_dask_profiling.regression.cost import cost_flagged
+
+    if judgement.rules.regression.cost_regression != "fail":
+        return [f"idle grew (informational): {text}" for text in cost_flagged(judgement.cost)]
+    failing = set(judgement.outcome.failing)
+    out = []
+    for row in judgement.cost_flagged().itertuples(index=False):
+        fails = (str(row.stage), "", str(row.metric)) in failing
+        what = "fails the run" if fails else (row.alert_reason or "does not fail the run")
+        out.append(f"idle grew ({what}): {row.text}")
+    return out
 
 
 def _trend(end: RunEnd) -> None:

@@ -5,13 +5,32 @@ every Dask worker. With no rate there is no price: the summaries then carry reso
 only, never a dollar figure.
 
 A rate is given per unit (``worker_hour``, ``thread_hour``, ``gib_hour``: one worker, one
-thread, one GiB of a worker's memory limit, for one hour); units add up. ``workers`` maps a
-worker name pattern (``fnmatch``, first match wins) to its own rates, for clusters whose
-workers cost different amounts::
+thread, one GiB of a worker's memory limit, for one hour); units add up. For clusters whose
+workers cost different amounts, rates go by a worker attribute instead, each a mapping of
+``fnmatch`` patterns to rates:
+
+``resources``
+    a Dask worker resource tag the worker holds (``dask worker --resources "GPU=1"``,
+    recorded at its arrival; an amount of 0 does not count);
+``workers``
+    the worker's ``name``;
+``clusters``
+    the cluster class's name (``LocalCluster``, ``FargateCluster``: the runner's
+    ``cluster``, ``cluster_class``, else prefect-dask's default ``LocalCluster``; nothing
+    when the runner connects to an ``address``) — one rate for every worker of the run.
+
+**First match wins**, in that order — resources, then workers, then clusters — and within
+each mapping in the order given; a worker nothing matches is not priced (a warning at the
+first stage names it, and each pattern that matched no worker)::
 
     cost={"worker_hour": 0.12}
     cost={"thread_hour": 0.02, "gib_hour": 0.004, "currency": "EUR"}
     cost={"workers": {"gpu-*": {"worker_hour": 2.9}, "*": {"worker_hour": 0.12}}}
+    cost={"resources": {"GPU": {"worker_hour": 2.9}},
+          "clusters": {"FargateCluster": {"worker_hour": 0.05}, "*": {"worker_hour": 0.12}}}
+
+Rates for every worker (the units at the top level) and rates by attribute are exclusive:
+give a ``"*"`` pattern for the rest.
 """
 
 from __future__ import annotations
@@ -19,15 +38,17 @@ from __future__ import annotations
 import fnmatch
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from prefect_dask_profiling.errors import InvalidInput
 
-__all__ = ["UNITS", "CostRates", "Rates", "parse_cost"]
+__all__ = ["ATTRIBUTES", "UNITS", "CostRates", "Rates", "parse_cost"]
 
 UNITS = ("worker_hour", "thread_hour", "gib_hour")
-_KEYS = (*UNITS, "workers", "currency")
+ATTRIBUTES = ("resources", "workers", "clusters")  # first match wins, in this order
+_KEYS = (*UNITS, *ATTRIBUTES, "currency")
+Rule = tuple[str, "Rates"]
 
 
 @dataclass(frozen=True)
@@ -59,42 +80,107 @@ class Rates:
 
 @dataclass(frozen=True)
 class CostRates:
-    """The rates of ``cost=``: one set for every worker, or one per worker name pattern.
+    """The rates of ``cost=``: one set for every worker, or rates by worker attribute.
 
     Attributes
     ----------
     default
-        Rates of every worker when ``by_name`` is empty.
-    by_name
-        ``(pattern, rates)`` pairs, tried in order on each worker's name (``fnmatch``);
-        a worker no pattern matches is not priced.
+        Rates of every worker when no attribute rules are given.
+    by_resource, by_name, by_cluster
+        ``(pattern, rates)`` pairs by resource tag, worker name and cluster class name
+        (``fnmatch``), tried in that order, each in the order given: the first match wins;
+        a worker nothing matches is not priced.
+    cluster
+        The run's cluster class name that ``by_cluster`` is matched against (set by the
+        runner, :meth:`with_cluster`); ``None``: unknown, no cluster rule matches.
     currency
         A label shown next to every price.
     """
 
     default: Rates | None = None
-    by_name: tuple[tuple[str, Rates], ...] = field(default_factory=tuple)
+    by_name: tuple[Rule, ...] = field(default_factory=tuple)
     currency: str = "USD"
+    by_resource: tuple[Rule, ...] = field(default_factory=tuple)
+    by_cluster: tuple[Rule, ...] = field(default_factory=tuple)
+    cluster: str | None = None
 
-    def rates_for(self, name: str) -> Rates | None:
-        """The rates of the worker called ``name`` (``None``: not priced)."""
-        if not self.by_name:
-            return self.default
+    @property
+    def by_attribute(self) -> bool:
+        """Whether the rates go by worker attribute (some workers may be unpriced)."""
+        return bool(self.by_resource or self.by_name or self.by_cluster)
+
+    def with_cluster(self, cluster: str | None) -> CostRates:
+        """The same rates, their cluster rules matched against ``cluster``."""
+        return replace(self, cluster=cluster)
+
+    def rule_for(self, name: str, resources: Mapping[str, float] | None = None
+                 ) -> tuple[str, str, Rates] | None:
+        """The rule that prices a worker: ``(attribute, pattern, rates)``; ``None``: none."""
+        held = [tag for tag, amount in (resources or {}).items() if _positive(amount)]
+        for pattern, rates in self.by_resource:
+            if any(fnmatch.fnmatchcase(tag, pattern) for tag in held):
+                return "resources", pattern, rates
         for pattern, rates in self.by_name:
             if fnmatch.fnmatchcase(name, pattern):
-                return rates
+                return "workers", pattern, rates
+        if self.cluster is not None:
+            for pattern, rates in self.by_cluster:
+                if fnmatch.fnmatchcase(self.cluster, pattern):
+                    return "clusters", pattern, rates
         return None
 
-    def unpriced(self, names: Iterable[str]) -> list[str]:
-        """The names among ``names`` that no rate covers, sorted."""
-        return sorted({n for n in names if self.rates_for(n) is None})
+    def rates_for(self, name: str, resources: Mapping[str, float] | None = None
+                  ) -> Rates | None:
+        """The rates of the worker called ``name`` holding ``resources`` (``None``: not
+        priced)."""
+        if not self.by_attribute:
+            return self.default
+        rule = self.rule_for(name, resources)
+        return rule[2] if rule is not None else None
+
+    def unpriced(self, workers: Iterable[str | tuple[str, Mapping[str, float] | None]]
+                 ) -> list[str]:
+        """The names among ``workers`` (names, or ``(name, resources)`` pairs) that no rate
+        covers, sorted."""
+        return sorted({n for n, res in map(_pair, workers) if self.rates_for(n, res) is None})
+
+    def unmatched(self, workers: Iterable[str | tuple[str, Mapping[str, float] | None]]
+                  ) -> list[str]:
+        """The rules (``workers 'gpu-*'``...) that priced none of ``workers``, in order."""
+        used = {rule[:2] for rule in (self.rule_for(n, res) for n, res in map(_pair, workers))
+                if rule is not None}
+        return [f"{attribute} {pattern!r}" for attribute, rules in self._rules()
+                for pattern, _ in rules if (attribute, pattern) not in used]
+
+    def warnings(self, workers: Iterable[str | tuple[str, Mapping[str, float] | None]]
+                 ) -> list[str]:
+        """What to tell the user about ``workers`` (the first stage's): the workers no rate
+        prices, and the rules that matched none of them."""
+        if not self.by_attribute:
+            return []
+        workers = list(workers)
+        out = []
+        unpriced = self.unpriced(workers)
+        if unpriced:
+            out.append(f"cost: no rate ({self.describe()}) matches worker(s) "
+                       f"{', '.join(unpriced)}: they are not priced, the run's cost leaves "
+                       "them out")
+        unused = self.unmatched(workers)
+        if unused:
+            where = f" (cluster class {self.cluster!r})" if self.by_cluster else ""
+            out.append(f"cost: {', '.join(unused)} matched no worker{where}")
+        return out
+
+    def _rules(self) -> list[tuple[str, tuple[Rule, ...]]]:
+        return [("resources", self.by_resource), ("workers", self.by_name),
+                ("clusters", self.by_cluster)]
 
     def describe(self) -> str:
         """The rates in words, for the artifact and the CLI (say which rate was used)."""
-        if not self.by_name:
+        if not self.by_attribute:
             return self.default.describe(self.currency) if self.default else "none"
-        return "; ".join(f"workers {pattern!r}: {rates.describe(self.currency)}"
-                         for pattern, rates in self.by_name)
+        return "; ".join(f"{attribute} {pattern!r}: {rates.describe(self.currency)}"
+                         for attribute, rules in self._rules() for pattern, rates in rules)
 
     def to_dict(self) -> dict[str, Any]:
         """The rates as plain data (stored with the run, so a price can be recomputed)."""
@@ -103,9 +189,24 @@ class CostRates:
                 return None
             return {u: getattr(rates, u) for u in UNITS if getattr(rates, u) is not None}
 
-        return {"currency": self.currency, "default": plain(self.default),
-                "by_name": [[p, plain(r)] for p, r in self.by_name],
-                "text": self.describe()}
+        out: dict[str, Any] = {"currency": self.currency, "default": plain(self.default),
+                               "by_name": [[p, plain(r)] for p, r in self.by_name],
+                               "text": self.describe()}
+        if self.by_resource:
+            out["by_resource"] = [[p, plain(r)] for p, r in self.by_resource]
+        if self.by_cluster:
+            out["by_cluster"] = [[p, plain(r)] for p, r in self.by_cluster]
+            out["cluster"] = self.cluster
+        return out
+
+
+def _positive(amount: object) -> bool:
+    return isinstance(amount, int | float) and not isinstance(amount, bool) and amount > 0
+
+
+def _pair(worker: str | tuple[str, Mapping[str, float] | None]
+          ) -> tuple[str, Mapping[str, float] | None]:
+    return (worker, None) if isinstance(worker, str) else (worker[0], worker[1])
 
 
 def _rate(value: object, key: str) -> float:
@@ -151,19 +252,28 @@ def parse_cost(cost: Mapping[str, Any] | CostRates | None) -> CostRates | None:
     if not isinstance(currency, str) or not currency.strip():
         raise InvalidInput(f"cost['currency'] must be a non-empty string, got {currency!r}")
     units = {k: v for k, v in cost.items() if k in UNITS}
-    patterns = cost.get("workers")
-    if patterns is not None and units:
-        raise InvalidInput("cost: give either rates for every worker or 'workers' "
-                           f"(rates per name pattern), not both; got {sorted(units)}")
-    if patterns is None:
+    given = [k for k in ATTRIBUTES if cost.get(k) is not None]
+    if given and units:
+        raise InvalidInput(f"cost: give either rates for every worker or rates by "
+                           f"{' / '.join(given)}, not both; got {sorted(units)} (add a "
+                           "'*' pattern for the other workers)")
+    if not given:
         return CostRates(default=_rates(units, ""), currency=currency)
+    rules = {key: _rules(cost[key], key) for key in given}
+    return CostRates(by_name=rules.get("workers", ()), by_resource=rules.get("resources", ()),
+                     by_cluster=rules.get("clusters", ()), currency=currency)
+
+
+def _rules(patterns: object, key: str) -> tuple[Rule, ...]:
+    """The ``(pattern, rates)`` pairs of ``cost[key]``, a mapping of patterns to rates."""
+    what = {"workers": "worker name patterns", "resources": "resource tags",
+            "clusters": "cluster class names"}[key]
     if not isinstance(patterns, Mapping) or not patterns:
-        raise InvalidInput("cost['workers'] must map worker name patterns to rates, "
-                           f"got {patterns!r}")
-    by_name = []
+        raise InvalidInput(f"cost[{key!r}] must map {what} to rates, got {patterns!r}")
+    out = []
     for pattern, spec in patterns.items():
-        if not isinstance(pattern, str) or not isinstance(spec, Mapping):
-            raise InvalidInput(f"cost['workers'][{pattern!r}] must be a mapping of unit to "
+        if not isinstance(pattern, str) or not pattern or not isinstance(spec, Mapping):
+            raise InvalidInput(f"cost[{key!r}][{pattern!r}] must be a mapping of unit to "
                                f"rate, got {spec!r}")
-        by_name.append((pattern, _rates(spec, f"workers.{pattern}.")))
-    return CostRates(by_name=tuple(by_name), currency=currency)
+        out.append((pattern, _rates(spec, f"{key}.{pattern}.")))
+    return tuple(out)

@@ -81,10 +81,16 @@ def run_markdown(result: FinishResult, links: dict[str, str], trend: str | None,
     if allocated:
         lines += ["", "## What the cluster allocated (busy = task compute seconds)", "",
                   *allocated]
-    idle = (m.get("cost") or {}).get("flagged") or []
+    judged_cost = m.get("cost") or {}
+    idle = judged_cost.get("flagged") or []
     if idle:
-        lines += ["", "**Idle grew against the baseline (informational):**", "",
-                  *[f"- {text}" for text in idle]]
+        how = ("cost_regression='fail': a confirmed idle regression fails the run"
+               if judged_cost.get("mode") == "fail" else "informational")
+        failing = {str(key).split("/", 1)[0] for key in judged_cost.get("failing") or []}
+        lines += ["", f"**Idle grew against the baseline ({how}):**", "",
+                  *[f"- {text}" + (" — **fails the run**" if text.split(":", 1)[0]
+                                   .removeprefix("stage ") in failing else "")
+                    for text in idle]]
     if m.get("incidents"):
         lines += ["", "## Worker deaths", ""] + [f"- {describe_incident(i)}"
                                                  for i in m["incidents"]]

@@ -47,7 +47,7 @@ from prefect_dask_profiling.regression.eta import (
     check_margin,
     parse_deadline,
 )
-from prefect_dask_profiling.regression.rule import RegressionRule
+from prefect_dask_profiling.regression.rule import COST_REGRESSION_MODES, RegressionRule
 from prefect_dask_profiling.stage import running_task_annotations, running_task_key
 from prefect_dask_profiling.store.url import check_store_url, redacted_options
 from prefect_dask_profiling.timing.plugin import (
@@ -76,7 +76,7 @@ __all__ = ["ProfiledDaskTaskRunner", "ProfilingOptions", "RegressionDetected", "
 
 ON_REGRESSION = ("fail", "warn")
 STAGE_REPORTS = ("auto", True, False)
-COST_REGRESSION = ("warn", "off")
+COST_REGRESSION = COST_REGRESSION_MODES  # ("warn", "fail", "off")
 
 
 @dataclass(frozen=True)
@@ -134,13 +134,19 @@ class ProfilingOptions:
     cost
         Rates that price the resource-hours the cluster allocated (an estimate; see
         docs/cost.md): ``{"worker_hour": 0.12}``, any of ``worker_hour``, ``thread_hour``,
-        ``gib_hour`` (and ``currency``), or ``{"workers": {"gpu-*": {...}, "*": {...}}}``,
-        rates per worker name pattern (:func:`~prefect_dask_profiling.pricing.parse_cost`).
+        ``gib_hour`` (and ``currency``), or rates by worker attribute, first match wins:
+        ``{"resources": {"GPU": {...}}}`` (a Dask resource tag the worker holds),
+        ``{"workers": {"gpu-*": {...}}}`` (its name), ``{"clusters": {"FargateCluster":
+        {...}, "*": {...}}}`` (this runner's cluster class)
+        (:func:`~prefect_dask_profiling.pricing.parse_cost`).
         ``None`` (default): resource-hours only, no price anywhere.
     cost_regression
         ``"warn"`` (default): a stage whose idle worker-hours grew against the baseline
         (``threshold`` x its median) is named in the manifest, the artifact and a warning;
-        informational, it never fails the run. ``"off"``: not judged.
+        informational, it never fails the run. ``"fail"``: judged like storage requests
+        (one night suspected, the next confirms or clears it) and a confirmed idle
+        regression is a regression of the run (it fails the flow under
+        ``on_regression="fail"``). ``"off"``: not judged.
     deadline
         When the run's data must be ready: a time of day with a time zone
         (``"06:00 Europe/Berlin"``: its first occurrence after the flow run's scheduled
@@ -239,6 +245,22 @@ def _in_dask_worker() -> bool:
 
 
 
+def cluster_type_name(runner: DaskTaskRunner) -> str | None:
+    """The class name of the cluster ``runner`` runs on, as configured: the ``cluster``
+    given, else ``cluster_class`` (a class, a callable or an import path), else
+    prefect-dask's default ``LocalCluster``; ``None`` for an ``address`` (unknown)."""
+    given = getattr(runner, "_cluster", None)
+    if given is not None:
+        return type(given).__name__
+    cls = getattr(runner, "resolved_cluster_class", None) or getattr(runner, "cluster_class",
+                                                                     None)
+    if isinstance(cls, str):
+        return cls.rsplit(".", 1)[-1]
+    if cls is not None:
+        return getattr(cls, "__name__", None) or type(cls).__name__
+    return None if getattr(runner, "address", None) else "LocalCluster"
+
+
 class ProfiledDaskTaskRunner(DaskTaskRunner):
     """A ``DaskTaskRunner`` that records, stores and judges every run.
 
@@ -276,6 +298,10 @@ class ProfiledDaskTaskRunner(DaskTaskRunner):
                          cluster_kwargs=cluster_kwargs, adapt_kwargs=adapt_kwargs,
                          client_kwargs=client_kwargs,
                          performance_report_path=performance_report_path)
+        rates = self.profiling.cost
+        if rates is not None and rates.by_cluster:  # cost={"clusters": ...}: whose class
+            self.profiling = replace(self.profiling,
+                                     cost=rates.with_cluster(cluster_type_name(self)))
         self._session = None
         self._startup_error: BaseException | None = None
 

@@ -383,18 +383,15 @@ class Session:
             self.eta.stage_closed(name)
 
     def _check_pricing(self, snap: dict[str, Any]) -> None:
-        """At the first stage: warn (once) about workers ``cost=`` patterns do not price."""
+        """At the first stage: warn (once) about workers ``cost=`` rules do not price and
+        rules that match no worker (:meth:`~prefect_dask_profiling.pricing.CostRates.warnings`)."""
         rates = self.options.cost
-        if self._pricing_checked or rates is None or not rates.by_name:
+        if self._pricing_checked or rates is None or not rates.by_attribute:
             return
         self._pricing_checked = True
-        names = [str(entry.get("name", "")) for entry in snap.get("lifetimes") or []]
-        unpriced = rates.unpriced(names)
-        if unpriced:
-            patterns = ", ".join(repr(p) for p, _ in rates.by_name)
-            message = (f"cost: no pattern ({patterns}) matches worker(s) "
-                       f"{', '.join(unpriced)}: they are not priced, the run's cost "
-                       "leaves them out")
+        workers = [(str(entry.get("name", "")), entry.get("resources"))
+                   for entry in snap.get("lifetimes") or []]
+        for message in rates.warnings(workers):
             self.warnings.append(message)
             _run_log(logging.WARNING, f"dask-profiling: {message}")
 

@@ -21,8 +21,13 @@ metric                    baseline family  one night conclusive (``confirm="auto
 ``spilled_bytes``         memory           no
 ``requests_per_chunk``    requests         no
 ``bytes_per_chunk``       requests         no
+``idle_hours`` [0]_       cost             no
 ``headroom`` (near-OOM)   none             yes: absolute, needs no history
 ========================  ===============  =========================================
+
+.. [0] Idle worker-hours per stage (:mod:`.cost`): a signal only under
+   ``cost_regression="fail"``; with ``"warn"`` the verdict is informational and never
+   reaches the state machine.
 
 **Episodes** (one per key; :func:`advance`, the transition table):
 
@@ -87,7 +92,8 @@ METRIC = "total_s"
 # baseline only. ``headroom`` is judged without a baseline.
 FAMILIES: dict[str, str | None] = {
     "total_s": "time", "drift": "time", "peak_bytes": "memory", "spilled_bytes": "memory",
-    "requests_per_chunk": "requests", "bytes_per_chunk": "requests", "headroom": None}
+    "requests_per_chunk": "requests", "bytes_per_chunk": "requests", "idle_hours": "cost",
+    "headroom": None}
 # Metrics judged against no baseline: a persisting condition fails once per episode.
 ABSOLUTE = frozenset({"headroom"})
 STATES = ("suspected", "confirmed", "acknowledged", "resolved", "cleared")
@@ -651,7 +657,8 @@ def _back(metric: str, signal: Signal, rule: RegressionRule) -> bool:
         return True
     threshold = {"peak_bytes": rule.memory_threshold, "spilled_bytes": rule.memory_threshold,
                  "requests_per_chunk": rule.requests_threshold,
-                 "bytes_per_chunk": rule.requests_threshold}.get(metric, rule.threshold)
+                 "bytes_per_chunk": rule.requests_threshold,
+                 "idle_hours": rule.threshold}.get(metric, rule.threshold)
     return not nearer(signal.ratio, threshold)
 
 

@@ -62,6 +62,7 @@ from prefect_dask_profiling.regression.confirm import (
 from prefect_dask_profiling.regression.cost import (
     COST_VERDICT_COLUMNS,
     cost_flagged,
+    describe_cost,
     detect_idle,
 )
 from prefect_dask_profiling.regression.explain import explain_verdicts
@@ -159,9 +160,9 @@ class History:
         The acknowledgements of the pipeline version.
     warnings
         What could not be read and was not needed.
-    memory_manifests, request_manifests
-        The manifests of the nights whose standing counts in the memory and the requests
-        baseline (a night flagged in time only still counts there).
+    memory_manifests, request_manifests, cost_manifests
+        The manifests of the nights whose standing counts in the memory, the requests and
+        the cost (idle) baseline (a night flagged in time only still counts there).
     """
 
     baseline: Baseline
@@ -173,6 +174,7 @@ class History:
     warnings: tuple[str, ...] = ()
     memory_manifests: tuple[Mapping[str, Any], ...] = ()
     request_manifests: tuple[Mapping[str, Any], ...] = ()
+    cost_manifests: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -241,9 +243,11 @@ class Judgement:
         Storage-request verdicts per stage and metric (``requests.REQUEST_VERDICT_COLUMNS``):
         ``request-regression`` when requests or bytes per chunk doubled.
     cost
-        Idle verdicts per stage (``cost.COST_VERDICT_COLUMNS``): ``idle-regression`` when a
-        stage's idle worker-hours grew against the baseline runs' manifests. Informational:
-        never in the outcome.
+        Idle verdicts per stage (``cost.COST_VERDICT_COLUMNS`` and ``alert``,
+        ``alert_reason``): ``idle-regression`` when a stage's idle worker-hours grew against
+        the baseline runs' manifests. Under ``cost_regression="warn"`` informational (never
+        in the outcome; ``alert`` is empty); under ``"fail"`` confirmed like storage
+        requests, and a confirmed one fails the run.
     explanations
         Per regressed stage: how its bottleneck and the run's context changed since the
         baseline runs (:func:`~.explain.explain_verdicts`).
@@ -294,20 +298,28 @@ class Judgement:
         """The storage-request rows that are ``request-regression``."""
         return self.requests[self.requests["verdict"] == "request-regression"]
 
+    def cost_flagged(self) -> pd.DataFrame:
+        """The idle rows that are ``idle-regression`` (failing or not)."""
+        if self.cost.empty:
+            return self.cost
+        return self.cost[self.cost["verdict"] == "idle-regression"]
+
     def failing_rows(self, kind: str) -> pd.DataFrame:
         """The rows of one table that fail the run: ``kind`` is ``time``, ``drift``,
-        ``memory`` or ``requests``. An acknowledged episode's rows, a suspicion and a
+        ``memory``, ``requests`` or ``cost``. An acknowledged episode's rows, a suspicion and a
         chronic near-OOM after its first night are flagged but do not fail."""
         failing = set(self.outcome.failing)
         if kind == "time":
             rows, keys = self.regressions(), lambda r: (r.stage, r.prefix, METRIC)
         elif kind == "drift":
             rows, keys = self.drifting(), lambda r: (r.stage, r.prefix, "drift")
-        elif kind in ("memory", "requests"):
-            rows = self.memory_flagged() if kind == "memory" else self.requests_flagged()
+        elif kind in ("memory", "requests", "cost"):
+            rows = {"memory": self.memory_flagged, "requests": self.requests_flagged,
+                    "cost": self.cost_flagged}[kind]()
             keys = lambda r: (r.stage, "", r.metric)  # noqa: E731
         else:
-            raise InvalidInput(f"kind must be time, drift, memory or requests, got {kind!r}")
+            raise InvalidInput(f"kind must be time, drift, memory, requests or cost, got "
+                               f"{kind!r}")
         if rows.empty:
             return rows
         mask = [tuple(map(str, keys(r))) in failing for r in rows.itertuples(index=False)]
@@ -335,7 +347,8 @@ class Judgement:
                         "episodes": list(self.outcome.episodes),
                         "failing": ["/".join(k) for k in self.outcome.failing],
                         "events": [e.to_json() for e in self.outcome.events]},
-            "signals": signal_rows(self.drift, self.memory, self.requests),
+            "signals": signal_rows(self.drift, self.memory, self.requests,
+                                   _judged_cost(self.cost, self.rules.regression)),
             "drift": {"note": self.series_note,
                       "failing": _names(self.drifting(failing_only=True)),
                       "drifting": _names(self.drifting())},
@@ -343,7 +356,10 @@ class Judgement:
                                    self.memory_flagged().itertuples(index=False)]},
             "requests": {"flagged": [f"{r.stage}/{r.metric}: {r.ratio:.2f}x" for r in
                                      self.requests_flagged().itertuples(index=False)]},
-            "cost": {"flagged": cost_flagged(self.cost)},
+            "cost": {"flagged": cost_flagged(self.cost),
+                     "mode": self.rules.regression.cost_regression,
+                     "failing": [f"{r.stage}/{r.metric}" for r in
+                                 self.failing_rows("cost").itertuples(index=False)]},
             "explanations": self.explanations,
         }
 
@@ -405,7 +421,7 @@ def load_history(store: RunStore, pipeline: str, version: str, rules: Rules, *,
     book, _ = replay(nights, acks, restart=restart)
     n = rules.regression.history
     baseline = read_baseline(store, pipeline, version, book, n, "time")
-    sizes = {"time": n, "memory": rules.regression.memory_history, "requests": n}
+    sizes = {"time": n, "memory": rules.regression.memory_history, "requests": n, "cost": n}
     family_runs = {f: book.baseline_runs(f)[:k] for f, k in sizes.items()}
     wanted = sorted(set().union(*family_runs.values()))
     docs = store.read_manifests(pipeline, wanted) if wanted else {}
@@ -418,7 +434,8 @@ def load_history(store: RunStore, pipeline: str, version: str, rules: Rules, *,
         return tuple(docs[r] for r in sorted(family_runs[family]))
 
     return History(baseline, series, note, of("time"), book, acks, (),
-                   memory_manifests=of("memory"), request_manifests=of("requests"))
+                   memory_manifests=of("memory"), request_manifests=of("requests"),
+                   cost_manifests=of("cost"))
 
 
 def judge(tonight: Tonight, history: History, rules: Rules | None = None) -> Judgement:
@@ -453,11 +470,15 @@ def judge(tonight: Tonight, history: History, rules: Rules | None = None) -> Jud
                                request_rows([dict(tonight.context)]), rules.regression)
     requests = _confirm_stage_rows(requests, history.alerts, rules.regression,
                                    REQUEST_POLICY)
-    outcome = _outcome(tonight, one_night, drift, memory, requests, history, rules)
-    cost = detect_idle(history.memory_manifests, tonight.context,
-                       threshold=rules.regression.threshold,
-                       min_seconds=60.0 * rules.regression.min_seconds,
-                       min_history=rules.regression.min_history)
+    cost = detect_idle(history.cost_manifests, tonight.context, rules.regression)
+    if rules.regression.cost_regression == "fail":
+        cost = _confirm_stage_rows(cost, history.alerts, rules.regression, COST_POLICY)
+    else:  # informational: no confirmation, no episode, never in the outcome
+        cost = cost.assign(alert="", alert_reason=[
+            "informational (cost_regression='warn')" if v == "idle-regression" else ""
+            for v in cost["verdict"]])
+    outcome = _outcome(tonight, one_night, drift, memory, requests,
+                       _judged_cost(cost, rules.regression), history, rules)
     explanations = explain_verdicts(one_night, tonight.context, list(history.manifests)) \
         if not regressed(one_night).empty else {}
     return Judgement(run_id=tonight.run_id, pipeline=tonight.pipeline, version=tonight.version,
@@ -584,9 +605,15 @@ def _drift(tonight: Tonight, history: History, rules: Rules) -> pd.DataFrame:
     return drift_rule.detect_drift(series, rules, judged_run=tonight.run_id)
 
 
+def _judged_cost(cost: pd.DataFrame, rule: RegressionRule) -> pd.DataFrame:
+    """The idle rows that count in the outcome: all under ``cost_regression="fail"``,
+    none otherwise (informational)."""
+    return cost if rule.cost_regression == "fail" else cost.iloc[0:0]
+
+
 def _outcome(tonight: Tonight, one_night: pd.DataFrame, drift: pd.DataFrame,
-             memory: pd.DataFrame, requests: pd.DataFrame, history: History,
-             rules: Rules) -> Outcome:
+             memory: pd.DataFrame, requests: pd.DataFrame, cost: pd.DataFrame,
+             history: History, rules: Rules) -> Outcome:
     """Does the run fail: what the state machine says tonight's signals do, if the run is
     comparable; what happened to the episodes tonight."""
     counted = run_outcome(one_night, failed=tonight.failed, incomplete=tonight.incomplete)
@@ -596,9 +623,10 @@ def _outcome(tonight: Tonight, one_night: pd.DataFrame, drift: pd.DataFrame,
             f"the run is {why}: its verdicts do not count"), message=_message(
             regressed(one_night), drift_rule.drifted(drift, failing_only=True),
             memory[memory["verdict"].isin(MEMORY_FAILS)],
-            requests[requests["verdict"] == "request-regression"]))
+            requests[requests["verdict"] == "request-regression"],
+            _idle_flagged(cost)))
     night = Night(tonight.run_id, tonight.pipeline, tonight.version,
-                  night_signals(one_night, drift, memory, requests), rules.regression,
+                  night_signals(one_night, drift, memory, requests, cost), rules.regression,
                   started=tonight.started or "")
     book, events = advance(history.alerts, night, history.acks)
     fails = sorted(failing(book, night), key=lambda ep: ep.key)
@@ -615,7 +643,8 @@ def _outcome(tonight: Tonight, one_night: pd.DataFrame, drift: pd.DataFrame,
         kept(memory[memory["verdict"].isin(MEMORY_FAILS)],
              lambda r: (str(r.stage), "", str(r.metric))),
         kept(requests[requests["verdict"] == "request-regression"],
-             lambda r: (str(r.stage), "", str(r.metric))))
+             lambda r: (str(r.stage), "", str(r.metric))),
+        kept(_idle_flagged(cost), lambda r: (str(r.stage), "", str(r.metric))))
     suspected = any(sig.alert == "suspected" for sig in night.signals.values())
     return Outcome(regressed=bool(fails), message=message,
                    suspected=suspected and not fails, events=tuple(events),
@@ -629,6 +658,7 @@ MEMORY_POLICY = (("peak_bytes", ("memory-regression",), False),
                  ("headroom", ("near-oom",), True))
 REQUEST_POLICY = (("requests_per_chunk", ("request-regression",), False),
                   ("bytes_per_chunk", ("request-regression",), False))
+COST_POLICY = (("idle_hours", ("idle-regression",), False),)
 
 
 def _confirm_stage_rows(rows: pd.DataFrame, book: Book, rule: RegressionRule,
@@ -650,20 +680,24 @@ def _confirm_stage_rows(rows: pd.DataFrame, book: Book, rule: RegressionRule,
 
 
 def night_signals(one_night: pd.DataFrame, drift: pd.DataFrame, memory: pd.DataFrame,
-                  requests: pd.DataFrame) -> dict[Key, Signal]:
-    """Tonight's signals for the state machine, from the judgement's tables."""
-    night = Night.from_tables("", "", "", one_night, signal_rows(drift, memory, requests))
+                  requests: pd.DataFrame, cost: pd.DataFrame | None = None
+                  ) -> dict[Key, Signal]:
+    """Tonight's signals for the state machine, from the judgement's tables (``cost``: the
+    idle rows that count, under ``cost_regression="fail"`` only)."""
+    night = Night.from_tables("", "", "", one_night,
+                              signal_rows(drift, memory, requests, cost))
     return dict(night.signals)
 
 
-def signal_rows(drift: pd.DataFrame, memory: pd.DataFrame, requests: pd.DataFrame
-                ) -> list[dict[str, Any]]:
+def signal_rows(drift: pd.DataFrame, memory: pd.DataFrame, requests: pd.DataFrame,
+                cost: pd.DataFrame | None = None) -> list[dict[str, Any]]:
     """The non-time signals of a night as stored in its manifest (``signals``): failing
-    drift, every memory and storage-request row with its confirmation decision."""
+    drift, every memory, storage-request and (judged) idle row with its confirmation
+    decision."""
     out = [{"stage": str(r.stage), "prefix": str(r.prefix), "metric": "drift",
             "verdict": "drift", "ratio": finite_number(r.cumulative_ratio), "alert": "regression"}
            for r in drift_rule.drifted(drift, failing_only=True).itertuples(index=False)]
-    for table in (memory, requests):
+    for table in (memory, requests, cost if cost is not None else memory.iloc[0:0]):
         if table.empty:
             continue
         alerts = table["alert"] if "alert" in table else pd.Series("", index=table.index)
@@ -676,12 +710,18 @@ def signal_rows(drift: pd.DataFrame, memory: pd.DataFrame, requests: pd.DataFram
 
 
 
+def _idle_flagged(cost: pd.DataFrame) -> pd.DataFrame:
+    return cost[cost["verdict"] == "idle-regression"] if not cost.empty else cost
+
+
 def _message(rows: pd.DataFrame, failing_drift: pd.DataFrame, memory_rows: pd.DataFrame,
-             request_rows_: pd.DataFrame) -> str:
+             request_rows_: pd.DataFrame, cost_rows: pd.DataFrame | None = None) -> str:
+    cost_rows = cost_rows if cost_rows is not None else pd.DataFrame()
     parts = ([describe(rows)] if not rows.empty else []) \
         + ([drift_rule.describe_drift(failing_drift)] if not failing_drift.empty else []) \
         + ([describe_memory(memory_rows)] if not memory_rows.empty else []) \
-        + ([describe_requests(request_rows_)] if not request_rows_.empty else [])
+        + ([describe_requests(request_rows_)] if not request_rows_.empty else []) \
+        + ([describe_cost(cost_rows)] if not cost_rows.empty else [])
     return "; ".join(parts) or "no regression"
 
 

@@ -15,10 +15,13 @@ from typing import Any
 
 from prefect_dask_profiling._util import InvalidInput
 
-__all__ = ["CHECK_OPTION_KEYS", "CONFIRM_MODES", "DriftRule", "RegressionRule", "Rules"]
+__all__ = ["CHECK_OPTION_KEYS", "CONFIRM_MODES", "COST_REGRESSION_MODES", "DriftRule",
+           "RegressionRule", "Rules"]
 
 # How a prefix flagged on one night fails the run: see RegressionRule.confirm.
 CONFIRM_MODES: tuple[str, ...] = ("auto", "never", "always")
+# What a stage whose idle worker-hours grew does: see RegressionRule.cost_regression.
+COST_REGRESSION_MODES: tuple[str, ...] = ("warn", "fail", "off")
 
 
 def _number(name: str, value: object, *, low: float, low_open: bool,
@@ -128,6 +131,14 @@ class RegressionRule:
         request for every chunk read (0.5 MiB per chunk for ``bytes_per_chunk``), so a
         stage that went from 1.1 to 2.3 requests per chunk on a handful of chunks is not
         one.
+    cost_regression
+        What a stage whose idle worker-hours grew against the baseline does
+        (:mod:`~prefect_dask_profiling.regression.cost`): ``"warn"`` (default) — named in
+        the manifest, the artifact and a warning, never in the outcome; ``"fail"`` — judged
+        like storage requests (one night is never conclusive: the next night confirms or
+        clears it; episodes, acknowledgements) and a confirmed idle regression fails the run
+        like a time regression; ``"off"`` — not judged. A runner option of its own, not a
+        ``check_options`` key.
 
     Raises
     ------
@@ -157,6 +168,7 @@ class RegressionRule:
     requests_regression: bool = True
     requests_threshold: float = 2.0
     requests_min_per_chunk: float = 1.0
+    cost_regression: str = "warn"
 
     def __post_init__(self) -> None:
         _number("threshold", self.threshold, low=1, low_open=True)
@@ -182,15 +194,17 @@ class RegressionRule:
         _number("requests_threshold", self.requests_threshold, low=1, low_open=True)
         _number("requests_min_per_chunk", self.requests_min_per_chunk, low=0,
                 low_open=False)
+        _choice("cost_regression", self.cost_regression, COST_REGRESSION_MODES)
 
     @classmethod
     def from_options(cls, threshold: float = 2.0, history: int = 8,
-                     check_options: dict[str, Any] | None = None) -> RegressionRule:
+                     check_options: dict[str, Any] | None = None,
+                     cost_regression: str = "warn") -> RegressionRule:
         """The rule from the runner's options: ``threshold``, ``history`` and the rest.
 
         Parameters
         ----------
-        threshold, history
+        threshold, history, cost_regression
             As in :class:`RegressionRule`.
         check_options
             Any other settings by name (keys of :data:`CHECK_OPTION_KEYS`).
@@ -207,7 +221,8 @@ class RegressionRule:
         if unknown:
             raise InvalidInput(f"check_options has unknown keys {unknown}; "
                                f"allowed: {sorted(CHECK_OPTION_KEYS)}")
-        return cls(threshold=threshold, history=history, **options)
+        return cls(threshold=threshold, history=history, cost_regression=cost_regression,
+                   **options)
 
     def check_options(self) -> dict[str, Any]:
         """The settings other than ``threshold`` and ``history``, by name."""
@@ -216,7 +231,8 @@ class RegressionRule:
 
 
 CHECK_OPTION_KEYS: tuple[str, ...] = tuple(
-    f.name for f in fields(RegressionRule) if f.name not in ("threshold", "history"))
+    f.name for f in fields(RegressionRule)
+    if f.name not in ("threshold", "history", "cost_regression"))
 
 
 @dataclass(frozen=True)
@@ -309,7 +325,8 @@ class Rules:
 
     @classmethod
     def from_options(cls, threshold: float = 2.0, history: int = 8,
-                     check_options: dict[str, Any] | None = None) -> Rules:
+                     check_options: dict[str, Any] | None = None,
+                     cost_regression: str = "warn") -> Rules:
         """The rules from the runner's options (see :meth:`RegressionRule.from_options`).
 
         Raises
@@ -317,7 +334,8 @@ class Rules:
         InvalidInput
             For an unknown key or a value out of range, naming it.
         """
-        regression = RegressionRule.from_options(threshold, history, check_options)
+        regression = RegressionRule.from_options(threshold, history, check_options,
+                                                 cost_regression)
         return cls(regression)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:

@@ -41,7 +41,8 @@ Window = tuple[float, float]
 
 @dataclass(frozen=True)
 class Lifetime:
-    """One worker's stay: ``[arrived, departed)`` on the scheduler's clock."""
+    """One worker's stay: ``[arrived, departed)`` on the scheduler's clock; ``resources``
+    are its Dask resource tags (``{"GPU": 1.0}``; empty for runs recorded before them)."""
 
     worker: str
     name: str
@@ -49,6 +50,7 @@ class Lifetime:
     memory_limit: int
     arrived: float
     departed: float
+    resources: dict[str, float] = field(default_factory=dict, hash=False)
 
 
 @dataclass
@@ -130,7 +132,21 @@ def lifetimes(record: RunRecord) -> list[Lifetime]:
         out.append(Lifetime(worker=str(entry["worker"]), name=str(entry.get("name", "")),
                             nthreads=int(entry.get("nthreads") or 0),
                             memory_limit=int(entry.get("memory_limit") or 0),
-                            arrived=arrived, departed=max(end, arrived)))
+                            arrived=arrived, departed=max(end, arrived),
+                            resources=_resources(entry.get("resources"))))
+    return out
+
+
+def _resources(value: Any) -> dict[str, float]:
+    """A stored ``resources`` mapping, its amounts as floats (anything else: none)."""
+    if not isinstance(value, dict):
+        return {}
+    out = {}
+    for tag, amount in value.items():
+        try:
+            out[str(tag)] = float(amount)
+        except (TypeError, ValueError):
+            continue
     return out
 
 
@@ -165,7 +181,7 @@ def allocated(stays: list[Lifetime], windows: list[Window], scope: str,
         result.thread_s += threads_s
         result.gib_h += gib_s / 3600.0
         if rates is not None:
-            worker_rates = rates.rates_for(life.name)
+            worker_rates = rates.rates_for(life.name, life.resources)
             if worker_rates is None:
                 result.unpriced_worker_s += seconds
             else:
@@ -233,7 +249,8 @@ def allocation(record: RunRecord, rates: CostRates | None = None) -> RunAllocati
     return RunAllocation(stages=stages, outside=outside, run=run,
                          overlap_worker_s=max(overlap, 0.0),
                          rates=rates.to_dict() if rates is not None else None,
-                         unpriced_workers=rates.unpriced(s.name for s in stays)
+                         unpriced_workers=rates.unpriced((s.name, s.resources)
+                                                         for s in stays)
                          if rates is not None else [], workers=stays)
 
 

@@ -640,7 +640,9 @@ class TaskTimings(SchedulerPlugin):
             return
         entry = {"worker": addr, "name": str(ws.name), "nthreads": int(ws.nthreads),
                  "memory_limit": int(ws.memory_limit or 0), "arrived": now,
-                 "departed": None, "start_known": start_known}
+                 "departed": None, "start_known": start_known,
+                 "resources": {str(k): float(v)
+                               for k, v in (getattr(ws, "resources", None) or {}).items()}}
         self.lifetimes.append(entry)
         self._open_lifetimes[addr] = entry
 

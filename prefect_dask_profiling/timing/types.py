@@ -131,7 +131,9 @@ class WorkerLifetime(TypedDict):
 
     ``departed`` is ``None`` while it is still connected. ``start_known`` is False for a
     worker connected before the plugin whose arrival had left the scheduler's event log:
-    its ``arrived`` is the plugin's registration time.
+    its ``arrived`` is the plugin's registration time. ``resources`` are the worker's Dask
+    resource tags at its arrival (``{"GPU": 1.0}``; absent in snapshots recorded before
+    them): what ``cost={"resources": ...}`` prices by.
     """
 
     worker: str
@@ -141,6 +143,7 @@ class WorkerLifetime(TypedDict):
     arrived: float
     departed: float | None
     start_known: bool
+    resources: dict[str, float]
 
 
 class ClusterSize(TypedDict):

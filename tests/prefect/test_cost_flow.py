@@ -110,3 +110,40 @@ def test_the_rate_turns_into_an_estimate_in_the_manifest_and_artifact(adaptive_r
             flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])))
     [run_md] = [a for a in found if a.key == "cost-adaptive-run"]
     assert "estimate" in run_md.data and "0.5 USD per worker-hour" in run_md.data
+
+
+def test_rates_by_resource_tag_and_cluster_class_through_a_flow(tmp_path):
+    """A worker started with ``resources={"GPU": 1}`` is priced by the resource rule (first
+    match), the cluster class is the runner's; rules that priced no worker are named in a
+    warning at the first stage."""
+    from cost_flows import nap
+    from prefect import flow
+
+    from prefect_dask_profiling import stage
+    from prefect_dask_profiling.prefect.runner import profiled
+
+    cost = {"resources": {"GPU": {"worker_hour": 2.0}},
+            "clusters": {"LocalCluster": {"worker_hour": 0.5}}}
+    runner = ProfiledDaskTaskRunner(
+        cluster_kwargs={"n_workers": 1, "threads_per_worker": 1, "processes": False,
+                        "resources": {"GPU": 1}, "dashboard_address": ":0"},
+        store=str(tmp_path / "store"), stage_reports=False, on_regression="warn", cost=cost)
+
+    def body() -> float:
+        with stage("gpu"):
+            return nap.submit(0.2).result()
+
+    state = flow(name="cost-tags", version="1", task_runner=runner)(profiled(body))(
+        return_state=True)
+    assert state.is_completed(), state.message
+    store = RunStore(str(tmp_path / "store"))
+    [entry] = store.list_runs("cost-tags")
+    manifest = store.read_manifest("cost-tags", entry["run_id"])
+    alloc = manifest["allocation"]
+    assert alloc["rates"]["cluster"] == "LocalCluster"
+    [worker] = alloc["workers"]
+    assert worker["resources"] == {"GPU": 1.0}
+    assert alloc["run"]["cost"] == pytest.approx(2.0 * alloc["run"]["worker_s"] / 3600)
+    assert alloc["unpriced_workers"] == []
+    assert "cost: clusters 'LocalCluster' matched no worker (cluster class " \
+           "'LocalCluster')" in manifest["warnings"]

@@ -39,4 +39,18 @@ def test_cost_regression_is_checked_at_construction() -> None:
     assert ProfiledDaskTaskRunner(cost_regression="off").duplicate().profiling \
         .cost_regression == "off"
     with pytest.raises(ValueError, match="cost_regression"):
-        ProfiledDaskTaskRunner(cost_regression="fail")
+        ProfiledDaskTaskRunner(cost_regression="loud")
+
+
+def test_cluster_rules_are_matched_against_the_runners_cluster_class() -> None:
+    cost = {"clusters": {"LocalCluster": {"worker_hour": 0.1}}}
+    assert ProfiledDaskTaskRunner(cost=cost).profiling.cost.cluster == "LocalCluster"
+    runner = ProfiledDaskTaskRunner(cluster_class="distributed.deploy.spec.SpecCluster",
+                                    cost=cost)
+    assert runner.profiling.cost.cluster == "SpecCluster"
+    assert runner.duplicate().profiling.cost.cluster == "SpecCluster"
+    assert pickle.loads(pickle.dumps(runner)).profiling.cost.cluster == "SpecCluster"
+    assert ProfiledDaskTaskRunner(address="tcp://10.0.0.1:8786", cost=cost) \
+        .profiling.cost.cluster is None
+    # rates without cluster rules are left as given
+    assert ProfiledDaskTaskRunner(cost={"worker_hour": 1}).profiling.cost.cluster is None

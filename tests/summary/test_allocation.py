@@ -129,6 +129,14 @@ def test_one_rate_for_every_worker() -> None:
     ({"workers": {"a*": {"core_hour": 1}}}, "core_hour"),
     ({"workers": {"a*": 1.0}}, "'a*'"),
     ({"workers": {}}, "'workers'"),
+    ({"resources": {"GPU": {"worker_hour": -2.9}}}, "resources.GPU.worker_hour"),
+    ({"resources": {"GPU": {"gpu_hour": 1}}}, "gpu_hour"),
+    ({"resources": ["GPU"]}, "'resources'"),
+    ({"clusters": {"FargateCluster": {"worker_hour": "0.05"}}},
+     "clusters.FargateCluster.worker_hour"),
+    ({"clusters": {"": {"worker_hour": 1}}}, "'clusters'"),
+    ({"clusters": {"*": {"worker_hour": 1}}, "worker_hour": 1}, "not both"),
+    ({"gpus": {"*": {"worker_hour": 1}}}, "'gpus'"),
     ({}, "at least one rate"),
     ({"currency": ""}, "'currency'"),
     ("0.12", "mapping"),
@@ -137,6 +145,53 @@ def test_bad_rates_are_refused_naming_the_key(cost: object, named: str) -> None:
     with pytest.raises(ValueError, match=None) as info:
         parse_cost(cost)  # type: ignore[arg-type]
     assert named in str(info.value)
+
+
+def _priced(lives: list[dict], cost: dict, cluster: str | None = None):
+    rates = parse_cost(cost)
+    rates = rates.with_cluster(cluster) if cluster is not None else rates
+    return rates, allocation(_record([_task("a", T0, T0 + 3600, 1.0)], lives, T0 + 3600),
+                             rates)
+
+
+def test_prices_by_resource_tag_then_name_then_cluster_class() -> None:
+    gpu = {**_life("w-1", T0, T0 + 3600, nthreads=1), "resources": {"GPU": 1.0}}
+    none = {**_life("w-2", T0, T0 + 3600), "resources": {"GPU": 0}}  # 0 does not count
+    big = _life("big-1", T0, T0 + 3600)
+    cost = {"resources": {"GPU": {"worker_hour": 2.9}},
+            "workers": {"big-*": {"worker_hour": 1.0}},
+            "clusters": {"Fargate*": {"worker_hour": 0.05}}}
+    rates, alloc = _priced([gpu, none, big], cost, cluster="FargateCluster")
+    # first match wins: the GPU tag before the name, the name before the cluster class
+    assert alloc.run.cost == pytest.approx(2.9 + 0.05 + 1.0)
+    assert alloc.unpriced_workers == [] and rates.warnings([("w-1", {"GPU": 1})]) == [
+        "cost: workers 'big-*', clusters 'Fargate*' matched no worker "
+        "(cluster class 'FargateCluster')"]
+    assert alloc.to_dict()["rates"]["cluster"] == "FargateCluster"
+    assert alloc.to_dict()["rates"]["text"] == (
+        "resources 'GPU': 2.9 USD per worker-hour; workers 'big-*': 1 USD per worker-hour; "
+        "clusters 'Fargate*': 0.05 USD per worker-hour")
+    # on another cluster class the cluster rule matches nothing: those workers unpriced
+    rates, alloc = _priced([gpu, none, big], cost, cluster="LocalCluster")
+    assert alloc.run.cost == pytest.approx(2.9 + 1.0)
+    assert alloc.unpriced_workers == ["w-2"]
+    assert alloc.run.unpriced_worker_s == pytest.approx(3600)
+    [unpriced, unused] = rates.warnings([("w-1", gpu["resources"]), ("w-2", {"GPU": 0}),
+                                         "big-1"])
+    assert unpriced.startswith("cost: no rate (") and unpriced.endswith(
+        "matches worker(s) w-2: they are not priced, the run's cost leaves them out")
+    assert unused == ("cost: clusters 'Fargate*' matched no worker "
+                      "(cluster class 'LocalCluster')")
+
+
+def test_records_before_resource_tags_and_unbound_cluster_rules() -> None:
+    old = _life("w-1", T0, T0 + 3600)  # a lifetime recorded before resources were
+    rates, alloc = _priced([old], {"resources": {"GPU": {"worker_hour": 2.9}}})
+    assert alloc.unpriced_workers == ["w-1"] and alloc.run.cost == 0.0
+    # cluster rules with no cluster known (the runner connected to an address)
+    rates, alloc = _priced([old], {"clusters": {"*": {"worker_hour": 0.12}}})
+    assert rates.cluster is None and alloc.unpriced_workers == ["w-1"]
+    assert parse_cost({"worker_hour": 1.0}).warnings(["w"]) == []
 
 
 def test_merge_windows() -> None:

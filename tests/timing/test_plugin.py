@@ -732,3 +732,15 @@ def test_worker_lifetimes_as_the_cluster_scales() -> None:
     assert len(departed) == 2
     assert all(lives[w]["departed"] > lives[w]["arrived"] for w in departed)
     assert all(isinstance(e["name"], str) and e["name"] for e in lives.values())
+
+
+def test_worker_lifetimes_keep_the_workers_resource_tags() -> None:
+    """A worker started with ``resources`` carries them in its lifetime (what
+    ``cost={"resources": ...}`` prices by)."""
+    with LocalCluster(n_workers=1, processes=False, threads_per_worker=1,
+                      resources={"GPU": 1}, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        name = install(client)
+        [entry] = snapshot(client, name)["lifetimes"]
+        uninstall(client, name)
+    assert entry["resources"] == {"GPU": 1.0}
