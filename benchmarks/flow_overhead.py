@@ -6,9 +6,8 @@ real Prefect server on 127.0.0.1, runs alternated so drift hits both sides alike
 * **ndvi** — three stages, each a Prefect task computing the median NDVI of a random
   ``T × Y × X`` cube (default 24 × 1024 × 1024) on the Dask cluster (2 workers × 2
   threads); plain vs profiled with default settings (every stage's report, drawn in the flow
-  process), ``stage_reports=False``, ``stage_reports="auto"`` (these stages are too short
-  for a report) and every report drawn by Dask on the scheduler
-  (``report_renderer="dask"``). Prints the ratio of medians, the median of the paired
+  process), ``stage_reports=False`` and ``stage_reports="auto"`` (these stages are too short
+  for a report). Prints the ratio of medians, the median of the paired
   ratios (each repeat's run over the plain run of the same repeat, adjacent in time) with
   its 90% bootstrap interval, and how long the scheduler's event loop was blocked: a
   probe coroutine on the scheduler wakes every 5 ms and records each late wake-up (a
@@ -563,7 +562,6 @@ NDVI_VARIANTS = {  # name: runner options (None: the plain DaskTaskRunner)
     "defaults": {},
     "no reports": {"stage_reports": False},
     "auto": {"stage_reports": "auto"},
-    "dask renderer": {"report_renderer": "dask"},
     # the live ETA judging a deadline (events), updated every second inside a stage; the
     # ETA itself needs 3 earlier runs of the variant: use --repeats >= 6
     "no reports + deadline": {"stage_reports": False, "deadline": timedelta(hours=4),

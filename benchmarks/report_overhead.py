@@ -6,7 +6,7 @@ the report's size plain and gzipped, and the time to upload it to a local store 
 moto S3 server on 127.0.0.1.
 
     .venv/bin/python benchmarks/report_overhead.py [--tasks 10000] [--repeats 3]
-        [--renderer flow|dask]
+        [--renderer flow]
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ import distributed
 from prefect_dask import DaskTaskRunner
 
 from prefect_dask_profiling._util import positive_int, positive_number, validate_name
-from prefect_dask_profiling.prefect.reports import RENDERERS as REPORT_RENDERERS
+from prefect_dask_profiling.prefect.reports import check_renderer
 from prefect_dask_profiling.pricing import CostRates, parse_cost
 from prefect_dask_profiling.regression.eta import (
     DEFAULT_ETA_INTERVAL_S,
@@ -106,10 +106,10 @@ class ProfilingOptions:
     report_min_seconds
         In ``"auto"`` mode, the shortest stage (wall seconds) that always gets its report.
     report_renderer
-        ``"flow"`` (default): the scheduler only copies the stage's data (a few ms of its
-        event loop) and the flow process draws the report; ``"dask"``: Dask's own
-        ``performance_report`` drawn on the scheduler (~0.5 s of its event loop per
-        report, during which it schedules nothing). The manifest says which drew each.
+        ``"flow"`` (default and only choice): the scheduler only copies the stage's data
+        (a few ms of its event loop) and the flow process draws the report. ``"dask"``
+        (Dask's own report drawn on the scheduler, bounded by replacing two of the
+        scheduler's methods) was removed and is refused naming why.
     on_regression
         ``"fail"`` ends the flow run Failed on a regression; ``"warn"`` only reports.
     retry_on_regression
@@ -201,9 +201,7 @@ class ProfilingOptions:
             raise ValueError(f"stage_reports must be one of {STAGE_REPORTS}, "
                              f"got {self.stage_reports!r}")
         positive_number(self.report_min_seconds, "report_min_seconds", allow_zero=True)
-        if self.report_renderer not in REPORT_RENDERERS:
-            raise ValueError(f"report_renderer must be one of {REPORT_RENDERERS}, "
-                             f"got {self.report_renderer!r}")
+        check_renderer(self.report_renderer)
         positive_number(self.store_timeout, "store_timeout (seconds)")
         if self.pipeline is not None:
             validate_name(self.pipeline, "pipeline")
