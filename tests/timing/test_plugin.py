@@ -717,7 +717,12 @@ def test_worker_lifetimes_as_the_cluster_scales() -> None:
         before = time.time()
         name = install(client)
         cluster.scale(3)
-        client.wait_for_workers(3, timeout=60)
+        # the scheduler's own table, not Cluster.wait_for_workers: that reads the cluster's
+        # copy (scheduler_info), which read 0 of 3 for 60 s under a CPU hog (a fresh-clone run)
+        deadline = time.time() + 120
+        while len(cluster.scheduler.workers) < 3 and time.time() < deadline:
+            time.sleep(0.05)
+        assert len(cluster.scheduler.workers) == 3, "the cluster did not scale to 3"
         added = set(cluster.scheduler.workers) - {first}
         cluster.scale(1)
         deadline = time.time() + 60
