@@ -233,6 +233,7 @@ def instrument(phases: Phases) -> None:
     from prefect_dask_profiling.prefect import (
         artifacts,
         events,
+        publish,
         report_data,
         report_html,
         reports,
@@ -268,7 +269,7 @@ def instrument(phases: Phases) -> None:
         (runs.RunStore, "complete_run", "    store write (complete)"),
         (artifacts.Posting, "__init__", "  artifacts: posting started"),
         (artifacts.Posting, "wait", "  artifacts: waited for"),
-        (reports.StageReports, "links", "  report links (presign)"),
+        (publish.Publisher, "links", "  report links (presign)"),
         (storage_io, "raster_fingerprint", "  workers' raster stack"),
         (events, "emit_detection_events", "  Prefect events"),
         (session, "read_history_early", "  history read started (at the run's start)"),
