@@ -238,6 +238,7 @@ def instrument(phases: Phases) -> None:
         report_html,
         reports,
         session,
+        stages,
     )
     from prefect_dask_profiling.store import runs
     from prefect_dask_profiling.timing import plugin, storage_io
@@ -259,8 +260,8 @@ def instrument(phases: Phases) -> None:
         (report_html, "render_html", "      HTML drawn (Bokeh, flow process)"),
         (runs.RunStore, "write_report", "    report upload"),
         (reports.StageReports, "drain", "  wait for stage reports"),
-        (cls, "_collect", "  collect"),
-        (session, "environment", "  environment fingerprint"),
+        (stages.StageBook, "record", "  collect"),
+        (stages, "environment", "  environment fingerprint"),
         (session, "store_record", "  finish_run: summary + record stored"),
         (session, "judge_run", "  finish_run: judged"),
         (session, "complete_run", "  finish_run: completed"),

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from prefect_dask_profiling.finishing import draw_views
 from prefect_dask_profiling.prefect import artifacts, reports
@@ -44,6 +44,13 @@ logger = logging.getLogger("prefect_dask_profiling")
 VIEWS_TIMEOUT_S = 120.0
 
 T = TypeVar("T")
+
+
+class EtaLines(Protocol):
+    """The live ETA (:class:`~prefect_dask_profiling.prefect.eta.LiveEta`), as the run's
+    markdown reads it."""
+
+    def markdown_lines(self, actual_s: float | None = None) -> list[str]: ...
 
 
 class Publisher:
@@ -201,12 +208,12 @@ class Publisher:
     # -- 4. the run's artifacts, events and views ---------------------------------------------
 
     def publish(self, result: FinishResult, stages: list[StageInfo], *, post: bool,
-                fail_on_regression: bool, eta: list[str] | tuple[str, ...] = ()) -> None:
+                fail_on_regression: bool, eta: EtaLines | None = None) -> None:
         """Log the run's warnings; post its artifacts (``post``) and emit its events.
 
         Each part is isolated: one that raises is a warning and the others still run.
         ``fail_on_regression``: the events say the flow fails (only from a published
-        finish, in the flow body); ``eta``: the live ETA's lines of the run's markdown.
+        finish, in the flow body); ``eta``: the live ETA (its lines in the run's markdown).
         """
         for w in result.warnings:
             run_log(logging.WARNING, f"dask-profiling: {w}")
@@ -224,7 +231,8 @@ class Publisher:
                 late = {k: v for k, v in late.items() if k not in self._early_links}
                 return artifacts.post([
                     *artifacts.run_artifacts(result, links, trend,
-                                             summary=not self._summary_posted, eta=eta),
+                                             summary=not self._summary_posted,
+                                             eta=_eta_lines(eta, result)),
                     *artifacts.report_link_artifacts(result.pipeline, result.run_id, late)])
 
             posting = _attempt(start, "artifacts", problems, None)
@@ -259,6 +267,17 @@ class Publisher:
         except Exception as exc:
             run_log(logging.WARNING, f"dask-profiling: the run's views were not stored "
                     f"within {VIEWS_TIMEOUT_S:.0f} s: {exc!r}")
+
+
+def _eta_lines(eta: EtaLines | None, result: FinishResult) -> list[str]:
+    """The live ETA's lines of the run's markdown (none without it; never raises)."""
+    wall = result.manifest.get("wall_s")
+    try:  # never costs the run its artifacts
+        return [] if eta is None else eta.markdown_lines(
+            float(wall) if isinstance(wall, int | float) else None)
+    except Exception:
+        logger.debug("dask-profiling: no ETA lines in the run's markdown", exc_info=True)
+        return []
 
 
 def _attempt(job: Callable[[], T], what: str, problems: list[str], default: T) -> T:

@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import logging
 from contextlib import ExitStack
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import dask
-import distributed
 
-from prefect_dask_profiling.environment import environment
 from prefect_dask_profiling.finishing import (
     EarlyHistory,
     FinishResult,
@@ -33,23 +31,14 @@ from prefect_dask_profiling.prefect import flow_run, reports
 from prefect_dask_profiling.prefect.background import Background
 from prefect_dask_profiling.prefect.eta import LiveEta
 from prefect_dask_profiling.prefect.publish import Publisher, run_log
-from prefect_dask_profiling.prefect.storage_count import Counters, StorageCount
+from prefect_dask_profiling.prefect.stages import OpenStage, StageBook
 from prefect_dask_profiling.regression.verdict import RegressionDetected
-from prefect_dask_profiling.stage import (
-    LocalWorkWatch,
-    open_stage_name,
-    reset_listener,
-    set_listener,
-)
-from prefect_dask_profiling.store.manifest import LocalWork, RunContext, StageInfo
-from prefect_dask_profiling.summary.io import io_frame
-from prefect_dask_profiling.summary.record import RunRecord
+from prefect_dask_profiling.stage import reset_listener, set_listener
+from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.timing import plugin, storage_io
 
 if TYPE_CHECKING:
     from distributed import Client
-
-    from prefect_dask_profiling.timing.plugin import Snapshot
 
 logger = logging.getLogger("prefect_dask_profiling")
 
@@ -57,17 +46,6 @@ FORGOT_FINISH = ("finish() was never called in the flow body: summaries were sto
                  "task runner's exit, but no artifacts were published and no regression verdict "
                  "was applied; decorate the flow function with @profiled or call finish() at "
                  "the end of the flow")
-
-
-@dataclass
-class OpenStage:
-    """A stage block that is open in the flow body."""
-
-    name: str
-    window: reports.ReportWindow | None
-    futures: list = field(default_factory=list)
-    local: LocalWorkWatch | None = None
-    io_before: Counters | None = None  # storage counters per worker at the start
 
 
 class Session:
@@ -80,9 +58,6 @@ class Session:
         self.options = runner.profiling
         self.client, self.plugin_name, self.scope = client, plugin_name, scope
         self.ctx = RunContext(run_id=new_run_id(), pipeline="", version="")
-        self.open_stages: dict[str, OpenStage] = {}
-        self.stages: list[StageInfo] = []
-        self._stage_by_name: dict[str, StageInfo] = {}  # a name opened again: its entry
         self.warnings: list[str] = []
         self.publisher = Publisher(self.ctx, lambda: self.store,
                                    self.options.report_retention_days,
@@ -92,11 +67,12 @@ class Session:
                 mode=self.options.stage_reports, min_seconds=self.options.report_min_seconds,
                 renderer=self.options.report_renderer,
                 retention_days=self.options.report_retention_days), self.publisher)
-        self.io = StorageCount(client, False, self.warnings)
-        self.last_snapshot: Snapshot | None = None
+        self.book = StageBook(client, plugin_name, self.warnings, self.reports,
+                              self.options.cost)
+        self.stages, self.io = self.book.stages, self.book.io
         self.finished = False
         self.result: FinishResult | None = None
-        self._captured = self._checked_workers = self._pricing_checked = False
+        self._captured = self._checked_workers = False
         self._store = self._store_url = None
         self._early_history: EarlyHistory | None = None
         self.eta: LiveEta | None = None  # the live ETA, once the history is being read
@@ -221,9 +197,7 @@ class Session:
 
     def track(self, future) -> None:
         """Remember a Dask future submitted inside the current stage."""
-        name = open_stage_name()
-        if name is not None and name in self.open_stages:
-            self.open_stages[name].futures.append(future)
+        self.book.track(future)
 
     def stage_opened(self, name: str) -> OpenStage:
         """Open a stage's window; a name opened before continues its stage (and report)."""
@@ -233,51 +207,18 @@ class Session:
             raise
         except Exception:  # identity is best effort; the stage must still open
             logger.debug("capture failed", exc_info=True)
-        window = self.reports.opened(name)
-        before = self.io.opened(name, self.io.read())
-        local = LocalWorkWatch()
-        local.register()
-        opened = self.open_stages[name] = OpenStage(name=name, window=window, local=local,
-                                                    io_before=before)
+        opened = self.book.opened(name, self.reports.opened(name))
         self._read_history_early()
         if self.eta is not None:
             self.eta.stage_opened(name)
         return opened
 
     def stage_closed(self, name: str, token: OpenStage, error: BaseException | None) -> None:
-        """Close a stage's window: wait for its futures, snapshot, submit its report.
-
-        A name closed before is the same stage: one manifest entry whose ``windows`` counts
-        the openings, one report from its first opening to its last closing.
-        """
-        if token.local is not None:
-            token.local.unregister()
-        self.open_stages.pop(name, None)
-        if token.futures:
-            with self.client.as_current():
-                distributed.wait(token.futures)
-        try:
-            snapshot: Snapshot | BaseException = plugin.snapshot(self.client, self.plugin_name)
-        except Exception as exc:
-            snapshot = exc
-        io = self.io.read() if token.io_before is not None else None
-        end = self.reports.end(token.window)
-        alignment = self.io.closed(name, token.io_before, io, list(self.open_stages))
-        info = self._stage_by_name.get(name)
-        if info is None:
-            info = self._stage_by_name[name] = StageInfo(name=name)
-            self.stages.append(info)
-        else:
-            info.windows += 1
-        if token.local is not None:
-            self._count_local_work(info, token.local)
-        if alignment is not None:
-            info.chunks_vs_blocks = alignment
-        if isinstance(snapshot, BaseException):
-            self.warnings.append(f"stage {name!r}: snapshot failed: {snapshot!r}")
-        else:
-            self.last_snapshot = snapshot
-            self._check_pricing(snapshot)
+        """Close a stage's window: its entry (:meth:`StageBook.closed`), then its report is
+        drawn in the background. A name closed before is the same stage: one manifest entry
+        whose ``windows`` counts the openings, one report from its first opening to its last
+        closing."""
+        info, end = self.book.closed(name, token)
         if token.window is not None:
             try:
                 self.capture()  # a report is stored under the run's pipeline
@@ -286,32 +227,6 @@ class Session:
             self.reports.closed(info, token.window, end, failed=error is not None)
         if self.eta is not None:
             self.eta.stage_closed(name)
-
-    def _check_pricing(self, snap: Snapshot) -> None:
-        """At the first stage: warn (once) about workers ``cost=`` rules do not price and
-        rules that match no worker (:meth:`~prefect_dask_profiling.pricing.CostRates.warnings`)."""
-        rates = self.options.cost
-        if self._pricing_checked or rates is None or not rates.by_attribute:
-            return
-        self._pricing_checked = True
-        workers = [(str(entry.get("name", "")), entry.get("resources"))
-                   for entry in snap.get("lifetimes") or []]
-        for message in rates.warnings(workers):
-            self.warnings.append(message)
-            run_log(logging.WARNING, f"dask-profiling: {message}")
-
-    def _count_local_work(self, info: StageInfo, watch: LocalWorkWatch) -> None:
-        """Add the Dask work that ran on local threads in this window to the stage's entry,
-        and say so in the flow run's logs (it is not in the profile)."""
-        count = watch.count()
-        if count.tasks == 0:
-            return
-        before = info.local_work or LocalWork(tasks=0, seconds=0.0, computes=0)
-        info.local_work = LocalWork(tasks=before["tasks"] + count.tasks,
-                                    seconds=round(before["seconds"] + count.seconds, 4),
-                                    computes=before["computes"] + count.computes)
-        self.reports.renote(info)
-        run_log(logging.WARNING, f"dask-profiling: {reports.local_work_text(info)}")
 
     # -- finish ----------------------------------------------------------------------------
 
@@ -348,7 +263,7 @@ class Session:
             self.publisher.stop_retries()
         try:
             self.publisher.publish(
-                result, self.stages, post=publish, eta=self._eta_lines(result),
+                result, self.stages, post=publish, eta=self.eta,
                 fail_on_regression=publish and self.options.on_regression == "fail")
         except Exception as exc:  # a bug while publishing: said, and the verdict stands
             run_log(logging.WARNING, f"dask-profiling: the run {result.run_id} is stored "
@@ -357,16 +272,6 @@ class Session:
         if fails:
             raise RegressionDetected(result.verdicts, result.failure_message)
         return result
-
-    def _eta_lines(self, result: FinishResult) -> list[str]:
-        """The live ETA's lines of the run's markdown (none without it)."""
-        wall = result.manifest.get("wall_s")
-        try:  # never costs the run its artifacts
-            return [] if self.eta is None else self.eta.markdown_lines(
-                float(wall) if isinstance(wall, int | float) else None)
-        except Exception:
-            logger.debug("dask-profiling: no ETA lines in the run's markdown", exc_info=True)
-            return []
 
     def _fails(self, error: BaseException | None, publish: bool) -> bool:
         """Whether the stored result fails the flow: a regression, in ``"fail"`` mode, from
@@ -385,22 +290,6 @@ class Session:
         self.finish(error, state=flow_run.final_state(self.ctx.flow_run_id, error),
                     publish=False, extra_warning=FORGOT_FINISH)
 
-    def _collect(self) -> RunRecord:
-        try:
-            snap = plugin.snapshot(self.client, self.plugin_name)
-        except Exception as exc:
-            if self.last_snapshot is None:
-                raise
-            self.warnings.append(f"final collection failed ({exc!r}): the summary holds what "
-                                 "was collected at the last stage boundary; run incomplete")
-            snap = self.last_snapshot
-            snap["incomplete"] = True
-        workers, threads = plugin.cluster_size(self.client, snap)
-        record = RunRecord.from_snapshot(snap, workers=workers, threads=threads)
-        record.incomplete = bool(snap.get("incomplete"))
-        record.io = io_frame(self.io.rows)
-        return record
-
     def _store_run(self, error: BaseException | None, state: str | None, publish: bool,
                    extra_warning: str | None) -> FinishResult:
         """Collect, then the three seams of :mod:`~prefect_dask_profiling.finishing`: store
@@ -412,16 +301,11 @@ class Session:
         if not self.ctx.pipeline:  # no flow context ever seen: name after the runner
             self.ctx.pipeline = self.options.pipeline or "unnamed"
             self.ctx.version = self.options.version or "unversioned"
-        record = self._collect()  # first: a failed collection adds its warning to self.warnings
+        record = self.book.record()  # first: a failed collection adds its warning
         self.reports.drain()  # the last stage's report was drawn during the collection
         if publish:
             self.publisher.begin(self.stages, self.warnings)
-        alive = _alive(self.client)
-        env = environment(self.client) if alive else environment()
-        if self.io.counted and alive:
-            raster = storage_io.raster_fingerprint(self.client)
-            if raster is not None:
-                env["raster"] = raster
+        env = self.book.environment()
         end = store_record(self.store, record, self.ctx, self.stages, self._settings(),
                            state=state, error=error, env=env,
                            warnings=[*self.warnings, *([extra_warning] if extra_warning else [])],
@@ -430,17 +314,10 @@ class Session:
         if publish and end.summary is not None:
             self.publisher.summary(end.summary, end.warnings)
         judge_run(end)
-        if self.reports.deferred:  # "auto": the flagged stages' reports, timed and isolated
-            end.step("flagged reports", lambda e: e.warnings.extend(
-                self.reports.flagged(e.flagged_stages) if e.flagged_stages else []))
+        end.step("flagged reports", lambda e: e.warnings.extend(  # "auto": their reports
+            self.reports.flagged(e.flagged_stages)
+            if self.reports.deferred and e.flagged_stages else []))
         return complete_run(end)
-
-
-def _alive(client: Client) -> bool:
-    try:
-        return client.status == "running"
-    except Exception:
-        return False
 
 
 def _reset_quietly(token) -> None:
