@@ -138,7 +138,11 @@ class Publisher:
     def begin(self, stages: list[StageInfo], warnings: list[str]) -> None:
         """Start posting the links of the reports stored but not posted yet (a failure to
         start is kept in ``warnings``)."""
-        self._early_links = self.links(self.unposted(stages))
+        try:
+            self._early_links = self.links(self.unposted(stages))
+        except Exception as exc:  # left to the run's artifacts
+            warnings.append(f"report links not posted: {exc!r}")
+            return
         if self._early_links:
             self._start(artifacts.report_link_artifacts(
                 self.ctx.pipeline, self.ctx.run_id, self._early_links), "report links",
