@@ -187,11 +187,14 @@ class Session:
             From :func:`~.flow_run.check_workers_load`, in the flow body, where it fails the
             run cleanly.
         """
+        from prefect.context import FlowRunContext
+
         self.capture()
         if read_history:
             self._read_history_early()
-        if not self._checked_workers:
-            self._checked_workers = flow_run.check_workers_load(self.client)
+        if not self._checked_workers and FlowRunContext.get() is not None:
+            self._checked_workers = True  # once, also when it raises
+            flow_run.check_workers_load(self.client)
 
     # -- stages ----------------------------------------------------------------------------
 
