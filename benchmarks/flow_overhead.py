@@ -233,10 +233,12 @@ def instrument(phases: Phases) -> None:
     from prefect_dask_profiling.prefect import (
         artifacts,
         events,
+        publish,
         report_data,
         report_html,
         reports,
         session,
+        stages,
     )
     from prefect_dask_profiling.store import runs
     from prefect_dask_profiling.timing import plugin, storage_io
@@ -258,8 +260,8 @@ def instrument(phases: Phases) -> None:
         (report_html, "render_html", "      HTML drawn (Bokeh, flow process)"),
         (runs.RunStore, "write_report", "    report upload"),
         (reports.StageReports, "drain", "  wait for stage reports"),
-        (cls, "_collect", "  collect"),
-        (session, "environment", "  environment fingerprint"),
+        (stages.StageBook, "record", "  collect"),
+        (stages, "environment", "  environment fingerprint"),
         (session, "store_record", "  finish_run: summary + record stored"),
         (session, "judge_run", "  finish_run: judged"),
         (session, "complete_run", "  finish_run: completed"),
@@ -268,7 +270,7 @@ def instrument(phases: Phases) -> None:
         (runs.RunStore, "complete_run", "    store write (complete)"),
         (artifacts.Posting, "__init__", "  artifacts: posting started"),
         (artifacts.Posting, "wait", "  artifacts: waited for"),
-        (reports.StageReports, "links", "  report links (presign)"),
+        (publish.Publisher, "links", "  report links (presign)"),
         (storage_io, "raster_fingerprint", "  workers' raster stack"),
         (events, "emit_detection_events", "  Prefect events"),
         (session, "read_history_early", "  history read started (at the run's start)"),

@@ -6,7 +6,8 @@ Created in the flow run, keys lowercase with dashes derived from the pipeline na
 ``<pipeline>-trend`` (link to the stored trend page, presigned on S3).
 Values are JSON-clean (no NaN/inf, no numpy scalars). A failure to create an artifact is
 a warning: the reports are stored before their links are posted, the summaries before the
-run's other artifacts.
+run's other artifacts. This module builds and sends them; *when* a run posts what is the
+:class:`~prefect_dask_profiling.prefect.publish.Publisher`'s (the one place that posts).
 """
 
 from __future__ import annotations
@@ -192,13 +193,6 @@ def run_artifacts(result: FinishResult, links: dict[str, str],
             link=trend_location, link_text=f"{result.pipeline} trend", key=f"{key}-trend",
             description=f"Total seconds per prefix over the baseline, run {result.run_id}"))
     return artifacts
-
-
-def publish(result: FinishResult, links: dict[str, str],
-            trend_location: str | None = None) -> list[str]:
-    """Create the run's artifacts in the current flow run; return warnings, never raise."""
-    return post([*run_artifacts(result, links, trend_location),
-                 *report_link_artifacts(result.pipeline, result.run_id, links)]).wait()
 
 
 def _requests(artifacts: list[Any]) -> list[Any]:

@@ -244,18 +244,12 @@ class LiveEta:
 
     def _progress(self, percent: float, text: str) -> None:
         """Create or move the progress artifact (never backwards)."""
-        from prefect.artifacts import create_progress_artifact, update_progress_artifact
-
-        from prefect_dask_profiling.prefect import artifacts
+        from prefect_dask_profiling.prefect.publish import Publisher
 
         self._percent = max(self._percent, min(percent, 100.0))
-        with artifacts._few_retries():
-            if self._artifact_id is None:
-                self._artifact_id = create_progress_artifact(
-                    self._percent, key=f"dask-profiling-eta-{_key(self.session.ctx.pipeline)}",
-                    description=text)
-            else:
-                update_progress_artifact(self._artifact_id, self._percent, description=text)
+        self._artifact_id = Publisher.progress(
+            self._artifact_id, f"dask-profiling-eta-{_key(self.session.ctx.pipeline)}",
+            self._percent, text)
 
     def _judge_deadline(self, eta: Eta) -> None:
         if self.deadline_at is None:

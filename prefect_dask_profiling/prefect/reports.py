@@ -27,7 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from distributed.metrics import time
 
@@ -204,6 +204,13 @@ class ReportSettings:
     retention_days: int = 30
 
 
+class ReportStored(Protocol):
+    """Told when a stage's report is stored: the run's
+    :class:`~prefect_dask_profiling.prefect.publish.Publisher` (it posts the link)."""
+
+    def report_stored(self, info: StageInfo) -> None: ...
+
+
 @dataclass
 class _Deferred:
     """A short stage's window, kept in ``"auto"`` mode: drawn only if the stage regresses."""
@@ -217,11 +224,12 @@ class StageReports:
     """The per-stage reports of one run, from the stage's opening to its link artifact.
 
     The session tells it when a stage opens (:meth:`opened`: the report's window starts) and
-    closes (:meth:`closed`: the window ends, and the report is drawn, stored and its link
-    posted by the process's one :class:`~prefect_dask_profiling.prefect.background.Background`
-    service while the flow goes on); once the run is judged, :meth:`flagged` draws the
-    reports ``"auto"`` mode kept for stages that regressed; :meth:`drain` waits, with a bound,
-    for the reports still being drawn (before the run is stored, and at the runner's exit).
+    closes (:meth:`closed`: the window ends, and the report is drawn and stored by the
+    process's one :class:`~prefect_dask_profiling.prefect.background.Background` service
+    while the flow goes on, its link posted by the run's publisher); once the run is judged,
+    :meth:`flagged` draws the reports ``"auto"`` mode kept for stages that regressed;
+    :meth:`drain` waits, with a bound, for the reports still being drawn (before the run is
+    stored, and at the runner's exit).
 
     A stage opened again is the same stage: its report runs from its first opening to its
     last closing, and its note says which other stages ran in between. A report that cannot
@@ -240,11 +248,16 @@ class StageReports:
         The run's store, when a report is stored (the session may switch stores).
     settings
         How reports are made (:class:`ReportSettings`).
+    publisher
+        The run's :class:`~prefect_dask_profiling.prefect.publish.Publisher`: told when a
+        report is stored (it posts the report's link); ``None``: no link is posted.
     """
 
     def __init__(self, client: Client, ctx: RunContext, warnings: list[str],
-                 store: Callable[[], RunStore], settings: ReportSettings) -> None:
+                 store: Callable[[], RunStore], settings: ReportSettings,
+                 publisher: ReportStored | None = None) -> None:
         check_renderer(settings.renderer)
+        self.publisher = publisher
         self.client = client
         self.ctx = ctx
         self.warnings = warnings
@@ -258,7 +271,6 @@ class StageReports:
         self._span_notes: dict[str, str | None] = {}
         self._pending: dict[str, Future] = {}  # the report being drawn, per stage
         self._deferred: list[_Deferred] = []  # auto mode: drawn only if the stage regresses
-        self._links_posted: dict[str, str] = {}  # stage -> the location its link points to
 
     # -- the stages' windows ------------------------------------------------------------------
 
@@ -322,7 +334,7 @@ class StageReports:
     def flagged(self, stages: set[str]) -> list[str]:
         """Draw now the reports ``"auto"`` mode kept for ``stages`` (those that regressed or
         drifted); the warnings of storing them. Their links are posted with the run's
-        artifacts (:meth:`unposted`).
+        artifacts (:meth:`~prefect_dask_profiling.prefect.publish.Publisher.unposted`).
 
         The task stream is read by the recorder's counter, so such a report is still exact
         unless more tasks than the recorder keeps ran since.
@@ -358,23 +370,6 @@ class StageReports:
             except Exception as exc:  # _draw notes its own failures; belt and braces
                 self.warnings.append(f"stage report failed: {exc!r}")
 
-    # -- links --------------------------------------------------------------------------------
-
-    def links(self, infos: list[StageInfo]) -> dict[str, str]:
-        """Links to the stored reports of ``infos`` (presigned on S3), by stage name."""
-        links = {}
-        for info in infos:
-            location = (info.report or {}).get("location")
-            if location:
-                links[info.name] = presign(self._store(), location,
-                                           self.settings.retention_days)
-        return links
-
-    def unposted(self, infos: list[StageInfo]) -> list[StageInfo]:
-        """The stages of ``infos`` whose stored report's link has not been posted."""
-        return [info for info in infos
-                if (info.report or {}).get("location") != self._links_posted.get(info.name)]
-
     # -- notes --------------------------------------------------------------------------------
 
     def note(self, info: StageInfo, report_note: str | None) -> None:
@@ -402,8 +397,7 @@ class StageReports:
 
     def _draw(self, info: StageInfo, window: ReportWindow, end: WindowEnd,
               post_link: bool = True) -> None:
-        """Draw the stage's report, store it, and (``post_link``, in a flow run) post its
-        link artifact."""
+        """Draw the stage's report, store it, and (``post_link``) tell the publisher."""
         try:
             rendered = render(self.client, window, end, stage=info.name,
                               renderer=self.settings.renderer)
@@ -426,24 +420,5 @@ class StageReports:
         self.note(info, None if not rendered.truncated else (
             f"report truncated: it shows {rendered.shown} of the stage's {rendered.tasks} "
             f"tasks (Dask's task stream keeps the last {window.stream_limit})"))
-        if post_link:
-            self._post_link(info)
-
-    def _post_link(self, info: StageInfo) -> None:
-        """Post the link artifact of a report just stored (only in a flow run); one not
-        posted is left to the run's artifacts (:meth:`unposted`)."""
-        if self.ctx.flow_run_id is None:
-            return
-        from prefect_dask_profiling.prefect import artifacts
-
-        links = self.links([info])
-        try:  # in the background service already: created here, not queued behind us
-            problems = artifacts.create(artifacts.report_link_artifacts(
-                self.ctx.pipeline, self.ctx.run_id, links))
-        except Exception as exc:
-            problems = [f"report link not posted: {exc!r}"]
-        if problems:
-            for w in problems:
-                logger.warning("dask-profiling: %s", w)
-            return
-        self._links_posted[info.name] = info.report["location"]
+        if post_link and self.publisher is not None:
+            self.publisher.report_stored(info)

@@ -517,7 +517,7 @@ def regression_state(exc: RegressionDetected):
     ``on_failure`` hooks fire and ``state.result()`` raises ``exc``, without Prefect's
     "Encountered exception" traceback for what is a verdict, not a bug. (Whether Prefect
     retries it is decided by ``retry_on_regression``: its server would retry a returned
-    Failed state as well, see :meth:`Session._stop_retries`.)
+    Failed state as well, see :meth:`.publish.Publisher.stop_retries`.)
     """
     from prefect.states import Failed
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import dask.array as da
 import pytest
 
+from prefect_dask_profiling.prefect.publish import Publisher
 from prefect_dask_profiling.prefect.reports import ReportSettings, StageReports
 from prefect_dask_profiling.store.manifest import RunContext, StageInfo
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
@@ -40,8 +41,9 @@ def test_a_closed_stage_has_its_report_stored_once_drained(run, inproc_client):
     reports.drain()
     assert info.report is not None and info.report["tasks"] > 0
     assert Path(info.report["location"]).read_text().startswith("<!DOCTYPE html>")
-    assert reports.links([info]) == {"load": info.report["location"]}
-    assert reports.unposted([info]) == [info]  # no flow run: its link is the run's to post
+    publisher = Publisher(ctx, reports._store, retention_days=30)
+    assert publisher.links([info]) == {"load": info.report["location"]}
+    assert publisher.unposted([info]) == [info]  # no flow run: its link is the run's to post
     assert reports.warnings == []
 
 
