@@ -16,10 +16,11 @@ Prefect session does its own work between them):
    in the logs;
 3. :func:`complete_run` — **complete** the stored run: the judgement's tables, the final
    manifest (with the rules that judged the run) and the views (:data:`FINAL`): the trend
-   page and the run's rows of the fleet view, drawn from what the run stores. With
-   :attr:`FinishSettings.views_in_background` they are left to the caller
-   (:attr:`FinishResult.views`, :func:`draw_views`), so neither the flow nor its artifacts
-   wait for Bokeh or Parquet: the artifacts link the trend page where it is being written.
+   page and the run's rows of the fleet view, drawn from what the run stores, are left to
+   the caller as jobs (:attr:`FinishResult.views`, :func:`draw_views`): plain
+   :func:`finish_run` draws them before it returns, the Prefect session in its background
+   service, so neither the flow nor its artifacts wait for Bokeh or Parquet. One path: the
+   artifacts link the trend page where it is being written.
    A run whose history could not be read or whose judgement could not be made keeps status
    ``unjudged``: it stays out of every baseline and ``dask-profiling check`` exits non-zero
    for it, with the reason.
@@ -99,12 +100,6 @@ class FinishSettings:
     cost
         Rates that price the allocated resource-hours
         (:class:`~prefect_dask_profiling.pricing.CostRates`); ``None``: no price.
-    views_in_background
-        Draw and store the views (trend page, fleet rows) once the run is complete
-        (:attr:`FinishResult.views`; the Prefect session does it in its background service)
-        instead of with the run's files; the manifest then does not list them, and their
-        failures are logged, not in the manifest (both can be drawn again:
-        ``dask-profiling fleet --rebuild``).
     """
 
     threshold: float = RegressionRule.threshold
@@ -113,7 +108,6 @@ class FinishSettings:
     report_retention_days: int = 30
     spool_budget_s: float = 10.0
     fail_on_regression: bool = False
-    views_in_background: bool = False
     cost: CostRates | None = None
     cost_regression: str = "warn"
 
@@ -143,8 +137,9 @@ class FinishResult:
         Where the trend page and the run's rows of the fleet view are written (being
         written, while :attr:`views_pending`).
     views
-        The views left to draw and store (``views_in_background``): ``(name, job)``, each
-        job returning its warnings; :func:`draw_views` draws them.
+        The views left to draw and store once the run is complete: ``(name, job)``, each
+        job returning its warnings; :func:`draw_views` draws them. None when the run's
+        record went to the spool: the run that delivers it writes its fleet rows.
     views_pending
         The views being drawn and stored (by :func:`finish_run`, done; the Prefect session
         queues them on its background service); :meth:`wait_views` waits for them.
@@ -169,8 +164,8 @@ class FinishResult:
     views_pending: Future[list[str]] | None = None
 
     def wait_views(self, timeout: float | None = None) -> list[str]:
-        """Wait for the views drawn in the background; what went wrong (``[]`` at once when
-        they were stored with the run's files)."""
+        """Wait for the views being drawn; what went wrong (``[]`` at once when there were
+        none)."""
         return [] if self.views_pending is None else self.views_pending.result(timeout)
 
     @property
@@ -213,7 +208,7 @@ class RunEnd:
     manifest_extra: dict[str, Any] = field(default_factory=dict)
     manifest: Manifest | None = None
     fleet_location: str | None = None
-    # views drawn after the run is complete (views_in_background): (name, job -> warnings)
+    # views drawn after the run is complete: (name, job -> warnings)
     views: list[tuple[str, Callable[[], list[str]]]] = field(default_factory=list)
     step_seconds: dict[str, float] = field(default_factory=dict)
     early_history: EarlyHistory | None = None
@@ -458,15 +453,12 @@ def _idle_warnings(judgement: Judgement) -> list[str]:
 
 
 def _trend(end: RunEnd) -> None:
-    """The trend page, with the run's files or (``views_in_background``) as a view."""
-    if end.history is None or end.summary is None or end.judgement is None:
+    """The trend page, as a view (drawn once the run is complete)."""
+    if end.history is None or end.summary is None or end.judgement is None or _spooled(end):
         return
     draw = functools.partial(_trend_page, end.history.baseline.history, end.summary,
                              end.judgement.verdicts,
                              f"{end.ctx.pipeline} {end.ctx.version}: total seconds per prefix")
-    if not end.settings.views_in_background:
-        end.files[TREND_FILE] = draw()
-        return
     store, pipeline, run_id = end.store, end.ctx.pipeline, end.ctx.run_id
 
     def view() -> list[str]:
@@ -522,16 +514,13 @@ def _note_misaligned_chunks(info: StageInfo) -> None:
 
 
 def _fleet(end: RunEnd) -> None:
-    """Write the run's rows of the fleet-wide Parquet view (``<store>/fleet/``), from the
-    final manifest: before it is written, so a failure here reaches the manifest, or
-    (``views_in_background``) as a view."""
+    """The run's rows of the fleet-wide Parquet view (``<store>/fleet/``), from the final
+    manifest, as a view (drawn once the run is complete; ``dask-profiling fleet
+    --rebuild`` draws it again)."""
     from prefect_dask_profiling.export.fleet import fleet_location, write_fleet
 
     tasks = end.tables.get("tasks")
-    if end.manifest is None or tasks is None:
-        return
-    if not end.settings.views_in_background:
-        end.fleet_location = write_fleet(end.store, end.manifest, tasks)
+    if end.manifest is None or tasks is None or _spooled(end):
         return
     store, manifest = end.store, end.manifest
 
@@ -541,6 +530,12 @@ def _fleet(end: RunEnd) -> None:
 
     end.views.append(("fleet view", view))
     end.fleet_location = fleet_location(store, end.ctx.pipeline, end.ctx.run_id)
+
+
+def _spooled(end: RunEnd) -> bool:
+    """The record went to the spool: no view is drawn from a run the store does not hold
+    (the run that delivers the spool writes its fleet rows)."""
+    return end.first is not None and bool(end.first.spooled)
 
 
 # The steps after the record is stored, up to the judgement (:func:`judge_run`), in order.
@@ -568,8 +563,8 @@ def finish_run(store: RunStore, record: RunRecord, ctx: RunContext, stages: list
     """Summarise, store, judge and complete one run; never raises for a failing step.
 
     The three seams in order, for a caller that has nothing to do between them:
-    :func:`store_record`, :func:`judge_run`, :func:`complete_run`; then the views
-    (``views_in_background``) are drawn and stored before this returns
+    :func:`store_record`, :func:`judge_run`, :func:`complete_run`; then the views are
+    drawn and stored before this returns
     (:attr:`FinishResult.views_pending` is done).
 
     Parameters
@@ -675,9 +670,8 @@ def complete_run(end: RunEnd) -> FinishResult:
 
     What the caller adds between :func:`judge_run` and this (the reports of flagged stages,
     in ``end.stages``; their warnings, in ``end.warnings``) is in the final manifest. With
-    ``views_in_background`` the views are not drawn here: they are in
-    :attr:`FinishResult.views`, for the caller to draw (:func:`draw_views`) once the run is
-    published.
+    The views are not drawn here: they are in :attr:`FinishResult.views`, for the caller
+    to draw (:func:`draw_views`) once the run is published.
     """
     end.manifest = _manifest(end, provisional=False)
     for name, step in FINAL:
@@ -698,7 +692,7 @@ def complete_run(end: RunEnd) -> FinishResult:
         manifest=end.manifest, location=location, regressed=end.regressed,
         warnings=[*end.warnings, *(first.warnings if first is not None else []),
                   *final_warnings],
-        trend_location=_join(location, TREND_FILE) if TREND_FILE in end.files or any(
+        trend_location=_join(location, TREND_FILE) if any(
             name == TREND_FILE for name, _ in end.views) else None,
         views=list(end.views),
         judgement=judgement, diagnoses=end.diagnoses, fleet_location=end.fleet_location)

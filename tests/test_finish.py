@@ -172,11 +172,10 @@ def test_a_run_delivered_from_the_spool_gets_its_fleet_file(inproc_client, tmp_p
     assert set(fleet["run_id"]) == {first.run_id, second.run_id}
 
 
-def test_views_drawn_in_the_background_are_stored_after_the_run(inproc_client, tmp_path):
+def test_views_are_drawn_after_the_run_is_complete(inproc_client, tmp_path):
     store = RunStore(str(tmp_path))
     ctx = RunContext(run_id=new_run_id(), pipeline="nightly", version="1")
-    result = finish_run(store, record_of(inproc_client), ctx, [],
-                        FinishSettings(views_in_background=True))
+    result = finish_run(store, record_of(inproc_client), ctx, [], FinishSettings())
     assert result.views_pending is not None
     assert result.wait_views(timeout=60) == []
     # linked where they are written, before they are: the same places
@@ -188,7 +187,7 @@ def test_views_drawn_in_the_background_are_stored_after_the_run(inproc_client, t
     assert manifest["status"] == "healthy" and "trend.html" not in manifest["files"]
 
 
-def test_a_view_that_fails_in_the_background_is_a_warning(inproc_client, tmp_path,
+def test_a_view_that_fails_is_a_warning_and_the_run_is_unharmed(inproc_client, tmp_path,
                                                           monkeypatch):
     import prefect_dask_profiling.export.fleet as fleet
 
@@ -198,8 +197,7 @@ def test_a_view_that_fails_in_the_background_is_a_warning(inproc_client, tmp_pat
     monkeypatch.setattr(fleet, "write_fleet", broken)
     store = RunStore(str(tmp_path))
     ctx = RunContext(run_id=new_run_id(), pipeline="nightly", version="1")
-    result = finish_run(store, record_of(inproc_client), ctx, [],
-                        FinishSettings(views_in_background=True))
+    result = finish_run(store, record_of(inproc_client), ctx, [], FinishSettings())
     warnings = result.wait_views(timeout=60)
     assert warnings == ["fleet view not stored: OSError: disk full"]
     assert store.read_manifest("nightly", ctx.run_id)["status"] == "healthy"  # run unharmed

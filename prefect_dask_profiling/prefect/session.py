@@ -133,7 +133,7 @@ class Session:
         return FinishSettings(
             threshold=o.threshold, history=o.history, check_options=dict(o.check_options),
             report_retention_days=o.report_retention_days, spool_budget_s=o.store_timeout,
-            fail_on_regression=o.on_regression == "fail", views_in_background=True,
+            fail_on_regression=o.on_regression == "fail",
             cost=o.cost, cost_regression=o.cost_regression)
 
     def _read_history_early(self) -> None:
