@@ -144,7 +144,18 @@ class StageEntry(TypedDict, total=False):
     allocation: AllocationDoc | None
 
 
-class Manifest(TypedDict, total=False):
+class ManifestExtra(TypedDict, total=False):
+    """The manifest keys the steps of a run's end add (``finishing.RunEnd.manifest_extra``)."""
+
+    incidents: list[Incident]
+    finish_seconds: dict[str, float]
+    spool_delivery: DeliveryReport
+    history_read: dict[str, str]  # at (ISO), when ("run start" or "finish"), why (re-read)
+    # per stage, outside stages, run (summary.allocation.RunAllocation.to_dict); rates if priced
+    allocation: RunAllocationDoc
+
+
+class Manifest(ManifestExtra, total=False):
     """The manifest document of one stored run (``manifest.json``, plain JSON).
 
     ``files`` and ``totals`` (the tasks table's totals per prefix, absent in runs stored
@@ -177,12 +188,6 @@ class Manifest(TypedDict, total=False):
     stages: list[StageEntry]
     environment: Environment
     warnings: list[str]
-    incidents: list[Incident]
-    finish_seconds: dict[str, float]
-    spool_delivery: DeliveryReport
-    history_read: dict[str, str]  # at (ISO), when ("run start" or "finish"), why (re-read)
-    # per stage, outside stages, run (summary.allocation.RunAllocation.to_dict); rates if priced
-    allocation: RunAllocationDoc
 
 
 class IndexMarker(TypedDict):
