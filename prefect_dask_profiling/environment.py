@@ -14,14 +14,76 @@ import socket
 import subprocess
 import sys
 from importlib import metadata
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, NotRequired, TypedDict, cast
 
 if TYPE_CHECKING:
     from distributed import Client
 
-__all__ = ["FINGERPRINT_PACKAGES", "KEY_PACKAGES", "cluster_mismatches", "environment",
+__all__ = ["FINGERPRINT_PACKAGES", "KEY_PACKAGES", "ClusterVersions", "Environment",
+           "Fingerprint", "RasterStack", "cluster_mismatches", "environment",
            "environment_fingerprint", "mismatch_detail", "mismatch_key", "package_version",
            "package_versions", "version_mismatches"]
+
+
+class ProcessVersions(TypedDict, total=False):
+    """One process's part of ``Client.get_versions()``: ``host`` (python, OS...) and
+    ``packages`` (``{name: version}``)."""
+
+    host: dict[str, str | None]
+    packages: dict[str, str | None]
+
+
+class ClusterVersions(TypedDict, total=False):
+    """What ``Client.get_versions(check=False)`` returns (the parts read here)."""
+
+    client: ProcessVersions
+    scheduler: ProcessVersions
+    workers: dict[str, ProcessVersions]
+
+
+class RasterStack(TypedDict):
+    """The workers' raster stack (``timing.storage_io.raster_fingerprint``): a value the
+    workers disagree on is their distinct values joined by `` | ``; secrets are ``"<set>"``."""
+
+    gdal: str | None
+    rasterio: str | None
+    libcurl: str | None
+    options: dict[str, str | None]
+    workers: int
+
+
+class Environment(TypedDict):
+    """The manifest's ``environment`` (:func:`environment`): Python, the distributions of
+    :data:`FINGERPRINT_PACKAGES` (``-`` as ``_``; ``None`` when not installed), the
+    cluster's mismatches and, when storage was counted and GDAL is loaded on the workers,
+    their raster stack."""
+
+    python: str
+    dask: str | None
+    distributed: str | None
+    prefect: str | None
+    prefect_dask: str | None
+    pandas: str | None
+    numpy: str | None
+    cloudpickle: str | None
+    tornado: str | None
+    prefect_dask_profiling: str | None
+    mismatches: list[str]
+    mismatch_detail: list[str]
+    raster: NotRequired[RasterStack]
+
+
+class Fingerprint(TypedDict):
+    """This machine and process (:func:`environment_fingerprint`, a bench session's)."""
+
+    python: str
+    implementation: str
+    platform: str
+    hostname: str
+    commit: str | None
+    packages: dict[str, str | None]
+    argv: list[str]
+
 
 # Installed distributions recorded with a run or a benchmark session.
 FINGERPRINT_PACKAGES = ("dask", "distributed", "prefect", "prefect-dask", "pandas", "numpy",
@@ -51,7 +113,7 @@ def package_versions(names: tuple[str, ...] = FINGERPRINT_PACKAGES) -> dict[str,
     return {name: package_version(name) for name in names}
 
 
-def version_mismatches(versions: dict[str, Any]) -> list[str]:
+def version_mismatches(versions: ClusterVersions) -> list[str]:
     """Key packages whose versions differ between client, scheduler and workers (pure).
 
     Each line names the *roles* holding each version, never a worker's address: addresses
@@ -73,7 +135,7 @@ def version_mismatches(versions: dict[str, Any]) -> list[str]:
             for pkg, seen in _differing(versions).items()]
 
 
-def mismatch_detail(versions: dict[str, Any]) -> list[str]:
+def mismatch_detail(versions: ClusterVersions) -> list[str]:
     """:func:`version_mismatches` with each worker's address, for people to act on (pure).
 
     E.g. ``"numpy: 2.1.0 on client, scheduler; 1.26.4 on worker tcp://10.0.0.5:4321"``.
@@ -105,7 +167,7 @@ def mismatch_key(line: str) -> str:
 _ROLES = ("client", "scheduler", "workers")
 
 
-def _differing(versions: dict[str, Any]) -> dict[str, dict[str, list[str]]]:
+def _differing(versions: ClusterVersions) -> dict[str, dict[str, list[str]]]:
     """``{package: {version: [side, ...]}}`` for the key packages seen in two versions."""
     sides = {"client": versions.get("client") or {},
              "scheduler": versions.get("scheduler") or {}}
@@ -161,7 +223,7 @@ def _cluster_mismatches(client: Client) -> tuple[list[str], list[str]]:
     return version_mismatches(versions), mismatch_detail(versions)
 
 
-def environment(client: Client | None = None) -> dict[str, Any]:
+def environment(client: Client | None = None) -> Environment:
     """Python and the versions of :data:`FINGERPRINT_PACKAGES` here, and cluster mismatches.
 
     Keys are ``python``, the package names with ``-`` as ``_``, ``mismatches`` (comparable
@@ -169,16 +231,16 @@ def environment(client: Client | None = None) -> dict[str, Any]:
     addresses, :func:`mismatch_detail`); both empty without a ``client``. This is the
     manifest's ``environment``.
     """
-    env: dict[str, Any] = {"python": platform.python_version()}
+    env: dict[str, object] = {"python": platform.python_version()}
     for name, version in package_versions().items():
         env[name.replace("-", "_")] = version
     mismatches, detail = _cluster_mismatches(client) if client is not None else ([], [])
     env["mismatches"] = mismatches
     env["mismatch_detail"] = detail
-    return env
+    return cast(Environment, env)
 
 
-def environment_fingerprint() -> dict[str, Any]:
+def environment_fingerprint() -> Fingerprint:
     """This machine and process: Python, platform, hostname, git commit, packages, argv.
 
     The git commit is that of the current directory's repository, if any.

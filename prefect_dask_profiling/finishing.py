@@ -46,9 +46,12 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from prefect_dask_profiling.environment import Environment
 from prefect_dask_profiling.regression.rule import RegressionRule, Rules
 from prefect_dask_profiling.store.manifest import (
+    Baseline,
     Manifest,
+    ManifestExtra,
     RunContext,
     StageInfo,
     build_manifest,
@@ -194,7 +197,7 @@ class RunEnd:
     settings: FinishSettings
     state: str | None
     error: BaseException | None
-    env: dict[str, Any]
+    env: Environment
     warnings: list[str]
     ended: datetime | None = None
     summary: pd.DataFrame | None = None
@@ -205,7 +208,7 @@ class RunEnd:
     unjudged_reason: str | None = None
     files: dict[str, bytes] = field(default_factory=dict)
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
-    manifest_extra: dict[str, Any] = field(default_factory=dict)
+    manifest_extra: ManifestExtra = field(default_factory=lambda: ManifestExtra())
     manifest: Manifest | None = None
     fleet_location: str | None = None
     # views drawn after the run is complete: (name, job -> warnings)
@@ -556,7 +559,7 @@ JUDGING_STEPS = ("summary", "history", "judgement")
 
 def finish_run(store: RunStore, record: RunRecord, ctx: RunContext, stages: list[StageInfo],
                settings: FinishSettings | None = None, *, state: str | None = None,
-               error: BaseException | None = None, env: dict[str, Any] | None = None,
+               error: BaseException | None = None, env: Environment | None = None,
                warnings: list[str] | None = None,
                early_history: EarlyHistory | None = None,
                ended: datetime | None = None, log_warnings: bool = True) -> FinishResult:
@@ -628,7 +631,7 @@ def finish_run(store: RunStore, record: RunRecord, ctx: RunContext, stages: list
 def store_record(store: RunStore, record: RunRecord, ctx: RunContext,
                  stages: list[StageInfo], settings: FinishSettings | None = None, *,
                  state: str | None = None, error: BaseException | None = None,
-                 env: dict[str, Any] | None = None, warnings: list[str] | None = None,
+                 env: Environment | None = None, warnings: list[str] | None = None,
                  early_history: EarlyHistory | None = None, ended: datetime | None = None,
                  log_warnings: bool = True) -> RunEnd:
     """The first seam: summarise the run and store its record (status ``unjudged``).
@@ -707,7 +710,7 @@ def _summarise(end: RunEnd) -> None:
     end.summary = summarise(end.record)
 
 
-def _manifest(end: RunEnd, *, provisional: bool) -> dict[str, Any]:
+def _manifest(end: RunEnd, *, provisional: bool) -> Manifest:
     """The run's manifest: provisional (``unjudged``, verdict pending) or final."""
     state = end.state
     if state is None:
@@ -716,7 +719,7 @@ def _manifest(end: RunEnd, *, provisional: bool) -> dict[str, Any]:
     if end.record.incomplete and state == "COMPLETED":
         state = "CRASHED"
     judged = end.judged and not provisional
-    baseline = None
+    baseline: Baseline | None = None
     if end.judgement is not None:
         baseline = {"runs": list(end.judgement.baseline_runs), "version": end.ctx.version,
                     "note": end.judgement.baseline_note}

@@ -39,7 +39,7 @@ import fnmatch
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NotRequired, TypedDict, cast
 
 from prefect_dask_profiling.errors import InvalidInput
 
@@ -49,6 +49,27 @@ UNITS = ("worker_hour", "thread_hour", "gib_hour")
 ATTRIBUTES = ("resources", "workers", "clusters")  # first match wins, in this order
 _KEYS = (*UNITS, *ATTRIBUTES, "currency")
 Rule = tuple[str, "Rates"]
+
+
+class RatesDoc(TypedDict, total=False):
+    """One set of rates as plain data: the units that have a price (:data:`UNITS`)."""
+
+    worker_hour: float
+    thread_hour: float
+    gib_hour: float
+
+
+class CostRatesDoc(TypedDict):
+    """:meth:`CostRates.to_dict`: the rates stored with a priced run (its allocation's
+    ``rates``); each rule is ``[pattern, rates]``."""
+
+    currency: str
+    default: RatesDoc | None
+    by_name: list[list[str | RatesDoc | None]]
+    text: str
+    by_resource: NotRequired[list[list[str | RatesDoc | None]]]
+    by_cluster: NotRequired[list[list[str | RatesDoc | None]]]
+    cluster: NotRequired[str | None]
 
 
 @dataclass(frozen=True)
@@ -182,14 +203,15 @@ class CostRates:
         return "; ".join(f"{attribute} {pattern!r}: {rates.describe(self.currency)}"
                          for attribute, rules in self._rules() for pattern, rates in rules)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> CostRatesDoc:
         """The rates as plain data (stored with the run, so a price can be recomputed)."""
-        def plain(rates: Rates | None) -> dict[str, float] | None:
+        def plain(rates: Rates | None) -> RatesDoc | None:
             if rates is None:
                 return None
-            return {u: getattr(rates, u) for u in UNITS if getattr(rates, u) is not None}
+            return cast(RatesDoc, {u: getattr(rates, u) for u in UNITS
+                                   if getattr(rates, u) is not None})
 
-        out: dict[str, Any] = {"currency": self.currency, "default": plain(self.default),
+        out: CostRatesDoc = {"currency": self.currency, "default": plain(self.default),
                                "by_name": [[p, plain(r)] for p, r in self.by_name],
                                "text": self.describe()}
         if self.by_resource:

@@ -19,10 +19,12 @@ from prefect_dask_profiling.timing import cpu
 if TYPE_CHECKING:
     from distributed import Client
 
+    from prefect_dask_profiling.diagnosis.signals import SchedulerProbe, WorkerProbe
+
 HEARTBEAT_WAIT_S = 1.2
 
 
-def scheduler_probe(dask_scheduler) -> dict[str, Any]:
+def scheduler_probe(dask_scheduler) -> SchedulerProbe:
     """Event-loop thread CPU, tick count and total tick duration (runs on the scheduler)."""
     import time
 
@@ -40,7 +42,7 @@ def fine_metrics(dask_scheduler) -> dict[Any, float]:
             if isinstance(k, tuple) and isinstance(v, (int, float))}
 
 
-def worker_probe(dask_worker, since: float) -> dict[str, Any]:
+def worker_probe(dask_worker, since: float) -> WorkerProbe:
     """Executed tasks, execute seconds, transfers since ``since``, schedstat (on a worker)."""
     exec_s = 0.0
     for key, value in dask_worker.digests_total.items():

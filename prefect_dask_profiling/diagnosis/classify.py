@@ -73,8 +73,9 @@ from typing import Any, TypedDict
 
 from prefect_dask_profiling._util import finite_number
 
-Signals = dict[str, Any]
-"""Measured signals, ``"<instrument>.<name>" -> number`` (plus a few ``context.*`` texts)."""
+Signals = dict[str, float | str | None]
+"""Measured signals, ``"<instrument>.<name>" -> number`` (``None``: not measured; plus a
+few ``context.*`` texts)."""
 
 # One evaluated rule (``class`` is a keyword: the functional form).
 Evidence = TypedDict("Evidence", {

@@ -14,7 +14,49 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict
+
+from prefect_dask_profiling.diagnosis.classify import Signals
+
+
+class SchedulerProbe(TypedDict):
+    """One reading of the scheduler's event loop (``bench.probes.scheduler_probe``)."""
+
+    time: float
+    loop_cpu: float
+    loop_wait: float | None
+    ticks: int
+    tick_total: float
+    tick_interval: float
+
+
+class WorkerProbe(TypedDict):
+    """One reading of a worker (``bench.probes.worker_probe``): tasks executed, execute
+    seconds, incoming transfers ``(who, bytes, seconds)``, the process's schedstat
+    ``(monotonic s, CPU s, wait s)``, its task threads' ``{thread: (CPU s, wait s)}``, its
+    network namespace and the bytes received / written (``None`` where not readable)."""
+
+    executed: int
+    exec_s: float
+    incoming: list[tuple[str | None, int, float]]
+    schedstat: tuple[float, float, float] | None
+    task_threads: dict[int, tuple[float, float]]
+    netns: str | None
+    net_recv: float | None
+    io_write: float | None
+
+
+class Batch(TypedDict):
+    """One measured batch of a bench side (``bench.measure``): its ``n`` tasks' start, end
+    and wall, aggregates per batch, and whether (and with what errors) it succeeded."""
+
+    n: int
+    start: float
+    end: float
+    wall_s: float
+    aggregates: int
+    succeeded: bool
+    errors: list[str]
 
 
 def _delta(after: dict, before: dict) -> dict:
@@ -63,8 +105,8 @@ def _quantile(values: list[float], q: float) -> float | None:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-def task_signals(stream: list[dict[str, Any]], batches: list[dict[str, Any]], threads: int,
-                 workers: list[str]) -> dict[str, Any]:
+def task_signals(stream: list[dict[str, Any]], batches: list[Batch], threads: int,
+                 workers: list[str]) -> Signals:
     """Signals from task start/stop records (the task stream) and the batch windows."""
     from dask.utils import key_split
 
@@ -186,7 +228,7 @@ def _worker_skew(compute: list[tuple[str, str, float, float]]) -> tuple[float | 
     return (ratio(worker_medians[slow], fastest), slow)
 
 
-def _tail_fraction(compute: list[tuple[str, str, float, float]], batches: list[dict[str, Any]],
+def _tail_fraction(compute: list[tuple[str, str, float, float]], batches: list[Batch],
                    workers: list[str]) -> float | None:
     """Mean share of each batch during which workers sat idle waiting for the last one."""
     if len(workers) < 2:
@@ -211,7 +253,7 @@ def _tail_fraction(compute: list[tuple[str, str, float, float]], batches: list[d
     return weighted / total if total else None
 
 
-def scheduler_signals(before: dict[str, Any], after: dict[str, Any], n_tasks: int,
+def scheduler_signals(before: SchedulerProbe, after: SchedulerProbe, n_tasks: int,
                       typical_s: float | None, wall: float) -> dict[str, float | None]:
     """Signals from the scheduler's event-loop thread CPU and tick counters.
 
@@ -236,7 +278,7 @@ def scheduler_signals(before: dict[str, Any], after: dict[str, Any], n_tasks: in
             "scheduler.tick_lag": ratio(mean_tick, after.get("tick_interval"))}
 
 
-def transfer_signals(workers_after: dict[str, Any], threads: int,
+def transfer_signals(workers_after: dict[str, WorkerProbe], threads: int,
                      wall: float) -> dict[str, float | None]:
     """Signals from the workers' incoming transfer logs."""
     entries = [e for w in workers_after.values() for e in w.get("incoming", [])]
@@ -249,8 +291,8 @@ def transfer_signals(workers_after: dict[str, Any], threads: int,
             "transfer.wait_fraction": ratio(seconds, threads * wall)}
 
 
-def worker_signals(before: dict[str, Any], after: dict[str, Any],
-                   nthreads: dict[str, int]) -> dict[str, Any]:
+def worker_signals(before: dict[str, WorkerProbe], after: dict[str, WorkerProbe],
+                   nthreads: dict[str, int]) -> Signals:
     """Signals from the worker probes: per-worker execute seconds per task and run-queue
     accounting (``worker.cpu_demand`` = CPU used + CPU waited for, per thread)."""
     per_task = {}
@@ -274,7 +316,7 @@ def worker_signals(before: dict[str, Any], after: dict[str, Any],
     return {"worker.seconds_per_task_skew": skew, "worker.cpu_demand": demand}
 
 
-def schedstat_cpu_seconds(before: dict[str, Any], after: dict[str, Any],
+def schedstat_cpu_seconds(before: dict[str, WorkerProbe], after: dict[str, WorkerProbe],
                           wanted: bool = False) -> dict[str, float]:
     """CPU seconds each worker process used between two probes (kernel schedstat).
 
@@ -292,7 +334,8 @@ def schedstat_cpu_seconds(before: dict[str, Any], after: dict[str, Any],
     return out
 
 
-def task_thread_wanted_seconds(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+def task_thread_wanted_seconds(before: dict[str, WorkerProbe], after: dict[str, WorkerProbe]
+                               ) -> dict[str, float]:
     """CPU used plus run-queue wait of each worker's task threads between two probes.
 
     Threads present in both probes only (a thread that exited took its counters with it).
@@ -331,7 +374,7 @@ def sampled_cpu_seconds(samples, window: tuple[float, float],
 
 
 def monitor_signals(cpu_s: dict[str, float], nthreads: dict[str, int], compute_s: float | None,
-                    wall: float, wanted_s: dict[str, float] | None = None) -> dict[str, Any]:
+                    wall: float, wanted_s: dict[str, float] | None = None) -> Signals:
     """Signals from the worker processes' own CPU use (``process CPU`` source).
 
     ``monitor.cpu_per_busy_thread`` is CPU per thread-second spent in tasks: from
@@ -351,7 +394,7 @@ def monitor_signals(cpu_s: dict[str, float], nthreads: dict[str, int], compute_s
     wall
         The measured time in seconds.
     """
-    out: dict[str, Any] = {"monitor.cpu_per_busy_thread": None,
+    out: Signals = {"monitor.cpu_per_busy_thread": None,
                            "monitor.busy_process_cores": None,
                            "monitor.threads_per_worker": None, "monitor.cpu_imbalance": None}
     if not cpu_s or wall <= 0:
@@ -372,8 +415,8 @@ def monitor_signals(cpu_s: dict[str, float], nthreads: dict[str, int], compute_s
     return out
 
 
-def host_signals(before: dict[str, Any], after: dict[str, Any], transfer_bytes: float,
-                 scheduler_netns: str | None = None) -> dict[str, Any]:
+def host_signals(before: dict[str, WorkerProbe], after: dict[str, WorkerProbe],
+                 transfer_bytes: float, scheduler_netns: str | None = None) -> Signals:
     """Signals from the worker hosts' interface counters and the processes' io accounting.
 
     Received bytes are counted once per network namespace (workers sharing a host share its
@@ -394,7 +437,7 @@ def host_signals(before: dict[str, Any], after: dict[str, Any], transfer_bytes: 
         if scheduler_netns is not None and ns == scheduler_netns:
             shared = True
         received[ns] = max(received.get(ns, 0.0), a["net_recv"] - b["net_recv"])
-    out: dict[str, Any] = {"proc.write_mb": written / 1e6 if measured else None,
+    out: Signals = {"proc.write_mb": written / 1e6 if measured else None,
                            "host.received_mb": None, "host.external_mb": None,
                            "host.external_share": None, "host.dask_share": None}
     if not received or shared:
@@ -446,7 +489,7 @@ def memory_signals(record, window: tuple[float, float]) -> dict[str, float | Non
             "memory.managed_peak_fraction": frac}
 
 
-def extract_signals(m: dict[str, Any]) -> dict[str, Any]:
+def extract_signals(m: dict[str, Any]) -> Signals:
     """Build the classifier's signal dict from one side's measurement (I/O already done).
 
     Parameters
@@ -459,7 +502,7 @@ def extract_signals(m: dict[str, Any]) -> dict[str, Any]:
     batches = m["batches"]
     wall = sum(b["wall_s"] for b in batches)
     window = (min(b["start"] for b in batches), max(b["end"] for b in batches))
-    signals: dict[str, Any] = {}
+    signals: Signals = {}
     signals.update(fine_signals(_delta(m["fine_after"], m["fine_before"])))
     tasks = task_signals(m["stream"], batches, m["threads"], sorted(m["nthreads"]))
     signals.update(tasks)

@@ -48,12 +48,12 @@ includes other runs' work.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
 
-from prefect_dask_profiling.diagnosis.classify import check_classes, classify
+from prefect_dask_profiling.diagnosis.classify import Evidence, Signals, check_classes, classify
 from prefect_dask_profiling.diagnosis.signals import (
     MIN_STRAGGLER_SHARE,
     memory_signals,
@@ -62,6 +62,7 @@ from prefect_dask_profiling.diagnosis.signals import (
     sampled_cpu_seconds,
     storage_signals,
 )
+from prefect_dask_profiling.store.manifest import StageDiagnosis
 
 MIN_SKEW_TASKS = 10
 """Tasks a prefix needs before its longest task is compared with its p95."""
@@ -85,13 +86,13 @@ class Diagnosis:
     confidence: str
     agreeing_sources: int
     sources: list[str] = field(default_factory=list)
-    signals: list[dict[str, Any]] = field(default_factory=list)
+    signals: list[Evidence] = field(default_factory=list)
     disagreements: list[str] = field(default_factory=list)
     actions: list[str] = field(default_factory=list)
     note: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> StageDiagnosis:
+        return cast(StageDiagnosis, asdict(self))
 
     @classmethod
     def from_dict(cls, data: Any, stage: str = "?") -> Diagnosis | None:
@@ -125,7 +126,7 @@ class Diagnosis:
                          for s in self.signals if s.get("supports"))
 
 
-def stage_signals(record, stage: str) -> dict[str, Any]:
+def stage_signals(record, stage: str) -> Signals:
     """The classifier's signals for one stage of a run record (absent when not recorded).
 
     Raises
@@ -138,7 +139,7 @@ def stage_signals(record, stage: str) -> dict[str, Any]:
         known = ", ".join(map(str, record.stages)) or "none"
         raise ValueError(f"stage {stage!r} has no tasks in this run (stages: {known})")
     window = record.window(stage)
-    signals: dict[str, Any] = {}
+    signals: Signals = {}
     if window is None or window[1] <= window[0]:
         return signals
     wall = window[1] - window[0]
@@ -271,7 +272,7 @@ def _nthreads(record) -> dict[str, int]:
 
 
 def _process_cpu(record, stage: str, nthreads: dict[str, int], compute_s: float,
-                 window: tuple[float, float]) -> dict[str, Any]:
+                 window: tuple[float, float]) -> Signals:
     """Process-CPU signals: from the workers' counters at the stage's boundaries, else
     from the system-monitor samples in its window.
 
@@ -302,7 +303,7 @@ def _process_cpu(record, stage: str, nthreads: dict[str, int], compute_s: float,
     return out
 
 
-def _scheduler_load(record, stage: str, tasks: int, median_s: float | None) -> dict[str, Any]:
+def _scheduler_load(record, stage: str, tasks: int, median_s: float | None) -> Signals:
     """Scheduler-load signals from the event loop's CPU while the stage ran (``{}`` without,
     or below :data:`MIN_SCHEDULER_TASKS` tasks).
 
@@ -340,7 +341,7 @@ ALL_RECEIVING = 0.999
 its own (every transfer of the run went to this stage's tasks)."""
 
 
-def _transfer(record, stage_transfer_s: float) -> tuple[dict[str, Any], float | None]:
+def _transfer(record, stage_transfer_s: float) -> tuple[Signals, float | None]:
     """The stage's own transfer figures, and an estimate of the MB it received.
 
     Attributed by the receiving task's stage (see the module docstring): none received,

@@ -19,7 +19,7 @@ _PUBLIC = {
     "StoreAccessDenied": "errors",
     "SCHEMA_VERSION": "manifest", "STATUSES": "manifest", "Manifest": "manifest",
     "RunContext": "manifest", "StageInfo": "manifest", "build_manifest": "manifest",
-    "DeliveryReport": "delivery", "RunStore": "runs", "WriteResult": "writing",
+    "DeliveryReport": "manifest", "RunStore": "runs", "WriteResult": "writing",
     "new_run_id": "runs",
     "UploadResult": "spool", "default_spool_dir": "spool",
     "TASKS_COLUMNS": "tables",

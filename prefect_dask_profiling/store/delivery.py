@@ -10,31 +10,14 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import TypedDict
 
 from prefect_dask_profiling.store import layout
 from prefect_dask_profiling.store.access import StoreAccess
 from prefect_dask_profiling.store.errors import StoreConflict
+from prefect_dask_profiling.store.manifest import DeliveryReport
 from prefect_dask_profiling.store.spool import UploadResult, deliver
 
 logger = logging.getLogger(__name__)
-
-
-class DeliveryReport(TypedDict):
-    """What :meth:`Delivery.deliver_pending` did with files earlier runs left in the spool.
-
-    ``delivered``/``left`` count files; ``runs`` are the run ids whose manifest was
-    delivered, ``pipelines`` the pipeline of each; ``note`` says why files were left (store
-    down, out of time, busy), if any.
-    """
-
-    delivered: int
-    left: int
-    runs: list[str]
-    pipelines: dict[str, str]
-    seconds: float
-    note: str | None
-    warnings: list[str]
 
 
 class Delivery(StoreAccess):

@@ -8,17 +8,25 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Required, TypedDict, cast
+from typing import TYPE_CHECKING, Any, Required, TypedDict, cast
 
 import pandas as pd
 
 from prefect_dask_profiling._util import json_clean, validate_name
+from prefect_dask_profiling.environment import Environment
 from prefect_dask_profiling.environment import environment as environment  # re-exported
 from prefect_dask_profiling.store import layout
 from prefect_dask_profiling.store.errors import DamagedRecord
 from prefect_dask_profiling.store.tables import totals_of
+from prefect_dask_profiling.summary.allocation import AllocationDoc, RunAllocationDoc
+from prefect_dask_profiling.summary.io import StageIO
+from prefect_dask_profiling.summary.memory import StageMemory
+
+if TYPE_CHECKING:
+    from prefect_dask_profiling.timing.types import Incident
 
 SCHEMA_VERSION = 1
 # Index statuses. ``unjudged``: the run is stored but its verdict could not be computed.
@@ -37,7 +45,117 @@ class FileEntry(TypedDict):
     sha256: str
 
 
-class Manifest(TypedDict, total=False):
+class DeliveryReport(TypedDict):
+    """What :meth:`Delivery.deliver_pending` did with files earlier runs left in the spool.
+
+    ``delivered``/``left`` count files; ``runs`` are the run ids whose manifest was
+    delivered, ``pipelines`` the pipeline of each; ``note`` says why files were left (store
+    down, out of time, busy), if any.
+    """
+
+    delivered: int
+    left: int
+    runs: list[str]
+    pipelines: dict[str, str]
+    seconds: float
+    note: str | None
+    warnings: list[str]
+
+
+class Baseline(TypedDict):
+    """The runs a verdict compared against (the manifest's ``baseline``)."""
+
+    runs: list[str]
+    version: str
+    note: str
+
+
+class Utilisation(TypedDict):
+    """Task seconds over thread seconds, for the run and per stage (``None``: unknown)."""
+
+    run: float | None
+    stages: dict[str, float | None]
+
+
+class StageReport(TypedDict):
+    """Where a stage's stored performance report is and what it shows (a stage entry's
+    ``report``): ``tasks`` ran in the stage's report window, ``shown`` of them are drawn
+    (``truncated`` when Dask's task stream had dropped some); ``spooled`` when the report
+    waits in the local spool; ``renderer``: ``"flow"`` (drawn in the flow process) or
+    ``"dask"`` (by Dask on the scheduler)."""
+
+    location: str
+    size: int
+    tasks: int
+    shown: int
+    truncated: bool
+    spooled: bool
+    renderer: str
+
+
+class StageDiagnosis(TypedDict):
+    """A stage's bottleneck verdict as stored (``diagnosis.stages.Diagnosis.to_dict``).
+
+    ``signals`` are the primary class's evidence rows (``diagnosis.classify.Evidence``:
+    signal, source, value, op, threshold, supports...), named here only as mappings because
+    the store sits below the diagnosis.
+    """
+
+    stage: str
+    primary: str
+    secondary: str | None
+    confidence: str
+    agreeing_sources: int
+    sources: list[str]
+    signals: list[Mapping[str, object]]
+    disagreements: list[str]
+    actions: list[str]
+    note: str
+
+
+class ChunksVsBlocks(TypedDict):
+    """Dask chunks read against the files' internal blocks (``timing.storage_io.
+    chunks_against_blocks``): the most common ``[rows, cols]`` of each, whether they align,
+    the finding in words and, when not aligned, the fix."""
+
+    chunk: list[int]
+    block: list[int]
+    aligned: bool
+    text: str
+    fix: str | None
+
+
+class StageEntry(TypedDict, total=False):
+    """One stage in the manifest (``manifest["stages"][i]``: a :class:`StageInfo` as plain
+    data; the keys after ``task_s`` are absent in runs stored before them)."""
+
+    name: Required[str]
+    wall_s: Required[float]
+    tasks: Required[int]
+    task_s: Required[float]
+    report: StageReport | None
+    note: str | None
+    diagnosis: StageDiagnosis | None
+    windows: int
+    local_work: LocalWork | None
+    io: StageIO | None
+    chunks_vs_blocks: ChunksVsBlocks | None
+    memory: StageMemory | None
+    allocation: AllocationDoc | None
+
+
+class ManifestExtra(TypedDict, total=False):
+    """The manifest keys the steps of a run's end add (``finishing.RunEnd.manifest_extra``)."""
+
+    incidents: list[Incident]
+    finish_seconds: dict[str, float]
+    spool_delivery: DeliveryReport
+    history_read: dict[str, str]  # at (ISO), when ("run start" or "finish"), why (re-read)
+    # per stage, outside stages, run (summary.allocation.RunAllocation.to_dict); rates if priced
+    allocation: RunAllocationDoc
+
+
+class Manifest(ManifestExtra, total=False):
     """The manifest document of one stored run (``manifest.json``, plain JSON).
 
     ``files`` and ``totals`` (the tasks table's totals per prefix, absent in runs stored
@@ -60,22 +178,35 @@ class Manifest(TypedDict, total=False):
     flow_run_name: str | None
     attempt: int | None  # the flow run's attempt (Prefect's run_count: 1, then each retry)
     deployment: str | None
-    baseline: dict[str, Any]
+    baseline: Baseline
     started: str
     ended: str
     wall_s: float | None
     workers: int
     threads: int
-    utilisation: dict[str, Any]
-    stages: list[dict[str, Any]]
-    environment: dict[str, Any]
+    utilisation: Utilisation
+    stages: list[StageEntry]
+    environment: Environment
     warnings: list[str]
-    incidents: list[dict[str, Any]]
-    finish_seconds: dict[str, float]
-    spool_delivery: dict[str, Any]
-    history_read: dict[str, str]  # at (ISO), when ("run start" or "finish"), why (re-read)
-    # per stage, outside stages, run (summary.allocation.RunAllocation.to_dict); rates if priced
-    allocation: dict[str, Any]
+
+
+class IndexMarker(TypedDict):
+    """A run's index marker: the manifest fields a listing shows (:data:`INDEX_FIELDS`),
+    each ``None`` when the manifest lacks it."""
+
+    run_id: str
+    pipeline: str
+    version: str
+    status: str
+    state: str | None
+    regressed: bool | None
+    started: str | None
+    ended: str | None
+    wall_s: float | None
+    source_hash: str | None
+    flow_run_id: str | None
+    flow_run_name: str | None
+    attempt: int | None
 
 
 class LocalWork(TypedDict):
@@ -101,24 +232,24 @@ class StageInfo:
     task_s: float = 0.0
     # location, size, tasks (the stage ran), shown (in the report), truncated, spooled and
     # renderer ("flow": drawn in the flow process, "dask": by Dask on the scheduler)
-    report: dict[str, Any] | None = None
+    report: StageReport | None = None
     note: str | None = None
     # the stage's bottleneck verdict (diagnosis.stages.Diagnosis.to_dict); absent in old runs
-    diagnosis: dict[str, Any] | None = None
+    diagnosis: StageDiagnosis | None = None
     windows: int = 1
     local_work: LocalWork | None = None
     # storage requests of the stage summed over workers (summary.io.stage_io_summary);
     # None when no storage source was counted
-    io: dict[str, Any] | None = None
+    io: StageIO | None = None
     # Dask chunks read against the files' internal blocks (timing.storage_io.chunks_against_
     # blocks); None when the stage read no files through GDAL
-    chunks_vs_blocks: dict[str, Any] | None = None
+    chunks_vs_blocks: ChunksVsBlocks | None = None
     # peak / start / added bytes, headroom, spilled bytes... (summary.memory.StageMemory);
     # absent in old runs, start_bytes / added_bytes absent in runs before issue 35
-    memory: dict[str, Any] | None = None
+    memory: StageMemory | None = None
     # worker-, thread- and GiB-hours allocated, busy and idle seconds, idle share and, when
     # priced, cost (summary.allocation.Allocation.to_dict); absent in runs before issue 37
-    allocation: dict[str, Any] | None = None
+    allocation: AllocationDoc | None = None
 
 
 @dataclass
@@ -155,13 +286,13 @@ def status_for(state: str, regressed: bool, judged: bool = True,
 
 def build_manifest(ctx: RunContext, *, state: str, regressed: bool,
                    utilisation: pd.DataFrame, stages: list[StageInfo], workers: int,
-                   threads: int, env: dict[str, Any], warnings: list[str],
-                   baseline: dict[str, Any] | None = None,
+                   threads: int, env: Environment, warnings: list[str],
+                   baseline: Baseline | None = None,
                    ended: datetime | None = None, judged: bool = True,
                    unjudged_reason: str | None = None, suspected: bool = False) -> Manifest:
     """The manifest document (``files`` is added by the store)."""
     ended = ended or datetime.now(UTC)
-    util = {"run": None, "stages": {}}
+    util: Utilisation = {"run": None, "stages": {}}
     for scope, row in utilisation.iterrows():
         value = row["utilisation"]
         if scope == "run":
@@ -197,7 +328,7 @@ def dump(doc: Any) -> bytes:
     return json.dumps(json_clean(doc), indent=2).encode()
 
 
-def complete_manifest(pipeline: str, run_id: str, manifest: dict[str, Any],
+def complete_manifest(pipeline: str, run_id: str, manifest: Manifest | Mapping[str, Any],
                       files: dict[str, bytes]) -> Manifest:
     """``manifest`` with its defaults filled in, ``files`` (size and sha256 of each) and
     ``totals`` (the tasks table's stage, prefix, tasks and total_s, which is all a drift
@@ -232,9 +363,9 @@ def complete_manifest(pipeline: str, run_id: str, manifest: dict[str, Any],
     return cast(Manifest, json_clean(doc))
 
 
-def marker_doc(manifest: Manifest) -> dict[str, Any]:
+def marker_doc(manifest: Manifest) -> IndexMarker:
     """The body of a run's index marker: the manifest fields a listing may show."""
-    return {k: manifest.get(k) for k in INDEX_FIELDS}
+    return cast(IndexMarker, {k: manifest.get(k) for k in INDEX_FIELDS})
 
 
 def parse_manifest(data: bytes, pipeline: str, run_id: str, where: str) -> Manifest:

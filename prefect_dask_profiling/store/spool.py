@@ -23,12 +23,20 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from prefect_dask_profiling.errors import StoreConflict
 from prefect_dask_profiling.store import layout
 
 META = "store.json"
+
+
+class SpoolMeta(TypedDict):
+    """The spool's ``store.json``: the store the files are for (redacted) and, when known,
+    where the spool was written from."""
+
+    url: str
+    where: NotRequired[str]
 SPOOL_ENV = "DASK_PROFILING_SPOOL"
 PARTIAL = ".part"
 
@@ -105,7 +113,7 @@ class Spool:
         self.dir.mkdir(parents=True, exist_ok=True)
         meta = self.dir / META
         if not meta.exists():
-            doc: dict[str, Any] = {"url": self.url}
+            doc: SpoolMeta = {"url": self.url}
             if self.where:
                 doc["where"] = self.where
             atomic_write(meta, json.dumps(doc, indent=2).encode())

@@ -16,7 +16,7 @@ import pandas as pd
 from prefect_dask_profiling.store import layout
 from prefect_dask_profiling.store.access import StoreAccess
 from prefect_dask_profiling.store.errors import StoreConflict, StoreError
-from prefect_dask_profiling.store.manifest import complete_manifest, dump, marker_doc
+from prefect_dask_profiling.store.manifest import Manifest, complete_manifest, dump, marker_doc
 from prefect_dask_profiling.store.tables import encode_files
 
 logger = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ class Writing(StoreAccess):
     """The write side of :class:`~prefect_dask_profiling.store.runs.RunStore`."""
 
     def write_run(self, pipeline: str, run_id: str, tables: dict[str, pd.DataFrame],
-                  manifest: dict, extra_files: dict[str, bytes] | None = None) -> WriteResult:
+                  manifest: Manifest, extra_files: dict[str, bytes] | None = None) -> WriteResult:
         """Write a run's tables (CSV) and extra files, then manifest.json, then its index marker.
 
         The manifest gains ``files`` (size and sha256 of each file) and is created exclusively:
@@ -70,7 +70,7 @@ class Writing(StoreAccess):
         return self._write_items(items, self.location(run_dir))
 
     def complete_run(self, pipeline: str, run_id: str, tables: dict[str, pd.DataFrame],
-                     manifest: dict, extra_files: dict[str, bytes] | None = None,
+                     manifest: Manifest, extra_files: dict[str, bytes] | None = None,
                      provisional_status: str = "unjudged") -> WriteResult:
         """Complete a run stored by :meth:`write_run` with a provisional manifest.
 

@@ -19,10 +19,40 @@ diagnosis.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import numpy as np
 import pandas as pd
+
+if TYPE_CHECKING:
+    from prefect_dask_profiling.environment import RasterStack
+
+
+class ProcessIO(TypedDict, total=False):
+    """Storage figures of one kind of process in a stage (absent figures left out)."""
+
+    requests: int
+    get: int
+    head: int
+    list: int
+    bytes: int
+    s3fs_requests: int
+    s3fs_bytes: int
+
+
+class StageIO(ProcessIO, total=False):
+    """One stage's storage summary as the manifest keeps it (:func:`stage_io_summary`, the
+    stage entry's ``io``): the totals, and per kind of process (``workers``,
+    ``flow_process``) when the flow process was counted. Integral figures are ints, others
+    rounded floats."""
+
+    chunks: int
+    requests_per_chunk: float
+    bytes_per_chunk: float
+    read_amplification: float
+    workers: ProcessIO
+    flow_process: ProcessIO
+
 
 BASE_COLUMNS = ["stage", "worker", "chunks", "decoded_bytes"]
 SOURCES = ("gdal", "s3fs")
@@ -116,21 +146,21 @@ def _figures(io: pd.DataFrame, total: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def stage_io_summary(io: pd.DataFrame, stage: str) -> dict[str, Any] | None:
+def stage_io_summary(io: pd.DataFrame, stage: str) -> StageIO | None:
     """One stage's metrics as plain JSON values (for the manifest's stage entry), or None."""
     return stage_io_summaries(io).get(stage)
 
 
-def stage_io_summaries(io: pd.DataFrame) -> dict[str, dict[str, Any]]:
+def stage_io_summaries(io: pd.DataFrame) -> dict[str, StageIO]:
     """:func:`stage_io_summary` of every stage that has one, from one pass over the table.
 
     ``{requests, get, ..., chunks, requests_per_chunk, ...}`` (totals) and, when the flow
     process was counted, ``workers`` and ``flow_process``: ``{requests, get, head, list,
     bytes, s3fs_requests, s3fs_bytes}`` of each (absent figures left out).
     """
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, StageIO] = {}
     for stage, row in stage_io_metrics(io).iterrows():
-        values: dict[str, Any] = {}
+        values: dict[str, Any] = {}  # built by column name, then the declared keys
         for name, value in row.items():
             if pd.isna(value):
                 continue
@@ -143,11 +173,11 @@ def stage_io_summaries(io: pd.DataFrame) -> dict[str, dict[str, Any]]:
             else:
                 values.setdefault(part, {})[str(name).removeprefix(f"{part}_")] = value
         if values:
-            out[str(stage)] = values
+            out[str(stage)] = cast(StageIO, values)
     return out
 
 
-def io_text(io: dict[str, Any] | None) -> str:
+def io_text(io: StageIO | None) -> str:
     """One stage's storage summary (:func:`stage_io_summary`) as a short line; "" without.
 
     E.g. ``"56 requests (GET 56), 1.1 per chunk, 1.1 MB, read amplification 0.33x"``;
@@ -170,7 +200,7 @@ def io_text(io: dict[str, Any] | None) -> str:
     return ", ".join(parts)
 
 
-def raster_text(raster: dict[str, Any] | None) -> str:
+def raster_text(raster: RasterStack | None) -> str:
     """The workers' raster stack (``environment.raster``) as one line; "" without."""
     if not isinstance(raster, dict):
         return ""

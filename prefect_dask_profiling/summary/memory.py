@@ -12,11 +12,15 @@ place that shows them (artifact, ``show``, explanations).
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import pandas as pd
 
 from prefect_dask_profiling.summary.record import RunRecord
+
+if TYPE_CHECKING:
+    from prefect_dask_profiling.timing.types import Incident
 
 __all__ = ["MEMORY_SHOW_COLUMNS", "STAGE_MEMORY_COLUMNS", "StageMemory", "describe_incident",
            "format_bytes", "memory_cells", "memory_table", "stage_memory", "stage_memory_info"]
@@ -157,7 +161,7 @@ def format_bytes(value: Any) -> str:
     return f"{n:.1f} TiB"  # pragma: no cover
 
 
-def describe_incident(incident: dict[str, Any]) -> str:
+def describe_incident(incident: Incident) -> str:
     """One line for an incident: kind, worker, stage, prefixes, keys and the evidence."""
     keys = incident.get("keys") or []
     more = int(incident.get("n_keys") or len(keys)) - len(keys)
@@ -178,11 +182,13 @@ MEMORY_SHOW_COLUMNS = ["stage", "peak_gib", "limit_gib", "headroom", "spilled_gi
                        "read_back_gib", "largest_result_mib", "largest_result_prefix"]
 
 
-def memory_table(stages: list[dict[str, Any]]) -> pd.DataFrame:
+def memory_table(stages: Sequence[Mapping[str, object]]) -> pd.DataFrame:
     """The stored stages' memory (``manifest["stages"][i]["memory"]``) for a terminal table.
 
     One row per stage that has a memory entry (``MEMORY_SHOW_COLUMNS``, sizes in GiB/MiB);
-    runs stored before memory was recorded give an empty table.
+    runs stored before memory was recorded give an empty table. ``stages`` are the
+    manifest's stage entries (:class:`~prefect_dask_profiling.store.manifest.StageEntry`),
+    read defensively: this layer cannot name the store's type.
     """
     rows = []
     for s in stages or []:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -17,7 +17,15 @@ import pandas as pd
 from prefect_dask_profiling.timing.sketch import QuantileSketch
 
 if TYPE_CHECKING:
-    from prefect_dask_profiling.timing.types import Snapshot
+    from prefect_dask_profiling.timing.types import (
+        Incident,
+        PrefixRow,
+        Snapshot,
+        StageMemoryRow,
+        StageScheduler,
+        WorkerAggregate,
+        WorkerLifetime,
+    )
 
 TASK_COLUMNS = ["stage", "prefix", "tasks", "errors", "reruns", "compute_s", "p50_s", "p95_s",
                 "max_s", "nbytes", "max_nbytes", "transfer_s", "disk_read_s", "disk_write_s",
@@ -89,10 +97,10 @@ class RunRecord:
                              repr=False)
     memory: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=MEMORY_COLUMNS))
     spill: dict[str, dict[str, int]] = field(default_factory=dict)
-    incidents: list[dict[str, Any]] = field(default_factory=list)
-    scheduler: dict[str, dict[str, Any]] = field(default_factory=dict)
+    incidents: list[Incident] = field(default_factory=list)
+    scheduler: dict[str, StageScheduler] = field(default_factory=dict)
     # each worker's arrival and departure (timing.types.WorkerLifetime); empty in old runs
-    lifetimes: list[dict[str, Any]] = field(default_factory=list)
+    lifetimes: list[WorkerLifetime] = field(default_factory=list)
     # (frame, {stage: rows}) per table name: each table split by stage once (stage_rows)
     _split: dict[str, tuple[pd.DataFrame, dict[str, pd.DataFrame]]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
@@ -198,14 +206,14 @@ class RunRecord:
         return list(cached[1])
 
 
-def _task_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+def _task_frame(rows: list[PrefixRow]) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=TASK_COLUMNS)
     for col in TASK_COLUMNS[2:]:
         frame[col] = pd.to_numeric(frame[col], errors="coerce")
     return frame
 
 
-def _memory_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+def _memory_frame(rows: list[StageMemoryRow]) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=[*MEMORY_COLUMNS[:-1]])
     for col in MEMORY_COLUMNS[2:-1]:
         frame[col] = pd.to_numeric(frame[col], errors="coerce").fillna(0).astype("int64")
@@ -214,7 +222,7 @@ def _memory_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     return frame.sort_values(["stage", "worker"], kind="stable").reset_index(drop=True)
 
 
-def _worker_frame(workers: dict[str, dict[str, Any]]) -> pd.DataFrame:
+def _worker_frame(workers: dict[str, WorkerAggregate]) -> pd.DataFrame:
     rows = []
     for addr, w in workers.items():
         n = max(w.get("samples", 0), 1)
@@ -229,7 +237,7 @@ def _worker_frame(workers: dict[str, dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=WORKER_COLUMNS)
 
 
-def _transfers(snap: dict[str, Any]) -> tuple[pd.DataFrame, list[str]]:
+def _transfers(snap: Snapshot) -> tuple[pd.DataFrame, list[str]]:
     pairs: dict[tuple[str, str], dict[str, float]] = {}
     for row in snap.get("transfers", []):
         pairs[(row["source"], row["destination"])] = {
