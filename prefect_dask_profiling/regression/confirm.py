@@ -341,21 +341,32 @@ def confirm_signals(rows: pd.DataFrame, priors: dict[tuple[str, str], Prior],
     decisions = []
     for row in rows.to_dict("records"):
         prior = priors.get((str(row["stage"]), str(row["metric"])), Prior())
-        decisions.append(_decide_signal(row, row["verdict"] in flagged, prior, rule,
-                                        conclusive))
+        decisions.append(_decide_signal(
+            _Tonight(float_or_nan(row.get("ratio")), float_or_nan(row.get("delta")),
+                     float_or_nan(row.get("min_effect"))),
+            row["verdict"] in flagged, prior, rule, conclusive))
     return rows.assign(alert=[d.alert for d in decisions],
                        alert_reason=[d.reason for d in decisions])
 
 
-def _decide_signal(row: dict[str, Any], is_flagged: bool, prior: Prior,
+@dataclass(frozen=True)
+class _Tonight:
+    """A per-stage row's figures the second night reads (NaN: missing): its ratio, and its
+    increase against the minimum effect (NaN effect: any increase counts)."""
+
+    ratio: float
+    delta: float
+    min_effect: float
+
+
+def _decide_signal(row: _Tonight, is_flagged: bool, prior: Prior,
                    rule: RegressionRule, conclusive: bool) -> Decision:
     if rule.confirm == "never":
         return Decision("regression", "one night") if is_flagged else Decision("")
     if prior.episode == "suspected":
         if is_flagged:
             return Decision("regression", "confirmed: flagged two runs in a row")
-        ratio = float_or_nan(row.get("ratio"))
-        delta, effect = float_or_nan(row.get("delta")), float_or_nan(row.get("min_effect"))
+        ratio, delta, effect = row.ratio, row.delta, row.min_effect
         enough = not math.isfinite(effect) or (math.isfinite(delta) and delta >= effect)
         if nearer(ratio, prior.ratio) and enough:
             return Decision("regression", f"confirmed: still {_x(ratio)}, nearer the "

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 import numpy as np
 import pandas as pd
@@ -50,7 +50,7 @@ from prefect_dask_profiling.regression.rule import RegressionRule
 from prefect_dask_profiling.store.manifest import Manifest
 
 __all__ = ["MEMORY_METRICS", "MEMORY_VERDICTS", "MEMORY_VERDICT_COLUMNS", "MemoryRow",
-           "describe_memory", "detect_memory", "history_from_manifests",
+           "MemoryVerdict", "describe_memory", "detect_memory", "history_from_manifests",
            "latest_from_manifest", "min_effect"]
 
 MEMORY_METRICS = ("peak_bytes", "spilled_bytes")
@@ -74,6 +74,15 @@ class MemoryRow(TypedDict, total=False):
     spilled_bytes: float
     memory_limit: float
     headroom: float | None
+
+
+class MemoryVerdict(stats.MetricVerdict):
+    """A row of :data:`MEMORY_VERDICT_COLUMNS`: the stage's smallest worker
+    ``memory_limit`` (``None``: unknown), its ``headroom`` and the verdict in words."""
+
+    memory_limit: float | None
+    headroom: float | None
+    note: str
 
 
 def min_effect(memory_limit: float | None, rule: RegressionRule) -> float:
@@ -123,14 +132,14 @@ def detect_memory(history: Iterable[MemoryRow] | pd.DataFrame,
     rule = rule or RegressionRule()
     hist = _frame(history, "history", ["run_id", "stage", *MEMORY_METRICS])
     now = _frame(latest, "latest", ["stage", *MEMORY_METRICS])
-    rows: list[dict[str, Any]] = []
+    rows: list[MemoryVerdict] = []
     # numpy arrays indexed per stage: pandas' per-call overhead would dominate otherwise
     index = hist.groupby("stage", sort=False).indices
     values = {m: hist[m].to_numpy(dtype=float) for m in MEMORY_METRICS}
     headrooms = pd.to_numeric(hist["headroom"], errors="coerce").to_numpy(dtype=float) \
         if "headroom" in hist else np.full(len(hist), np.nan)
     none = np.array([], dtype=int)
-    for rec in now.to_dict("records"):
+    for rec in cast(list[MemoryRow], now.to_dict("records")):
         stage = str(rec["stage"])
         limit = finite_number(rec.get("memory_limit"))
         at = index.get(stage, none)
@@ -147,13 +156,14 @@ def detect_memory(history: Iterable[MemoryRow] | pd.DataFrame,
 
 def _judge_metric(stage: str, metric: str, latest: float, past: np.ndarray,
                   limit: float | None, headroom: float | None,
-                  rule: RegressionRule) -> dict[str, Any]:
+                  rule: RegressionRule) -> MemoryVerdict:
     past = past[np.isfinite(past)]
     effect = min_effect(limit, rule)
-    row = {"stage": stage, "metric": metric, "latest": latest, "min_effect": effect,
-           "memory_limit": limit, "headroom": headroom, "n_history": int(past.size),
-           "baseline": math.nan, "delta": math.nan, "ratio": math.nan, "robust_z": math.nan,
-           "note": ""}
+    row: MemoryVerdict = {
+        "stage": stage, "metric": metric, "verdict": "", "latest": latest,
+        "min_effect": effect, "memory_limit": limit, "headroom": headroom,
+        "n_history": int(past.size), "baseline": math.nan, "delta": math.nan,
+        "ratio": math.nan, "robust_z": math.nan, "note": ""}
     if past.size < rule.min_history:
         row.update(verdict="insufficient-history",
                    note=f"{past.size} baseline run(s) with this stage, "
@@ -177,11 +187,11 @@ def _judge_metric(stage: str, metric: str, latest: float, past: np.ndarray,
     return row
 
 
-def _judge_headroom(stage: str, rec: dict[str, Any], past: np.ndarray,
-                    limit: float | None, rule: RegressionRule) -> dict[str, Any]:
+def _judge_headroom(stage: str, rec: MemoryRow, past: np.ndarray,
+                    limit: float | None, rule: RegressionRule) -> MemoryVerdict:
     headroom = finite_number(rec.get("headroom"))
     was = past[np.isfinite(past)]
-    row = {"stage": stage, "metric": "headroom", "latest": headroom,
+    row: MemoryVerdict = {"stage": stage, "metric": "headroom", "latest": headroom,
            "baseline": float(np.median(was)) if was.size else math.nan,
            "delta": math.nan, "ratio": math.nan, "robust_z": math.nan, "min_effect": math.nan,
            "memory_limit": limit, "headroom": headroom, "n_history": int(past.size),
@@ -220,7 +230,7 @@ def latest_from_manifest(manifest: Manifest) -> pd.DataFrame:
                         columns=["stage", *MEMORY_METRICS, "memory_limit", "headroom"])
 
 
-def _manifest_rows(manifest: Manifest) -> Iterable[dict[str, Any]]:
+def _manifest_rows(manifest: Manifest) -> Iterable[MemoryRow]:
     """The memory rows of one stored run.
 
     ``peak_bytes`` here is the stage's own figure: ``added_bytes``, what its workers'

@@ -13,11 +13,30 @@ The functions take scalars or numpy arrays; for scalars they return Python float
 from __future__ import annotations
 
 import warnings
-from typing import overload
+from typing import TypedDict, overload
 
 import numpy as np
 
-__all__ = ["MAD_TO_SIGMA", "median_mad", "ratio", "robust_spread", "robust_z"]
+__all__ = ["MAD_TO_SIGMA", "MetricVerdict", "median_mad", "ratio", "robust_spread", "robust_z"]
+
+
+class MetricVerdict(TypedDict):
+    """One stage's verdict on one metric (memory, storage requests, idle resources: a row of
+    their verdict tables): tonight's ``latest`` against the ``baseline`` median of
+    ``n_history`` runs, the ``delta``, :func:`ratio` and :func:`robust_z` (NaN without
+    enough history) and the ``min_effect`` the increase had to reach."""
+
+    stage: str
+    metric: str
+    verdict: str
+    baseline: float
+    latest: float | None
+    delta: float
+    ratio: float
+    robust_z: float
+    min_effect: float
+    n_history: int
+
 
 # 1 / Phi^-1(3/4): makes the MAD estimate sigma for normal noise.
 MAD_TO_SIGMA = 1.4826
