@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prefect_dask_profiling._util import ship_by_value
 from prefect_dask_profiling.bench.config import BenchConfig, BenchInputError
@@ -23,13 +23,16 @@ from prefect_dask_profiling.environment import KEY_PACKAGES, version_mismatches
 if TYPE_CHECKING:
     from distributed import Client
 
+    from prefect_dask_profiling.bench.types import ImportCheck, KeyVersions, Preflight
+    from prefect_dask_profiling.environment import ProcessVersions
 
 
-def _try_imports(modules: list[str]) -> dict[str, dict[str, Any]]:
+
+def _try_imports(modules: list[str]) -> dict[str, ImportCheck]:
     import importlib
     import importlib.metadata
 
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, ImportCheck] = {}
     for name in modules:
         try:
             module = importlib.import_module(name)
@@ -117,7 +120,7 @@ def host_warnings(side: str, scheduler_address: str, worker_hosts: dict[str, str
     return out
 
 
-def preflight(client: Client, side: str, config: BenchConfig) -> dict[str, Any]:
+def preflight(client: Client, side: str, config: BenchConfig) -> Preflight:
     """Check and describe one side's cluster before running anything.
 
     Raises
@@ -168,6 +171,6 @@ def preflight(client: Client, side: str, config: BenchConfig) -> dict[str, Any]:
     }
 
 
-def _key_versions(entry: dict[str, Any] | None) -> dict[str, Any]:
+def _key_versions(entry: ProcessVersions | None) -> KeyVersions:
     packages = (entry or {}).get("packages") or {}
     return {k: packages.get(k) for k in KEY_PACKAGES if k in packages}
