@@ -10,7 +10,7 @@ The command body imports what it uses (the history brings pandas): ``--help`` im
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 import typer
 
@@ -18,11 +18,47 @@ from prefect_dask_profiling.cli._output import emit_json, say
 from prefect_dask_profiling.cli._params import JsonOption, PipelineOption, StoreOption
 
 if TYPE_CHECKING:
-    from prefect_dask_profiling.regression.eta import HistoryStats
+    from prefect_dask_profiling.regression.eta import HistoryStats, UnknownStage
 
 IN_PROGRESS_NOTE = ("a run in progress is not in the store until it ends: its live ETA is "
                     "on its Prefect flow run (progress artifact, logs, events); this is the "
                     "plan it starts from")
+
+
+class PlanStage(TypedDict):
+    """One stage of the plan: its baseline nights, p50 / p90 seconds, windows and usual
+    task count, and whether it has enough nights to be counted (``known``)."""
+
+    stage: str
+    nights: int
+    p50_s: float
+    p90_s: float
+    windows: int
+    usual_tasks: int
+    known: bool
+
+
+class PlanRun(TypedDict):
+    """The whole run's ETA range at its start, and the stages it leaves out."""
+
+    expected_s: float | None
+    high_s: float | None
+    unknown: list[UnknownStage]
+
+
+class Plan(TypedDict):
+    """``dask-profiling eta --json`` (:func:`plan_json`; the command adds ``store`` and
+    ``note``): ``run`` is ``None`` and ``text`` says why until the plan is ready."""
+
+    pipeline: str
+    version: str
+    nights: list[str]
+    needed: int
+    ready: bool
+    stages: list[PlanStage]
+    run: PlanRun | None
+    naive_s: float | None
+    text: str | None
 
 
 def register(app: typer.Typer) -> None:
@@ -57,7 +93,7 @@ def eta_command(
         say(line)
 
 
-def plan_json(stats: HistoryStats) -> dict[str, Any]:
+def plan_json(stats: HistoryStats) -> Plan:
     """The plan as JSON: per stage its figures, and the whole run's range at its start."""
     from datetime import UTC, datetime
 
@@ -76,7 +112,7 @@ def plan_json(stats: HistoryStats) -> dict[str, Any]:
         "naive_s": stats.total_p50_s, "text": eta.text if not eta.known else None}
 
 
-def plan_lines(stats: HistoryStats, plan: dict[str, Any]) -> list[str]:
+def plan_lines(stats: HistoryStats, plan: Plan) -> list[str]:
     """The human form of :func:`plan_json`."""
     head = f"{stats.pipeline} {stats.version}: ETA plan from {len(stats.runs)} baseline night"
     head += "s" * (len(stats.runs) != 1)

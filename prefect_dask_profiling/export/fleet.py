@@ -38,7 +38,7 @@ import io
 import logging
 import os
 import uuid
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, overload
 
 import pandas as pd
 
@@ -49,6 +49,10 @@ from prefect_dask_profiling.store.runs import RunStore, StoreError
 
 if TYPE_CHECKING:
     from pandas.api.extensions import ExtensionArray
+
+    from prefect_dask_profiling.summary.allocation import AllocationDoc
+    from prefect_dask_profiling.summary.io import StageIO
+    from prefect_dask_profiling.summary.memory import StageMemory
 
 logger = logging.getLogger(__name__)
 
@@ -173,7 +177,7 @@ def fleet_rows(manifest: Manifest, tasks: pd.DataFrame) -> pd.DataFrame:
     return out[COLUMNS].reset_index(drop=True)
 
 
-def _allocation_columns(out: pd.DataFrame, manifest: dict[str, Any]) -> None:
+def _allocation_columns(out: pd.DataFrame, manifest: Manifest) -> None:
     """The stage's and the run's allocation (:data:`ALLOCATION_COLUMNS`) on every row; null
     for runs stored before allocations, and cost null unless the run was priced."""
     doc = manifest.get("allocation") if isinstance(manifest.get("allocation"), dict) else {}
@@ -235,7 +239,16 @@ def write_fleet(store: RunStore, manifest: Manifest, tasks: pd.DataFrame) -> str
     return fleet_location(store, pipeline, run_id)
 
 
-def rebuild_fleet(store: RunStore, pipeline: str | None = None) -> dict[str, Any]:
+class FleetRebuild(TypedDict):
+    """What :func:`rebuild_fleet` did: runs written, stale files removed, and the runs
+    skipped as ``[run_id, reason]``."""
+
+    written: int
+    removed: int
+    skipped: list[list[str]]
+
+
+def rebuild_fleet(store: RunStore, pipeline: str | None = None) -> FleetRebuild:
     """Write the fleet view again from the stored runs; drop files of runs no longer stored.
 
     Parameters
@@ -247,12 +260,13 @@ def rebuild_fleet(store: RunStore, pipeline: str | None = None) -> dict[str, Any
 
     Returns
     -------
-    dict
-        ``{"written": n, "removed": n, "skipped": [[run_id, reason], ...]}``. A run whose
-        manifest or table cannot be read is skipped, never fatal.
+    FleetRebuild
+        What was written, removed and skipped. A run whose manifest or table cannot be
+        read is skipped, never fatal.
     """
     pipelines = [validate_name(pipeline, "pipeline")] if pipeline else store.list_pipelines()
-    written, removed, skipped = 0, 0, []
+    written, removed = 0, 0
+    skipped: list[list[str]] = []
     for name in pipelines:
         runs = [r["run_id"] for r in store.list_runs(name)]
         for run_id in runs:
@@ -323,9 +337,17 @@ def _nullable(values: list[Any], kind: Literal["int64", "float64"]) -> Extension
             else numbers.astype("float64")).array
 
 
-def _stage_entries(manifest: Manifest, key: str) -> dict[str, dict[str, Any]]:
-    """Each stage's stored ``stages[].<key>`` entry (``memory``, ``io``) by stage name;
-    stages without one (old runs, no source) are left out."""
+@overload
+def _stage_entries(manifest: Manifest, key: Literal["memory"]) -> dict[str, StageMemory]: ...
+@overload
+def _stage_entries(manifest: Manifest, key: Literal["io"]) -> dict[str, StageIO]: ...
+@overload
+def _stage_entries(manifest: Manifest,
+                   key: Literal["allocation"]) -> dict[str, AllocationDoc]: ...
+def _stage_entries(manifest: Manifest, key: Literal["memory", "io", "allocation"]
+                   ) -> dict[str, StageMemory] | dict[str, StageIO] | dict[str, AllocationDoc]:
+    """Each stage's stored ``stages[].<key>`` entry (``memory``, ``io``, ``allocation``) by
+    stage name; stages without one (old runs, no source) are left out."""
     return {str(info.get("name")): info[key] for info in manifest.get("stages") or []
             if isinstance(info, dict) and isinstance(info.get(key), dict)}
 
