@@ -20,9 +20,11 @@ if TYPE_CHECKING:
         BenchEnvironment,
         BenchMetrics,
         BenchSummary,
+        Bottleneck,
         Comparison,
         MetricComparison,
         PerN,
+        SideVerdict,
     )
     from prefect_dask_profiling.diagnosis.classify import Signals
     from prefect_dask_profiling.diagnosis.signals import Batch
@@ -84,12 +86,15 @@ def compare(summaries: dict[str, BenchSummary]) -> Comparison:
     return {
         "schema": SCHEMA, "sides": sides, "identical_inputs": identical,
         "config": configs[0] if configs else cast("BenchConfigSummary", {}), "table": table,
-        "verdicts": {s: {k: summaries[s]["bottleneck"][k]
-                         for k in ("primary", "secondary", "confidence", "note")}
-                     for s in sides},
+        "verdicts": {s: _side_verdict(summaries[s]["bottleneck"]) for s in sides},
         "rubric": rubric(summaries),
         "warnings": {s: summaries[s]["warnings"] for s in sides},
     }
+
+
+def _side_verdict(b: Bottleneck) -> SideVerdict:
+    return {"primary": b["primary"], "secondary": b["secondary"],
+            "confidence": b["confidence"], "note": b["note"]}
 
 
 def rubric(summaries: dict[str, BenchSummary]) -> list[str]:

@@ -191,7 +191,7 @@ def _show_allocation(manifest: Manifest, title: str) -> None:
     if table.empty:
         return
     print_table(table, title=f"{title}: allocated, busy and idle (hours)")
-    rates = doc.get("rates")
+    rates = doc.get("rates") if isinstance(doc, dict) else None
     if rates:
         say(f"cost is an estimate at {rates.get('text', '')} ({rates.get('currency', '')}); "
             "see docs/cost.md")

@@ -38,7 +38,8 @@ import io
 import logging
 import os
 import uuid
-from typing import TYPE_CHECKING, Any, Literal, TypedDict, overload
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast, overload
 
 import pandas as pd
 
@@ -50,7 +51,7 @@ from prefect_dask_profiling.store.runs import RunStore, StoreError
 if TYPE_CHECKING:
     from pandas.api.extensions import ExtensionArray
 
-    from prefect_dask_profiling.summary.allocation import AllocationDoc
+    from prefect_dask_profiling.summary.allocation import AllocationDoc, RunAllocationDoc
     from prefect_dask_profiling.summary.io import StageIO
     from prefect_dask_profiling.summary.memory import StageMemory
 
@@ -163,11 +164,11 @@ def fleet_rows(manifest: Manifest, tasks: pd.DataFrame) -> pd.DataFrame:
     by_stage = _stage_bottlenecks(manifest)
     run_level = _bottleneck(manifest)
     out["bottleneck"] = [by_stage.get(stage, run_level) for stage in out["stage"]]
-    memory = _stage_entries(manifest, "memory")
+    memory: Mapping[str, Mapping[str, object]] = _stage_entries(manifest, "memory")
     for column, key in (("stage_peak_bytes", "peak_bytes"), ("stage_headroom", "headroom"),
                         ("stage_spilled_bytes", "spilled_bytes")):
         out[column] = [float_or_nan(memory.get(stage, {}).get(key)) for stage in out["stage"]]
-    storage = _stage_entries(manifest, "io")
+    storage: Mapping[str, Mapping[str, object]] = _stage_entries(manifest, "io")
     for column, key, kind in STORAGE_COLUMNS:
         out[column] = _nullable([storage.get(stage, {}).get(key) for stage in out["stage"]],
                                 kind)
@@ -180,9 +181,10 @@ def fleet_rows(manifest: Manifest, tasks: pd.DataFrame) -> pd.DataFrame:
 def _allocation_columns(out: pd.DataFrame, manifest: Manifest) -> None:
     """The stage's and the run's allocation (:data:`ALLOCATION_COLUMNS`) on every row; null
     for runs stored before allocations, and cost null unless the run was priced."""
-    doc = manifest.get("allocation") if isinstance(manifest.get("allocation"), dict) else {}
-    stages = _stage_entries(manifest, "allocation")
-    run = doc.get("run") or {}
+    stored = manifest.get("allocation")
+    doc = stored if isinstance(stored, dict) else cast("RunAllocationDoc", {})
+    stages: Mapping[str, Mapping[str, object]] = _stage_entries(manifest, "allocation")
+    run: Mapping[str, object] = doc.get("run") or {}  # read by column key
     for column, key, scale in ALLOCATION_COLUMNS:
         out[f"run_{column}"] = float_or_nan(run.get(key)) / scale
         out[f"stage_{column}"] = [float_or_nan(stages.get(stage, {}).get(key)) / scale
@@ -348,8 +350,9 @@ def _stage_entries(manifest: Manifest, key: Literal["memory", "io", "allocation"
                    ) -> dict[str, StageMemory] | dict[str, StageIO] | dict[str, AllocationDoc]:
     """Each stage's stored ``stages[].<key>`` entry (``memory``, ``io``, ``allocation``) by
     stage name; stages without one (old runs, no source) are left out."""
-    return {str(info.get("name")): info[key] for info in manifest.get("stages") or []
-            if isinstance(info, dict) and isinstance(info.get(key), dict)}
+    return cast("dict[str, StageMemory] | dict[str, StageIO] | dict[str, AllocationDoc]",
+                {str(info.get("name")): info[key] for info in manifest.get("stages") or []
+                 if isinstance(info, dict) and isinstance(info.get(key), dict)})
 
 
 def _stage_deaths(manifest: Manifest) -> dict[str, int]:

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -315,7 +316,9 @@ def _set_allocation(gauges: dict[str, tuple[float, Gauge]], cost: Gauge | None,
     if not isinstance(doc, dict) or not isinstance(doc.get("run"), dict):
         return
     rates = _rates(manifest)
-    for row in [*(doc.get("stages") or []), doc.get("outside") or {}, doc["run"]]:
+    rows: list[Mapping[str, Any]] = [*(doc.get("stages") or []), doc.get("outside") or {},
+                                     doc["run"]]  # read by gauge key
+    for row in rows:
         if not isinstance(row, dict) or not row.get("scope"):
             continue
         labels = (pipeline, str(row["scope"]))

@@ -138,10 +138,10 @@ def _judge(row: CostVerdict, latest: dict[str, float], seen: list[dict[str, floa
     base = {"idle_h": median,
             "share": float(np.median([s["share"] for s in seen])),
             "workers": float(np.median([s["workers"] for s in seen]))}
-    row.update(verdict="idle-regression" if flagged else "ok", baseline=median,
-               delta=now - median, ratio=ratio, robust_z=z,
-               baseline_idle_share=base["share"], baseline_workers=base["workers"],
-               text=_text(row["stage"], latest, base) if flagged else "")
+    row.update({"verdict": "idle-regression" if flagged else "ok", "baseline": median,
+                "delta": now - median, "ratio": ratio, "robust_z": z,
+                "baseline_idle_share": base["share"], "baseline_workers": base["workers"],
+                "text": _text(row["stage"], latest, base) if flagged else ""})
 
 
 def cost_flagged(verdicts: pd.DataFrame) -> list[str]:

@@ -14,10 +14,13 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, TypedDict, cast
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from prefect_dask_profiling.environment import Environment, RasterStack, mismatch_key
 from prefect_dask_profiling.store.manifest import Manifest, StageDiagnosis, StageEntry
+
+if TYPE_CHECKING:
+    from prefect_dask_profiling.summary.memory import StageMemory
 
 MISMATCH_KEYS = {"mismatches", "mismatch_detail"}
 """Environment keys compared as version mismatches, not as client versions."""
@@ -149,7 +152,7 @@ def context_changes(stage: str, manifest: Manifest,
                         "weight": 4.5 if now < was else 2.0})
     env_now = manifest.get("environment") or cast(Environment, {})
     out.extend(raster_changes(env_now.get("raster"), [
-        (b.get("environment") or {}).get("raster") for b in baselines], usual))
+        env.get("raster") for b in baselines if (env := b.get("environment"))], usual))
     for key in sorted(set(env_now) - MISMATCH_KEYS - {"raster"}):
         was = usual([cast(dict, b.get("environment") or {}).get(key) for b in baselines])
         now = cast(dict, env_now).get(key)
@@ -166,7 +169,7 @@ def _new_mismatches(env_now: Environment,
     :func:`~prefect_dask_profiling.environment.mismatch_key` (roles, not worker addresses,
     which change every run); ``was`` is the baseline's mismatch of the same package, if any."""
     def keys(env: Environment | None) -> set[str]:
-        return {mismatch_key(str(m)) for m in (env or {}).get("mismatches") or []}
+        return {mismatch_key(str(m)) for m in (env.get("mismatches") if env else None) or []}
 
     was_all = set().union(*(keys(b.get("environment")) for b in baselines))
     was_by_package = {m.partition(": ")[0]: m for m in sorted(was_all)}
@@ -308,7 +311,7 @@ def memory_change(stage: str, manifest: Manifest,
     def size(value: float) -> str:
         return "0" if not value else format_bytes(value)
 
-    now = _stage(manifest, stage).get("memory") or {}
+    now = _stage(manifest, stage).get("memory") or cast("StageMemory", {})
     was = [m for m in (_stage(b, stage).get("memory") for b in baselines)
            if isinstance(m, dict)]
     parts = []

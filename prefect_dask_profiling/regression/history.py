@@ -178,8 +178,8 @@ def show_run(store: RunStore, pipeline: str, run_id: str) -> tuple[RunSummary, p
     summary["stages"] = [s.get("name") for s in manifest.get("stages") or []
                          if isinstance(s, dict)]
     # per-stage bottleneck verdicts; runs stored before diagnoses existed have none
-    summary["bottlenecks"] = {s.get("name"): s["diagnosis"] for s in manifest.get("stages") or []
-                              if isinstance(s, dict) and isinstance(s.get("diagnosis"), dict)}
+    summary["bottlenecks"] = {s.get("name"): d for s in manifest.get("stages") or []
+                              if isinstance(s, dict) and isinstance(d := s.get("diagnosis"), dict)}
     explanations = cast(dict, manifest).get("explanations")  # the judgement's part
     if explanations:
         summary["explanations"] = explanations

@@ -623,7 +623,7 @@ class StoredJudgement:
 
     def to_json(self) -> StoredJudgementDoc:
         """Plain JSON form: the judgement made now beside what the run stored."""
-        judged = self.judgement.to_json() if self.judgement is not None else {}
+        judged: Mapping[str, object] = {} if self.judgement is None else self.judgement.to_json()
         return cast(StoredJudgementDoc, {**judged, "run_id": self.manifest.get("run_id"),
                 "pipeline": self.manifest.get("pipeline"),
                 "version": self.manifest.get("version"),

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any, TypedDict, cast
+from typing import Any, Literal, TypedDict, cast
 
 import numpy as np
 import pandas as pd
@@ -53,7 +53,8 @@ __all__ = ["MEMORY_METRICS", "MEMORY_VERDICTS", "MEMORY_VERDICT_COLUMNS", "Memor
            "MemoryVerdict", "describe_memory", "detect_memory", "history_from_manifests",
            "latest_from_manifest", "min_effect"]
 
-MEMORY_METRICS = ("peak_bytes", "spilled_bytes")
+MEMORY_METRICS: tuple[Literal["peak_bytes", "spilled_bytes"], ...] = ("peak_bytes",
+                                                                     "spilled_bytes")
 MEMORY_VERDICTS = ("memory-regression", "near-oom", "insufficient-history", "ok")
 MEMORY_VERDICT_COLUMNS = ["stage", "metric", "verdict", "baseline", "latest", "delta",
                           "ratio", "robust_z", "min_effect", "memory_limit", "headroom",
@@ -165,9 +166,9 @@ def _judge_metric(stage: str, metric: str, latest: float, past: np.ndarray,
         "n_history": int(past.size), "baseline": math.nan, "delta": math.nan,
         "ratio": math.nan, "robust_z": math.nan, "note": ""}
     if past.size < rule.min_history:
-        row.update(verdict="insufficient-history",
-                   note=f"{past.size} baseline run(s) with this stage, "
-                        f"{rule.min_history} needed")
+        row.update({"verdict": "insufficient-history",
+                    "note": f"{past.size} baseline run(s) with this stage, "
+                            f"{rule.min_history} needed"})
         return row
     median, mad = stats.median_mad(past)
     half_range = float(past.max() - past.min()) / 2
@@ -176,14 +177,15 @@ def _judge_metric(stage: str, metric: str, latest: float, past: np.ndarray,
     delta = latest - median
     ratio = stats.ratio(latest, median)
     z = stats.robust_z(latest, median, spread)
-    row.update(baseline=median, delta=delta, ratio=ratio, robust_z=z)
+    row.update({"baseline": median, "delta": delta, "ratio": ratio, "robust_z": z})
     hit = (ratio >= rule.memory_threshold and z >= rule.memory_z_threshold
            and delta >= effect)
     if hit:
-        row.update(verdict="memory-regression",
-                   note=f"{_what(metric)} {_ratio(ratio)}: {_gib(median)} -> {_gib(latest)}")
+        row.update({"verdict": "memory-regression",
+                    "note": f"{_what(metric)} {_ratio(ratio)}: {_gib(median)} -> "
+                            f"{_gib(latest)}"})
     else:
-        row.update(verdict="ok")
+        row["verdict"] = "ok"
     return row
 
 
@@ -199,9 +201,9 @@ def _judge_headroom(stage: str, rec: MemoryRow, past: np.ndarray,
     if headroom is None:
         row["note"] = "no worker memory limit known"
     elif headroom < rule.near_oom_headroom:
-        row.update(verdict="near-oom",
-                   note=f"peak {_gib(rec.get('peak_bytes'))} of {_gib(limit)}: "
-                        f"{headroom:.0%} headroom (under {rule.near_oom_headroom:.0%})")
+        row.update({"verdict": "near-oom",
+                    "note": f"peak {_gib(rec.get('peak_bytes'))} of {_gib(limit)}: "
+                            f"{headroom:.0%} headroom (under {rule.near_oom_headroom:.0%})"})
     return row
 
 

@@ -121,7 +121,7 @@ def _judge(stage: str, metric: str, now: float, past: np.ndarray,
     z = stats.robust_z(now, median, spread)
     flagged = (ratio >= rule.requests_threshold and z >= rule.z_threshold
                and now - median >= effect)
-    row.update(baseline=median, delta=now - median, ratio=ratio, robust_z=z,
-               verdict="request-regression" if flagged else "ok")
+    row.update({"baseline": median, "delta": now - median, "ratio": ratio, "robust_z": z,
+                "verdict": "request-regression" if flagged else "ok"})
     return row
 

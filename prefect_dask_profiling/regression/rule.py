@@ -263,11 +263,17 @@ class CheckOptions(TypedDict, total=False):
     requests_min_per_chunk: float
 
 
-class RegressionRuleDoc(CheckOptions, total=False):
+class RuleSettings(CheckOptions, total=False):
+    """The single settings a one-night check takes by name (``threshold`` and the
+    :class:`CheckOptions`)."""
+
+    threshold: float
+
+
+class RegressionRuleDoc(RuleSettings, total=False):
     """A :class:`RegressionRule` as plain JSON (``asdict``; the manifest's
     ``rules["regression"]``); a stored rule lacks the settings added after it."""
 
-    threshold: float
     history: int
     cost_regression: str
 
@@ -421,8 +427,9 @@ class Rules:
         return cls(RegressionRule(**regression), _drift_rule(dict(data.get("drift", {}))))
 
 
-def _drift_rule(options: DriftRuleDoc) -> DriftRule:
-    """The drift rule of stored or given ``options`` (checked: they come from JSON)."""
+def _drift_rule(options: object) -> DriftRule:
+    """The drift rule of stored ``options`` (a :class:`DriftRuleDoc`, checked: it was read
+    from JSON)."""
     if not isinstance(options, dict):
         raise InvalidInput(f"drift options must be a dict, got {type(options).__name__}")
     unknown = sorted(set(options) - {f.name for f in fields(DriftRule)}, key=str)

@@ -44,6 +44,10 @@ MAD_TO_SIGMA = 1.4826
 ArrayLike = float | np.ndarray
 
 
+@overload
+def median_mad(values: np.ndarray, axis: None = None) -> tuple[float, float]: ...
+@overload
+def median_mad(values: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]: ...
 def median_mad(values: np.ndarray, axis: int | None = None) -> tuple[ArrayLike, ArrayLike]:
     """The median of ``values`` and their median absolute deviation from it.
 
@@ -88,6 +92,10 @@ def robust_spread(mad: ArrayLike, *floors: ArrayLike) -> ArrayLike:
     return _out(spread)
 
 
+@overload
+def robust_z(latest: float, centre: float, spread: float) -> float: ...
+@overload
+def robust_z(latest: ArrayLike, centre: ArrayLike, spread: ArrayLike) -> ArrayLike: ...
 def robust_z(latest: ArrayLike, centre: ArrayLike, spread: ArrayLike) -> ArrayLike:
     """``(latest - centre) / spread``: how many robust sigmas tonight is from the median.
 
@@ -102,6 +110,10 @@ def robust_z(latest: ArrayLike, centre: ArrayLike, spread: ArrayLike) -> ArrayLi
     return _out(z)
 
 
+@overload
+def ratio(latest: float, baseline: float) -> float: ...
+@overload
+def ratio(latest: ArrayLike, baseline: ArrayLike) -> ArrayLike: ...
 def ratio(latest: ArrayLike, baseline: ArrayLike) -> ArrayLike:
     """``latest / baseline`` with 0 / 0 = 1 (nothing before, nothing now) and x / 0 = inf for
     x > 0 (so is a ratio past the float range); NaN in gives NaN out."""

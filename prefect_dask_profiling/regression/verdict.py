@@ -48,7 +48,7 @@ from prefect_dask_profiling.regression import stats
 from prefect_dask_profiling.regression.rule import (
     CHECK_OPTION_KEYS,
     RegressionRule,
-    RegressionRuleDoc,
+    RuleSettings,
 )
 
 KEYS = ["stage", "prefix"]
@@ -147,7 +147,7 @@ def run_outcome(verdicts: pd.DataFrame | None, *, failed: bool = False,
 
 def detect_regressions(history: pd.DataFrame, latest: pd.DataFrame, *,
                        rule: RegressionRule | None = None,
-                       **settings: Unpack[RegressionRuleDoc]) -> pd.DataFrame:
+                       **settings: Unpack[RuleSettings]) -> pd.DataFrame:
     """Compare the latest run's per-prefix times against the baseline runs.
 
     Parameters
@@ -314,7 +314,7 @@ def _fraction(values: np.ndarray) -> np.ndarray:
     return values / total if total > 0 else np.zeros_like(values)
 
 
-def _rule(rule: RegressionRule | None, settings: RegressionRuleDoc) -> RegressionRule:
+def _rule(rule: RegressionRule | None, settings: RuleSettings) -> RegressionRule:
     """``rule`` (default settings when None) with single ``settings`` replaced, validated."""
     if rule is not None and not isinstance(rule, RegressionRule):
         raise InvalidInput(f"rule must be a RegressionRule, got {type(rule).__name__}")
