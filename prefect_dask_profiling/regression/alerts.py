@@ -37,6 +37,7 @@ from            tonight                                  to              event, 
 (none)          flagged, conclusive                      confirmed       detected, fails
 (none)          flagged, not conclusive                  suspected       suspected
 suspected       still there (``alert == "regression"``)  confirmed       detected, fails
+suspected       still there, an onset not yet confirmed  suspected       none [3]_
 suspected       gone                                     cleared         cleared
 confirmed       still flagged                            confirmed       fails [1]_
 confirmed       back for ``resolve_after`` nights        resolved        resolved
@@ -49,6 +50,10 @@ any open        the night is ``accept``-ed               (restart)       --
    judged against the healthy baseline, which keeps their nights out. ``headroom`` is
    absolute: a chronic near-OOM fails **once per episode** and is reported every night.
 .. [2] On the next flagged night, with an event id of its own (a new round).
+.. [3] A memory metric its baseline never saw reach the minimum effect (a stage that has
+   not spilled) confirms after more nights in a row than two
+   (:func:`.memory.onset_nights`): its nights stay out of the memory baseline meanwhile,
+   and return to it if the onset clears.
 
 A prefix's drift while its time episode is open is that episode's condition, not a new one:
 it opens no drift episode (a step acknowledged on its first nights would otherwise page
@@ -469,7 +474,7 @@ def priors(book: Book, metric: str = METRIC) -> dict[tuple[str, str], Prior]:
     for ep in book.open():
         if ep.metric == metric:
             out[(ep.stage, ep.prefix)] = Prior(
-                episode=ep.state, ratio=book.ratios.get(ep.key, math.nan))
+                episode=ep.state, ratio=book.ratios.get(ep.key, math.nan), nights=ep.nights)
     return out
 
 
@@ -644,8 +649,9 @@ def _step(ep: Episode, signal: Signal | None, night: Night
                          confirmed_run=run_id)
             return _detect(ep, run_id) if not ep.acknowledged else (ep, None)
         if signal.alert == "suspected":
-            # flagged again by a night that overlapped the suspecting one (its judge did
-            # not know of it): still open, the next night confirms or clears it
+            # an onset not yet confirmed (it needs more nights in a row), or flagged again
+            # by a night that overlapped the suspecting one (its judge did not know of it):
+            # still open, a later night confirms or clears it
             return ep, None
         ep = replace(ep, state="cleared", ended_run=run_id)
         return ep, AlertEvent("cleared", ep, run_id)

@@ -16,6 +16,11 @@ settings of the same :class:`~prefect_dask_profiling.regression.rule.RegressionR
     memory limit, memory_min_bytes)`` — 10% of the limit or 256 MiB, whichever is smaller —
     so a stage that went from 40 to 90 MiB on 16 GiB workers never fails a flow;
 
+* an **onset** — a ``memory-regression`` of a metric none of whose baseline nights reached
+  the minimum effect (a stage that has not spilled, spilling tonight) — needs more nights in
+  a row to confirm than the usual two (:func:`onset_nights`): a few clean nights cannot
+  tell a stage that never spills from one that spills on one night in ten;
+
 * ``near-oom`` (metric ``headroom``) when tonight's headroom — min over workers of
   ``(limit - peak process) / limit`` — is under ``near_oom_headroom`` (10%). It needs no
   history: a stage that ran within 10% of the limit is one bad chunk from a killed worker.
@@ -51,14 +56,14 @@ from prefect_dask_profiling.store.manifest import Manifest
 
 __all__ = ["MEMORY_METRICS", "MEMORY_VERDICTS", "MEMORY_VERDICT_COLUMNS", "MemoryRow",
            "MemoryVerdict", "describe_memory", "detect_memory", "history_from_manifests",
-           "latest_from_manifest", "min_effect"]
+           "latest_from_manifest", "min_effect", "onset_nights"]
 
 MEMORY_METRICS: tuple[Literal["peak_bytes", "spilled_bytes"], ...] = ("peak_bytes",
                                                                      "spilled_bytes")
 MEMORY_VERDICTS = ("memory-regression", "near-oom", "insufficient-history", "ok")
 MEMORY_VERDICT_COLUMNS = ["stage", "metric", "verdict", "baseline", "latest", "delta",
                           "ratio", "robust_z", "min_effect", "memory_limit", "headroom",
-                          "n_history", "note"]
+                          "n_history", "nights_needed", "note"]
 ABS_FLOOR_BYTES = 16 * 2**20  # no process memory repeats to better than a few MiB
 
 
@@ -79,10 +84,12 @@ class MemoryRow(TypedDict, total=False):
 
 class MemoryVerdict(stats.MetricVerdict):
     """A row of :data:`MEMORY_VERDICT_COLUMNS`: the stage's smallest worker
-    ``memory_limit`` (``None``: unknown), its ``headroom`` and the verdict in words."""
+    ``memory_limit`` (``None``: unknown), its ``headroom``, the flagged nights in a row that
+    confirm it (:func:`onset_nights` for an onset) and the verdict in words."""
 
     memory_limit: float | None
     headroom: float | None
+    nights_needed: int
     note: str
 
 
@@ -94,6 +101,21 @@ def min_effect(memory_limit: float | None, rule: RegressionRule) -> float:
     if not memory_limit or memory_limit <= 0 or not math.isfinite(memory_limit):
         return float(rule.memory_min_bytes)
     return float(min(rule.memory_min_fraction * memory_limit, rule.memory_min_bytes))
+
+
+def onset_nights(n_history: int, rule: RegressionRule) -> int:
+    """Flagged nights in a row an onset needs to confirm, after ``n_history`` clean nights.
+
+    An onset is a metric none of whose baseline nights reached the minimum effect (a stage
+    that has not spilled). ``n`` clean nights cannot rule out an occasional rate of
+    ``1 / (n + 2)`` (Laplace's rule of succession), so ``k`` flagged nights in a row confirm
+    it when ``(1 / (n + 2)) ** k <= rule.memory_onset_chance``; never fewer than the two
+    nights of any other memory verdict.
+    """
+    rate, nights = 1.0 / (max(n_history, 0) + 2), 2
+    while rate ** nights > rule.memory_onset_chance * (1 + 1e-9):  # 1e-9: float rounding
+        nights += 1
+    return nights
 
 
 def detect_memory(history: Iterable[MemoryRow] | pd.DataFrame,
@@ -123,7 +145,9 @@ def detect_memory(history: Iterable[MemoryRow] | pd.DataFrame,
         is the history median (bytes; for ``headroom`` the median headroom), ``latest``
         tonight's value, ``ratio`` ``latest / baseline`` (inf from zero), ``robust_z`` as
         in the module docstring, ``min_effect`` the bytes the increase had to reach,
-        ``n_history`` the number of baseline runs that had the stage.
+        ``n_history`` the number of baseline runs that had the stage, ``nights_needed``
+        the flagged nights in a row that confirm it (:func:`onset_nights` for an onset,
+        else 2).
 
     Raises
     ------
@@ -152,7 +176,8 @@ def detect_memory(history: Iterable[MemoryRow] | pd.DataFrame,
         if rule.near_oom:
             rows.append(_judge_headroom(stage, rec, headrooms[at], limit, rule))
     frame = pd.DataFrame(rows, columns=MEMORY_VERDICT_COLUMNS)
-    return frame.astype({"n_history": "int64"}) if not frame.empty else frame
+    return frame.astype({"n_history": "int64", "nights_needed": "int64"}) \
+        if not frame.empty else frame
 
 
 def _judge_metric(stage: str, metric: str, latest: float, past: np.ndarray,
@@ -164,7 +189,7 @@ def _judge_metric(stage: str, metric: str, latest: float, past: np.ndarray,
         "stage": stage, "metric": metric, "verdict": "", "latest": latest,
         "min_effect": effect, "memory_limit": limit, "headroom": headroom,
         "n_history": int(past.size), "baseline": math.nan, "delta": math.nan,
-        "ratio": math.nan, "robust_z": math.nan, "note": ""}
+        "ratio": math.nan, "robust_z": math.nan, "nights_needed": 2, "note": ""}
     if past.size < rule.min_history:
         row.update({"verdict": "insufficient-history",
                     "note": f"{past.size} baseline run(s) with this stage, "
@@ -184,6 +209,11 @@ def _judge_metric(stage: str, metric: str, latest: float, past: np.ndarray,
         row.update({"verdict": "memory-regression",
                     "note": f"{_what(metric)} {_ratio(ratio)}: {_gib(median)} -> "
                             f"{_gib(latest)}"})
+        if float(past.max()) < effect:  # an onset: the baseline never reached the effect
+            needed = onset_nights(int(past.size), rule)
+            row.update({"nights_needed": needed,
+                        "note": f"{row['note']} (new in {past.size} nights: confirms after "
+                                f"{needed} nights in a row)"})
     else:
         row["verdict"] = "ok"
     return row
@@ -193,11 +223,12 @@ def _judge_headroom(stage: str, rec: MemoryRow, past: np.ndarray,
                     limit: float | None, rule: RegressionRule) -> MemoryVerdict:
     headroom = finite_number(rec.get("headroom"))
     was = past[np.isfinite(past)]
-    row: MemoryVerdict = {"stage": stage, "metric": "headroom", "latest": headroom,
-           "baseline": float(np.median(was)) if was.size else math.nan,
-           "delta": math.nan, "ratio": math.nan, "robust_z": math.nan, "min_effect": math.nan,
-           "memory_limit": limit, "headroom": headroom, "n_history": int(past.size),
-           "verdict": "ok", "note": ""}
+    row: MemoryVerdict = {
+        "stage": stage, "metric": "headroom", "latest": headroom,
+        "baseline": float(np.median(was)) if was.size else math.nan,
+        "delta": math.nan, "ratio": math.nan, "robust_z": math.nan, "min_effect": math.nan,
+        "memory_limit": limit, "headroom": headroom, "n_history": int(past.size),
+        "nights_needed": 1, "verdict": "ok", "note": ""}
     if headroom is None:
         row["note"] = "no worker memory limit known"
     elif headroom < rule.near_oom_headroom:

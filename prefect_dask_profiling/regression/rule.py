@@ -111,6 +111,16 @@ class RegressionRule:
         garbage collections (5: 6 of them; ``benchmarks/memory_rule.py``).
     memory_mad_floor
         Floor of the memory spread as a fraction of the baseline median (>= 0).
+    memory_onset_chance
+        How unlikely, between 0 and 1 (exclusive), a run of flagged nights must be before an
+        *onset* confirms: a memory metric none of whose ``n`` baseline nights reached the
+        minimum effect (a stage that has not spilled) and that does tonight. ``n`` clean
+        nights cannot rule out an occasional spill rate of ``1 / (n + 2)`` (Laplace's rule
+        of succession), so the onset confirms after ``k`` nights in a row, the smallest
+        ``k >= 2`` with ``(1 / (n + 2)) ** k <= memory_onset_chance``: 1e-4 needs 4 nights
+        after 8 to 19 clean ones, 3 after 20 to 97 (``benchmarks/alert_quality.py``: a stage
+        spilling 300-600 MiB on one night in ten failed 9 and 11 of 1,920 nights with two
+        nights).
     memory_min_fraction, memory_min_bytes
         Minimum effect of a memory regression: the increase must be at least
         ``min(memory_min_fraction x worker memory limit, memory_min_bytes)`` (a fraction
@@ -161,6 +171,7 @@ class RegressionRule:
     memory_threshold: float = 1.5
     memory_z_threshold: float = 6.0
     memory_mad_floor: float = 0.10
+    memory_onset_chance: float = 1e-4
     memory_min_fraction: float = 0.10
     memory_min_bytes: int = 256 * 2**20
     near_oom: bool = True
@@ -186,6 +197,11 @@ class RegressionRule:
         _number("memory_threshold", self.memory_threshold, low=1, low_open=True)
         _number("memory_z_threshold", self.memory_z_threshold, low=0, low_open=True)
         _number("memory_mad_floor", self.memory_mad_floor, low=0, low_open=False)
+        _number("memory_onset_chance", self.memory_onset_chance, low=0, low_open=True,
+                high=1)
+        if self.memory_onset_chance >= 1:
+            raise InvalidInput(f"memory_onset_chance must be a finite number between 0 and "
+                               f"1 (exclusive), got {self.memory_onset_chance!r}")
         _number("memory_min_fraction", self.memory_min_fraction, low=0, low_open=False, high=1)
         _number("memory_min_bytes", self.memory_min_bytes, low=0, low_open=False)
         _flag("near_oom", self.near_oom)
@@ -254,6 +270,7 @@ class CheckOptions(TypedDict, total=False):
     memory_threshold: float
     memory_z_threshold: float
     memory_mad_floor: float
+    memory_onset_chance: float
     memory_min_fraction: float
     memory_min_bytes: int
     near_oom: bool

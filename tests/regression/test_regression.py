@@ -357,7 +357,7 @@ def test_the_rule_holds_every_setting_with_its_default():
         "z_threshold", "min_seconds", "min_share", "min_history", "mad_floor", "abs_floor_s",
         "confirm", "resolve_after",
         "memory_regression", "memory_history", "memory_threshold", "memory_z_threshold",
-        "memory_mad_floor",
+        "memory_mad_floor", "memory_onset_chance",
         "memory_min_fraction", "memory_min_bytes", "near_oom", "near_oom_headroom",
         "requests_regression", "requests_threshold", "requests_min_per_chunk"}
     history, latest = _history({"a": [10.0, 11, 9, 10], "b": [5.0] * 4}), _latest({"a": 25.0})
