@@ -10,7 +10,7 @@ The command body imports what it uses (the history brings pandas): ``--help`` im
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict, cast
 
 import typer
 
@@ -18,11 +18,47 @@ from prefect_dask_profiling.cli._output import emit_json, say
 from prefect_dask_profiling.cli._params import JsonOption, PipelineOption, StoreOption
 
 if TYPE_CHECKING:
-    from prefect_dask_profiling.regression.eta import HistoryStats
+    from prefect_dask_profiling.regression.eta import HistoryStats, UnknownStage
 
 IN_PROGRESS_NOTE = ("a run in progress is not in the store until it ends: its live ETA is "
                     "on its Prefect flow run (progress artifact, logs, events); this is the "
                     "plan it starts from")
+
+
+class PlanStage(TypedDict):
+    """One stage of the plan: its baseline nights, p50 / p90 seconds, windows and usual
+    task count, and whether it has enough nights to be counted (``known``)."""
+
+    stage: str
+    nights: int
+    p50_s: float
+    p90_s: float
+    windows: int
+    usual_tasks: int
+    known: bool
+
+
+class PlanRun(TypedDict):
+    """The whole run's ETA range at its start, and the stages it leaves out."""
+
+    expected_s: float
+    high_s: float
+    unknown: list[UnknownStage]
+
+
+class Plan(TypedDict):
+    """``dask-profiling eta --json`` (:func:`plan_json`; the command adds ``store`` and
+    ``note``): ``run`` is ``None`` and ``text`` says why until the plan is ready."""
+
+    pipeline: str
+    version: str
+    nights: list[str]
+    needed: int
+    ready: bool
+    stages: list[PlanStage]
+    run: PlanRun | None
+    naive_s: float | None
+    text: str | None
 
 
 def register(app: typer.Typer) -> None:
@@ -57,26 +93,27 @@ def eta_command(
         say(line)
 
 
-def plan_json(stats: HistoryStats) -> dict[str, Any]:
+def plan_json(stats: HistoryStats) -> Plan:
     """The plan as JSON: per stage its figures, and the whole run's range at its start."""
     from datetime import UTC, datetime
 
     from prefect_dask_profiling.regression.eta import RunProgress, estimate
 
     eta = estimate(stats, RunProgress(now=datetime.now(UTC), elapsed_s=0.0))
+    low, high = eta.remaining_low_s, eta.remaining_high_s  # set when the ETA is known
     return {
         "pipeline": stats.pipeline, "version": stats.version, "nights": list(stats.runs),
         "needed": stats.needed, "ready": stats.ready,
         "stages": [{"stage": s.name, "nights": s.nights, "p50_s": s.p50_s, "p90_s": s.p90_s,
                     "windows": s.windows, "usual_tasks": s.usual_tasks,
                     "known": s.nights >= stats.needed} for s in stats.stages],
-        "run": None if not eta.known else {
-            "expected_s": eta.remaining_low_s, "high_s": eta.remaining_high_s,
+        "run": None if not eta.known or low is None or high is None else {
+            "expected_s": low, "high_s": high,
             "unknown": [{"stage": s, "reason": r} for s, r in eta.unknown]},
         "naive_s": stats.total_p50_s, "text": eta.text if not eta.known else None}
 
 
-def plan_lines(stats: HistoryStats, plan: dict[str, Any]) -> list[str]:
+def plan_lines(stats: HistoryStats, plan: Plan) -> list[str]:
     """The human form of :func:`plan_json`."""
     head = f"{stats.pipeline} {stats.version}: ETA plan from {len(stats.runs)} baseline night"
     head += "s" * (len(stats.runs) != 1)
@@ -84,7 +121,7 @@ def plan_lines(stats: HistoryStats, plan: dict[str, Any]) -> list[str]:
         head += f" ({stats.runs[0]} .. {stats.runs[-1]})"
     lines = [head]
     if not stats.ready:
-        return [*lines, plan["text"], f"note: {IN_PROGRESS_NOTE}"]
+        return [*lines, cast(str, plan["text"]), f"note: {IN_PROGRESS_NOTE}"]  # why not
     width = max(len(s.name) for s in stats.stages)
     lines.append(f"  {'stage':<{width}}  {'p50':>9}  {'p90':>9}  nights  tasks")
     for s in stats.stages:
@@ -92,7 +129,7 @@ def plan_lines(stats: HistoryStats, plan: dict[str, Any]) -> list[str]:
             f"  unknown: too little history ({s.nights} of {stats.needed} nights)"
         lines.append(f"  {s.name:<{width}}  {_duration(s.p50_s):>9}  {_duration(s.p90_s):>9}"
                      f"  {s.nights:>6}  {s.usual_tasks:>5}{known}")
-    run = plan["run"]
+    run = cast("PlanRun", plan["run"])  # ready: the ETA is known
     lines.append(f"whole run: {_duration(run['expected_s'])} expected, up to "
                  f"{_duration(run['high_s'])} (stages' p90 spreads added in quadrature); "
                  f"the median night took {_duration(stats.total_p50_s or 0.0)}")

@@ -79,7 +79,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypedDict
 
 import pandas as pd
 
@@ -121,6 +121,19 @@ def episode_id(pipeline: str, version: str, stage: str, prefix: str, metric: str
     """The episode's stable id: ``ep-`` and 10 hex digits of a hash of what it is about."""
     text = "\0".join((pipeline, version, stage, prefix, metric, start_run))
     return "ep-" + hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+class SignalRow(TypedDict):
+    """A non-time signal of a night as stored in its manifest (``signals``; the ``other``
+    rows of :meth:`Night.from_tables`): the key, the one-night verdict, tonight's ratio
+    (``None``: not finite) and the confirmation decision (``alert``)."""
+
+    stage: str
+    prefix: str
+    metric: str
+    verdict: str
+    ratio: float | None
+    alert: str
 
 
 @dataclass(frozen=True)
@@ -224,6 +237,16 @@ class Episode:
         return out
 
 
+class AlertEventDoc(TypedDict):
+    """An :class:`AlertEvent` as plain JSON (the Prefect event's payload, the manifest's
+    ``outcome.events``): the event name, its id, the night and the episode after it."""
+
+    event: str
+    id: str
+    run_id: str
+    episode: dict[str, Any]  # Episode.to_json: the episode's fields
+
+
 @dataclass(frozen=True)
 class AlertEvent:
     """Something that happened to an episode on one night.
@@ -256,7 +279,7 @@ class AlertEvent:
         name = f"{self.episode.id}/{self.kind}" + (f"/{self.round}" if self.round else "")
         return str(uuid.uuid5(_EVENT_NAMESPACE, name))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> AlertEventDoc:
         return {"event": self.event, "id": self.id, "run_id": self.run_id,
                 "episode": self.episode.to_json()}
 

@@ -344,20 +344,34 @@ def confirm_signals(rows: pd.DataFrame, priors: dict[tuple[str, str], Prior],
     decisions = []
     for row in rows.to_dict("records"):
         prior = priors.get((str(row["stage"]), str(row["metric"])), Prior())
-        decisions.append(_decide_signal(row, row["verdict"] in flagged, prior, rule,
-                                        conclusive))
+        decisions.append(_decide_signal(
+            _Tonight(float_or_nan(row.get("ratio")), float_or_nan(row.get("delta")),
+                     float_or_nan(row.get("min_effect")),
+                     float_or_nan(row.get("nights_needed"))),
+            row["verdict"] in flagged, prior, rule, conclusive))
     return rows.assign(alert=[d.alert for d in decisions],
                        alert_reason=[d.reason for d in decisions])
 
 
-def _decide_signal(row: dict[str, Any], is_flagged: bool, prior: Prior,
+@dataclass(frozen=True)
+class _Tonight:
+    """A per-stage row's figures the confirmation reads (NaN: missing): its ratio, its
+    increase against the minimum effect (NaN effect: any increase counts) and the flagged
+    nights in a row that confirm it (NaN: 2)."""
+
+    ratio: float
+    delta: float
+    min_effect: float
+    nights_needed: float
+
+
+def _decide_signal(row: _Tonight, is_flagged: bool, prior: Prior,
                    rule: RegressionRule, conclusive: bool) -> Decision:
     if rule.confirm == "never":
         return Decision("regression", "one night") if is_flagged else Decision("")
     needed = _nights_needed(row)
     if prior.episode == "suspected":
-        ratio = float_or_nan(row.get("ratio"))
-        delta, effect = float_or_nan(row.get("delta")), float_or_nan(row.get("min_effect"))
+        ratio, delta, effect = row.ratio, row.delta, row.min_effect
         enough = not math.isfinite(effect) or (math.isfinite(delta) and delta >= effect)
         still = is_flagged or (nearer(ratio, prior.ratio) and enough)
         if not still:
@@ -380,7 +394,7 @@ def _decide_signal(row: dict[str, Any], is_flagged: bool, prior: Prior,
     return Decision("suspected", "one night: the next run confirms or clears it")
 
 
-def _nights_needed(row: dict[str, Any]) -> int:
+def _nights_needed(row: _Tonight) -> int:
     """The flagged nights in a row that confirm a row (its ``nights_needed``; default 2)."""
-    value = float_or_nan(row.get("nights_needed"))
+    value = row.nights_needed
     return int(value) if math.isfinite(value) and value >= 2 else 2

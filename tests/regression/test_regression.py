@@ -369,6 +369,32 @@ def test_the_rule_holds_every_setting_with_its_default():
     assert regressed(overridden)["prefix"].tolist() == ["a"] and regressed(by_rule).empty
 
 
+def test_the_stored_rule_documents_name_every_setting():
+    """The TypedDicts of the stored rules (``rules`` in a manifest) and of the runner's
+    ``check_options`` name exactly the dataclasses' fields: a setting added to a rule must be
+    added to its document too."""
+    from dataclasses import fields
+
+    from prefect_dask_profiling.regression.rule import (
+        CHECK_OPTION_KEYS,
+        CheckOptions,
+        DriftRule,
+        DriftRuleDoc,
+        RegressionRule,
+        RegressionRuleDoc,
+        Rules,
+        RulesDoc,
+    )
+
+    assert set(CheckOptions.__annotations__) == set(CHECK_OPTION_KEYS)
+    assert set(RegressionRuleDoc.__optional_keys__) == {f.name for f in fields(RegressionRule)}
+    assert set(DriftRuleDoc.__optional_keys__) == {f.name for f in fields(DriftRule)}
+    stored = Rules().to_dict()
+    assert set(stored) == set(RulesDoc.__required_keys__)
+    assert set(stored["regression"]) == set(RegressionRuleDoc.__optional_keys__)
+    assert Rules.from_dict(stored) == Rules()
+
+
 @pytest.mark.parametrize(("settings", "message"), [
     ({"z_threshold": -1}, "z_threshold must be a finite number > 0, got -1"),
     ({"min_share": 5}, "min_share must be a finite number between 0 and 1, got 5"),
