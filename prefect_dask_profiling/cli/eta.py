@@ -57,7 +57,8 @@ def eta_command(
     try:
         pipeline = history.resolve_pipeline(run_store, pipeline)
     except StoreError:  # a first night in progress: no stored run yet, but its estimate
-        if pipeline is None or not (running := in_progress(run_store, pipeline)):
+        running = in_progress(run_store, pipeline) if pipeline is not None else []
+        if not running or running[0]["run_id"] is None:
             raise
         if as_json:
             emit_json({"store": run_store.url, "pipeline": pipeline, "stages": [],
@@ -80,14 +81,19 @@ def eta_command(
 
 def in_progress(run_store: Any, pipeline: str, now: Any = None) -> list[dict[str, Any]]:
     """The runs in progress of ``pipeline``, oldest first: per run its stored estimate, its
-    age (``age_s``) and whether it is ``stale``; or the ``error`` reading it (one line)."""
+    age (``age_s``) and whether it is ``stale``; or the ``error`` reading it (one line).
+    A store whose estimates cannot be listed gives one entry, ``run_id`` None, saying why."""
     from datetime import UTC, datetime
 
     from prefect_dask_profiling.errors import StoreError
 
     now = now or datetime.now(UTC)
+    try:
+        stored = run_store.live_estimates(pipeline)
+    except StoreError as exc:  # the plan is still worth printing
+        return [{"run_id": None, "error": " ".join(str(exc).split())}]
     out: list[dict[str, Any]] = []
-    for run_id, found in run_store.live_estimates(pipeline).items():
+    for run_id, found in stored.items():
         if isinstance(found, StoreError):
             out.append({"run_id": run_id, "error": " ".join(str(found).split())})
             continue
@@ -108,6 +114,8 @@ def in_progress_lines(running: list[dict[str, Any]]) -> list[str]:
     """The human form of :func:`in_progress`."""
     if not running:
         return ["runs in progress: none stored"]
+    if running[0]["run_id"] is None:
+        return [f"runs in progress: not read: {running[0]['error']}"]
     lines = [f"runs in progress: {len(running)}"]
     for run in running:
         if "error" in run:

@@ -191,3 +191,17 @@ def test_a_first_night_in_progress_has_no_plan_but_its_estimate(store):
     assert out.stdout.splitlines()[0] == "fresh: no stored run yet (no ETA plan)"
     assert "stage read running; no ETA yet: needs 3 earlier runs" in out.stdout
     assert cli("eta", "--pipeline", "other", "--store", store.url).exit_code == 2
+
+
+def test_estimates_that_cannot_be_listed_leave_the_plan(store, monkeypatch):
+    from prefect_dask_profiling.store.errors import StoreAccessDenied
+
+    def denied(self, pipeline):
+        raise StoreAccessDenied("could not list s3://bucket/live/ndvi: AccessDenied")
+
+    monkeypatch.setattr(RunStore, "live_estimates", denied)
+    out = cli("eta", "--pipeline", "ndvi", "--store", store.url)
+    assert out.exit_code == 0, out.output
+    assert out.stdout.splitlines()[0].startswith("ndvi v1: ETA plan from 5 baseline nights")
+    assert ("runs in progress: not read: could not list s3://bucket/live/ndvi: AccessDenied"
+            in out.stdout)
