@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from prefect_dask_profiling.errors import InvalidInput
+from prefect_dask_profiling.store.live import UnknownStage
 
 if TYPE_CHECKING:  # the runner validates its options with this module in Dask workers too,
     import pandas as pd  # which must not load pandas: nothing here imports it at run time
@@ -273,13 +274,6 @@ class StageLagDoc(TypedDict):
     behind_pct: float
     expected_s: float
     projected_s: float
-
-
-class UnknownStage(TypedDict):
-    """A stage the estimate leaves out, and why (:attr:`Eta.unknown` as JSON)."""
-
-    stage: str
-    reason: str
 
 
 class EtaDoc(TypedDict):
