@@ -120,7 +120,7 @@ class RegressionRule:
         ``k >= 2`` with ``(1 / (n + 2)) ** k <= memory_onset_chance``: 1e-4 needs 4 nights
         after 8 to 19 clean ones, 3 after 20 to 97 (``benchmarks/alert_quality.py``: a stage
         spilling 300-600 MiB on one night in ten failed 9 and 11 of 1,920 nights with two
-        nights).
+        nights, 0 of 3,840 with the onset rule).
     memory_min_fraction, memory_min_bytes
         Minimum effect of a memory regression: the increase must be at least
         ``min(memory_min_fraction x worker memory limit, memory_min_bytes)`` (a fraction
