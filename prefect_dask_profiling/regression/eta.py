@@ -52,7 +52,7 @@ if TYPE_CHECKING:  # the runner validates its options with this module in Dask w
 __all__ = ["DEFAULT_ETA_INTERVAL_S", "LEAD", "TAIL", "Deadline", "Eta", "HistoryStats",
            "NightLayout", "RiskTracker", "RunProgress", "StageStats", "check_eta_interval",
            "check_margin", "estimate", "history_stats", "night_layout", "parse_deadline",
-           "resolve_deadline", "risk"]
+           "resolve_deadline", "risk", "unknown_text"]
 
 DEFAULT_ETA_INTERVAL_S = 30.0
 # Nights a stage needs in the baseline before its duration is trusted (the judge's
@@ -595,10 +595,17 @@ def _combine(stats: HistoryStats, progress: RunProgress, parts: list[_Part],
     finish_low, finish_high = now + timedelta(seconds=low), now + timedelta(seconds=high)
     text = f"ETA {_clock(finish_low, zone)}–{_clock(finish_high, zone)}"
     if unknown:
-        text += ", not counting " + ", ".join(f"stage `{s}`: {r}" for s, r in unknown)
+        text += ", not counting " + ", ".join(unknown_text(s, r) for s, r in unknown)
     return Eta(True, text, remaining_s=low, remaining_low_s=low, remaining_high_s=high,
                finish_low=finish_low, finish_high=finish_high,
                percent_done=max(0.0, min(percent, 100.0)), unknown=tuple(unknown), lag=lag)
+
+
+def unknown_text(part: str, reason: str) -> str:
+    """What an estimate leaves out, for people: "stage `publish`: no history", "the time
+    before the first stage: too little history (...)"."""
+    what = f"the time {part}" if part in (LEAD, TAIL) else f"stage `{part}`"
+    return f"{what}: {reason}"
 
 
 def _clock(at: datetime, zone: tzinfo) -> str:
