@@ -5,10 +5,12 @@ A generated pipeline has five stages (read 600 s, ndvi 1800 s, reduce 900 s, wri
 publish 120 s: about 62 minutes) with one to three prefixes each (10 to 800 tasks). A night's
 stage lasts ``base x N x S``: ``N`` a night factor shared by its stages (lognormal, sigma
 0.03: a busier cluster, a bigger scene), ``S`` the stage's own (lognormal, sigma 0.08); a
-gap of 1-3 % of the stage precedes it (graph submission, the flow body), and a tail of 20-60
-s ends the run (collection, store). A stage's tasks finish at uniform random times inside
-it. The baseline is the eight nights before (the judge's ``history``), with the manifests
-and tasks tables the store keeps; tonight is a ninth night.
+gap of 1-3 % of the stage precedes it (graph submission, the flow body; the first stage's is
+the run's lead), and a tail of 20-60 s ends the run (collection, store). The manifests hold
+each stage's window, from which the ETA reads the lead and tail as parts of their own. A
+stage's tasks finish at uniform random times inside it. The baseline is the eight nights
+before (the judge's ``history``), with the manifests and tasks tables the store keeps;
+tonight is a ninth night.
 
 Measured, over ``trials`` independent histories:
 
@@ -29,9 +31,10 @@ store's real nights (e.g. the reference flow's, from ``benchmarks/ndvi_nights.py
 one out: each judged night (healthy, suspected or regressed) is predicted from the up to
 eight healthy nights stored before it (at least ``MIN_NIGHTS``, the ETA's own minimum), at
 25 %, 50 % and 75 % of its wall time, against the naive estimate (the median wall time of
-the same nights). A stored night keeps each stage's wall time but not when its tasks
-finished: the replay lays the stages end to end (the gaps shared out as the ETA shares
-them) and estimates **from time only** inside a stage, as the live ETA does when the
+the same nights). A stored night keeps each stage's wall time and window but not when
+its tasks finished: the replay lays the night out as the ETA reads it (``night_layout``: the
+lead before the first stage, the stages end to end with the gaps between them shared out,
+the tail) and estimates **from time only** inside a stage, as the live ETA does when the
 scheduler's counts cannot be read.
 """
 
