@@ -234,17 +234,17 @@ def plan_lines(stats: HistoryStats, plan: Plan) -> list[str]:
     lines = [head]
     if not stats.ready:
         return [*lines, cast(str, plan["text"]), f"note: {IN_PROGRESS_NOTE}"]  # why not
-    width = max(len(s.name) for s in [*stats.stages, stats.lead, stats.tail] if s is not None)
+    width = max(len(s.name) for s in (stats.lead, *stats.stages, stats.tail) if s is not None)
     lines.append(f"  {'stage':<{width}}  {'p50':>9}  {'p90':>9}  nights  tasks")
-    outside = [o for o in (stats.lead, stats.tail) if o is not None]
-    for s in [*stats.stages, *outside]:
+    rows = [o for o in (stats.lead, *stats.stages, stats.tail) if o is not None]
+    for s in rows:
         known = "" if s.nights >= stats.needed else \
             f"  unknown: too little history ({s.nights} of {stats.needed} nights)"
         lines.append(f"  {s.name:<{width}}  {_duration(s.p50_s):>9}  {_duration(s.p90_s):>9}"
                      f"  {s.nights:>6}  {s.usual_tasks:>5}{known}")
     run = cast("PlanRun", plan["run"])  # ready: the ETA is known
     lines.append(f"whole run: {_duration(run['expected_s'])} expected, up to "
-                 f"{_duration(run['high_s'])} (stages' p90 spreads added in quadrature); "
+                 f"{_duration(run['high_s'])} (the parts' p90 spreads added in quadrature); "
                  f"the median night took {_duration(stats.total_p50_s or 0.0)}")
     for unknown in run["unknown"]:
         lines.append(f"  not counting {unknown_text(unknown['stage'], unknown['reason'])}")

@@ -166,3 +166,16 @@ def test_no_night_with_windows_keeps_the_outside_time_in_the_stages():
     eta = estimate(stats, RunProgress(now=NOW, elapsed_s=0.0))
     assert eta.unknown == ()
     assert eta.remaining_s == pytest.approx(LEAD_S + 350.0 + TAIL_S)
+
+
+def test_the_plan_shows_lead_and_tail():
+    from prefect_dask_profiling.cli.eta import plan_json, plan_lines
+
+    stats = stats_of([night(i) for i in range(5)])
+    plan = plan_json(stats)
+    assert [o["part"] for o in plan["outside"]] == [LEAD, TAIL]
+    assert plan["outside"][0]["p50_s"] == pytest.approx(LEAD_S)
+    assert plan["run"]["expected_s"] == pytest.approx(LEAD_S + 350.0 + TAIL_S)
+    lines = plan_lines(stats, plan)
+    assert any(line.strip().startswith(LEAD) for line in lines), lines
+    assert any(line.strip().startswith(TAIL) for line in lines), lines
