@@ -7,11 +7,13 @@ Pure functions and typed data; no Prefect, no threads, no I/O. The flow process
   the judge compares with: :class:`~.judge.History` ``manifests`` and ``baseline.history``):
   per stage the p50 / p90 of its duration and the usual task count of each of its prefixes.
 * :func:`estimate` projects the finish from what has run (:class:`RunProgress`): the rest of
-  the current stage (its spent time, and its task counts against the usual ones, so a stage
-  running 2x slow moves the ETA inside the stage) plus the expected durations of the stages
-  still to come. The result (:class:`Eta`) is a range: its low end adds the stages' p50, its
-  high end adds their p90 spreads in quadrature (stages vary independently: the sum of the
-  p90s would call every healthy night late).
+  the part the run is in (a stage: its spent time, and its task counts against the usual
+  ones, so a stage running 2x slow moves the ETA inside the stage; the lead or the tail:
+  time only) plus the expected durations of the parts still to come (at the start: lead +
+  stages + tail; inside or between stages the tail is still to come; after the last stage
+  only the rest of the tail). The result (:class:`Eta`) is a range: its low end adds the
+  parts' p50, its high end adds their p90 spreads in quadrature (the parts vary
+  independently: the sum of the p90s would call every healthy night late).
 * :func:`parse_deadline`, :func:`resolve_deadline` and :func:`risk` turn a ``deadline=`` into
   an instant and an ETA into ``on-track`` / ``at-risk`` / ``late``; :class:`RiskTracker` says
   which of them is news (an event to emit).
