@@ -5,10 +5,12 @@ A generated pipeline has five stages (read 600 s, ndvi 1800 s, reduce 900 s, wri
 publish 120 s: about 62 minutes) with one to three prefixes each (10 to 800 tasks). A night's
 stage lasts ``base x N x S``: ``N`` a night factor shared by its stages (lognormal, sigma
 0.03: a busier cluster, a bigger scene), ``S`` the stage's own (lognormal, sigma 0.08); a
-gap of 1-3 % of the stage precedes it (graph submission, the flow body), and a tail of 20-60
-s ends the run (collection, store). A stage's tasks finish at uniform random times inside
-it. The baseline is the eight nights before (the judge's ``history``), with the manifests
-and tasks tables the store keeps; tonight is a ninth night.
+gap of 1-3 % of the stage precedes it (graph submission, the flow body; the first stage's is
+the run's lead), and a tail of 20-60 s ends the run (collection, store). The manifests hold
+each stage's window, from which the ETA reads the lead and tail as parts of their own. A
+stage's tasks finish at uniform random times inside it. The baseline is the eight nights
+before (the judge's ``history``), with the manifests and tasks tables the store keeps;
+tonight is a ninth night.
 
 Measured, over ``trials`` independent histories:
 
@@ -29,9 +31,10 @@ store's real nights (e.g. the reference flow's, from ``benchmarks/ndvi_nights.py
 one out: each judged night (healthy, suspected or regressed) is predicted from the up to
 eight healthy nights stored before it (at least ``MIN_NIGHTS``, the ETA's own minimum), at
 25 %, 50 % and 75 % of its wall time, against the naive estimate (the median wall time of
-the same nights). A stored night keeps each stage's wall time but not when its tasks
-finished: the replay lays the stages end to end (the gaps shared out as the ETA shares
-them) and estimates **from time only** inside a stage, as the live ETA does when the
+the same nights). A stored night keeps each stage's wall time and window but not when
+its tasks finished: the replay lays the night out as the ETA reads it (``night_layout``: the
+lead before the first stage, the stages end to end with the gaps between them shared out,
+the tail) and estimates **from time only** inside a stage, as the live ETA does when the
 scheduler's counts cannot be read.
 """
 
@@ -49,9 +52,11 @@ import pandas as pd
 from prefect_dask_profiling.regression.eta import (
     MIN_NIGHTS,
     HistoryStats,
+    NightLayout,
     RunProgress,
     estimate,
     history_stats,
+    night_layout,
     risk,
 )
 
@@ -80,9 +85,16 @@ class Night:
         return sum(self.gaps) + sum(self.durations) + self.tail
 
     def manifest(self, run_id: str) -> dict:
-        stages = [{"name": n, "wall_s": d, "windows": 1}
-                  for n, d in zip(STAGES, self.durations, strict=True)]
-        return {"run_id": run_id, "version": "v1", "wall_s": self.total, "stages": stages}
+        """As stored: each stage's window (``allocation``: its start and stop instants) and
+        the run's start, from which the ETA reads the lead and the tail."""
+        t0, at, stages = START.timestamp(), 0.0, []
+        for n, gap, d in zip(STAGES, self.gaps, self.durations, strict=True):
+            at += gap
+            stages.append({"name": n, "wall_s": d, "windows": 1,
+                           "allocation": {"start": t0 + at, "stop": t0 + at + d}})
+            at += d
+        return {"run_id": run_id, "version": "v1", "wall_s": self.total,
+                "started": START.isoformat(), "stages": stages}
 
     def tasks(self, run_id: str) -> list[dict]:
         return [{"run_id": run_id, "stage": n, "prefix": p, "tasks": len(f),
@@ -93,6 +105,7 @@ class Night:
     def progress(self, t: float) -> RunProgress:
         """Where the night is ``t`` seconds after its start."""
         at, completed, windows, current, current_s, done = 0.0, {}, {}, None, 0.0, {}
+        closed: float | None = None
         for name, gap, d, fin in zip(STAGES, self.gaps, self.durations, self.finishes,
                                      strict=True):
             at += gap
@@ -107,8 +120,11 @@ class Night:
             completed[name] = d
             done[name] = {p: len(f) for p, f in fin.items()}
             at += d
+            closed = at
+        since = t - closed if closed is not None and current is None else None
         return RunProgress(now=START + timedelta(seconds=t), elapsed_s=t, completed=completed,
-                           windows=windows, current=current, current_s=current_s, done=done)
+                           windows=windows, current=current, current_s=current_s, done=done,
+                           since_stage_s=since)
 
 
 def generate(rng: np.random.Generator, slow_first: float = 1.0) -> Night:
@@ -248,30 +264,29 @@ class StoredNight:
     def wall(self) -> float:
         return float(self.manifest["wall_s"])
 
-    def stages(self) -> list[tuple[str, float]]:
-        """``(stage, seconds)`` end to end, scaled to the wall (the ETA's own sharing of the
-        gaps); a name opened twice counts once, in its first place, with both windows."""
-        entries = [(str(e["name"]), max(float(e.get("wall_s") or 0.0), 0.0))
-                   for e in self.manifest.get("stages") or [] if e.get("name")]
-        total = sum(w for _, w in entries)
-        scale = self.wall / total if total > 0 and self.wall > total else 1.0
-        merged: dict[str, float] = {}
-        for name, w in entries:
-            merged[name] = merged.get(name, 0.0) + w * scale
-        return list(merged.items())
+    def layout(self) -> NightLayout:
+        """The night as the ETA reads it (:func:`~prefect_dask_profiling.regression.eta.
+        night_layout`: lead, stages, tail)."""
+        return night_layout(self.manifest)
 
     def progress(self, t: float) -> RunProgress:
-        """Where the night was ``t`` seconds after its start (time only inside a stage)."""
-        at, completed, windows, current, current_s = 0.0, {}, {}, None, 0.0
-        for name, seconds in self.stages():
+        """Where the night was ``t`` seconds after its start: its lead, its stages end to end
+        (a name opened twice once, in its first place), its tail; time only inside a stage."""
+        layout = self.layout()
+        at, completed, windows, current, current_s = layout.lead_s or 0.0, {}, {}, None, 0.0
+        closed: float | None = None
+        for name, seconds, _ in layout.stages if t >= at else ():
             windows[name] = 1
             if t < at + seconds:
                 current, current_s = name, t - at
                 break
             completed[name] = seconds
             at += seconds
+            closed = at
+        since = t - closed if closed is not None and current is None else None
         return RunProgress(now=START + timedelta(seconds=t), elapsed_s=t, completed=completed,
-                           windows=windows, current=current, current_s=current_s, done=None)
+                           windows=windows, current=current, current_s=current_s, done=None,
+                           since_stage_s=since)
 
 
 def stored_nights(store_url: str, pipeline: str, version: str | None) -> list[StoredNight]:

@@ -56,6 +56,17 @@ class PlanRun(TypedDict):
     unknown: list[UnknownStage]
 
 
+class PlanOutside(TypedDict):
+    """The time before the first stage or after the last (``part``: ``LEAD`` / ``TAIL`` of
+    :mod:`~prefect_dask_profiling.regression.eta`) in :class:`Plan`."""
+
+    part: str
+    nights: int
+    p50_s: float
+    p90_s: float
+    known: bool
+
+
 class Plan(TypedDict):
     """``dask-profiling eta --json`` (:func:`plan_json`; the command adds ``store`` and
     ``note``): ``run`` is ``None`` and ``text`` says why until the plan is ready."""
@@ -66,6 +77,7 @@ class Plan(TypedDict):
     needed: int
     ready: bool
     stages: list[PlanStage]
+    outside: list[PlanOutside]
     run: PlanRun | None
     naive_s: float | None
     text: str | None
@@ -202,6 +214,9 @@ def plan_json(stats: HistoryStats) -> Plan:
         "stages": [{"stage": s.name, "nights": s.nights, "p50_s": s.p50_s, "p90_s": s.p90_s,
                     "windows": s.windows, "usual_tasks": s.usual_tasks,
                     "known": s.nights >= stats.needed} for s in stats.stages],
+        "outside": [{"part": o.name, "nights": o.nights, "p50_s": o.p50_s, "p90_s": o.p90_s,
+                     "known": o.nights >= stats.needed}
+                    for o in (stats.lead, stats.tail) if o is not None],
         "run": None if not eta.known or low is None or high is None else {
             "expected_s": low, "high_s": high,
             "unknown": [{"stage": s, "reason": r} for s, r in eta.unknown]},
@@ -210,6 +225,8 @@ def plan_json(stats: HistoryStats) -> Plan:
 
 def plan_lines(stats: HistoryStats, plan: Plan) -> list[str]:
     """The human form of :func:`plan_json`."""
+    from prefect_dask_profiling.regression.eta import unknown_text
+
     head = f"{stats.pipeline} {stats.version}: ETA plan from {len(stats.runs)} baseline night"
     head += "s" * (len(stats.runs) != 1)
     if stats.runs:
@@ -217,19 +234,20 @@ def plan_lines(stats: HistoryStats, plan: Plan) -> list[str]:
     lines = [head]
     if not stats.ready:
         return [*lines, cast(str, plan["text"]), f"note: {IN_PROGRESS_NOTE}"]  # why not
-    width = max(len(s.name) for s in stats.stages)
+    width = max(len(s.name) for s in (stats.lead, *stats.stages, stats.tail) if s is not None)
     lines.append(f"  {'stage':<{width}}  {'p50':>9}  {'p90':>9}  nights  tasks")
-    for s in stats.stages:
+    rows = [o for o in (stats.lead, *stats.stages, stats.tail) if o is not None]
+    for s in rows:
         known = "" if s.nights >= stats.needed else \
             f"  unknown: too little history ({s.nights} of {stats.needed} nights)"
         lines.append(f"  {s.name:<{width}}  {_duration(s.p50_s):>9}  {_duration(s.p90_s):>9}"
                      f"  {s.nights:>6}  {s.usual_tasks:>5}{known}")
     run = cast("PlanRun", plan["run"])  # ready: the ETA is known
     lines.append(f"whole run: {_duration(run['expected_s'])} expected, up to "
-                 f"{_duration(run['high_s'])} (stages' p90 spreads added in quadrature); "
+                 f"{_duration(run['high_s'])} (the parts' p90 spreads added in quadrature); "
                  f"the median night took {_duration(stats.total_p50_s or 0.0)}")
     for unknown in run["unknown"]:
-        lines.append(f"  not counting stage `{unknown['stage']}`: {unknown['reason']}")
+        lines.append(f"  not counting {unknown_text(unknown['stage'], unknown['reason'])}")
     lines.append(f"note: {IN_PROGRESS_NOTE}")
     return lines
 

@@ -86,6 +86,7 @@ class _Clock:
     windows: dict[str, int]
     current: str | None = None
     opened_at: float = 0.0  # monotonic
+    closed_at: float | None = None  # monotonic, the last stage window's end
 
 
 class LiveEta:
@@ -156,6 +157,7 @@ class LiveEta:
             spent = time.monotonic() - clock.opened_at if clock.current == name else 0.0
             clock.completed[name] = clock.completed.get(name, 0.0) + spent
             clock.current = None
+            clock.closed_at = time.monotonic()
         if self._periodic is not None:
             self._in_run(self._boundary, name)
 
@@ -300,14 +302,17 @@ class LiveEta:
         now = datetime.now(UTC)
         with self._lock:
             clock = self._clock
-            current_s = time.monotonic() - clock.opened_at if clock.current else 0.0
+            mono = time.monotonic()
+            current_s = mono - clock.opened_at if clock.current else 0.0
+            since = mono - clock.closed_at if clock.closed_at is not None and \
+                clock.current is None else None
             completed = dict(clock.completed)  # closed windows (the current's earlier ones)
             windows = dict(clock.windows)
             current = clock.current
         elapsed = (now - self.session.ctx.started).total_seconds()
         return RunProgress(now=now, elapsed_s=max(elapsed, 0.0), completed=completed,
                            windows=windows, current=current, current_s=current_s,
-                           done=self._counts)
+                           done=self._counts, since_stage_s=since)
 
     def _zone(self):
         return self.deadline.tz if self.deadline is not None else UTC

@@ -7,19 +7,31 @@ Pure functions and typed data; no Prefect, no threads, no I/O. The flow process
   the judge compares with: :class:`~.judge.History` ``manifests`` and ``baseline.history``):
   per stage the p50 / p90 of its duration and the usual task count of each of its prefixes.
 * :func:`estimate` projects the finish from what has run (:class:`RunProgress`): the rest of
-  the current stage (its spent time, and its task counts against the usual ones, so a stage
-  running 2x slow moves the ETA inside the stage) plus the expected durations of the stages
-  still to come. The result (:class:`Eta`) is a range: its low end adds the stages' p50, its
-  high end adds their p90 spreads in quadrature (stages vary independently: the sum of the
-  p90s would call every healthy night late).
+  the part the run is in (a stage: its spent time, and its task counts against the usual
+  ones, so a stage running 2x slow moves the ETA inside the stage; the lead or the tail:
+  time only) plus the expected durations of the parts still to come (at the start: lead +
+  stages + tail; inside or between stages the tail is still to come; after the last stage
+  only the rest of the tail). The result (:class:`Eta`) is a range: its low end adds the
+  parts' p50, its high end adds their p90 spreads in quadrature (the parts vary
+  independently: the sum of the p90s would call every healthy night late).
 * :func:`parse_deadline`, :func:`resolve_deadline` and :func:`risk` turn a ``deadline=`` into
   an instant and an ETA into ``on-track`` / ``at-risk`` / ``late``; :class:`RiskTracker` says
   which of them is news (an event to emit).
 
-A stage's duration in a stored night is its execution window (``manifest["stages"][i]
-["wall_s"]``), scaled so that the stages add up to the night's wall time: the time between
-the windows (graph submission, the flow body, the run's end) is shared by the stages in
-proportion. A stage name opened several times is one stage (its ``windows`` counts them).
+A stored night is laid out by :func:`night_layout`: the time from the run's start to its
+first stage window (the *lead*: cluster start-up, waiting for workers, the flow body before
+the first stage), the stages, and the time from the last window's end to the run's end (the
+*tail*: collection, the summary, the store) -- the time the cost work calls "outside stages"
+(:data:`~prefect_dask_profiling.summary.allocation.OUTSIDE`). The lead and the tail are
+parts of the estimate of their own, with a p50 / p90 like a stage (:data:`LEAD`,
+:data:`TAIL`). A stage's duration is its execution window (``manifest["stages"][i]
+["wall_s"]``), scaled so that the stages add up to the span from the first window's start to
+the last one's end: the short gaps between windows (graph submission, the flow body) are
+shared by the stages in proportion. A night whose windows are not stored (a manifest from
+before the windows were recorded, or clocks that disagree) has no lead or tail: its stages
+are scaled to the whole wall time, as before, and it does not count towards the lead's and
+tail's nights; with fewer than ``needed`` such nights the lead and tail are said to be
+unknown. A stage name opened several times is one stage (its ``windows`` counts them).
 """
 
 from __future__ import annotations
@@ -27,7 +39,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, time, timedelta, tzinfo
 from statistics import median
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
@@ -39,9 +51,10 @@ from prefect_dask_profiling.store.live import UnknownStage
 if TYPE_CHECKING:  # the runner validates its options with this module in Dask workers too,
     import pandas as pd  # which must not load pandas: nothing here imports it at run time
 
-__all__ = ["DEFAULT_ETA_INTERVAL_S", "Deadline", "Eta", "HistoryStats", "RiskTracker",
-           "RunProgress", "StageStats", "check_eta_interval", "check_margin", "estimate",
-           "history_stats", "parse_deadline", "resolve_deadline", "risk"]
+__all__ = ["DEFAULT_ETA_INTERVAL_S", "LEAD", "TAIL", "Deadline", "Eta", "HistoryStats",
+           "NightLayout", "RiskTracker", "RunProgress", "StageStats", "check_eta_interval",
+           "check_margin", "estimate", "history_stats", "night_layout", "parse_deadline",
+           "resolve_deadline", "risk", "unknown_text"]
 
 DEFAULT_ETA_INTERVAL_S = 30.0
 # Nights a stage needs in the baseline before its duration is trusted (the judge's
@@ -55,6 +68,13 @@ PRIOR_WEIGHT = 0.25
 # Below this share of its work done a stage's counts are start-up, not speed: time only.
 MIN_FRACTION = 0.05
 Risk = Literal["on-track", "at-risk", "late"]
+# The parts of a run outside its stages (the allocation's "outside stages" row, split at
+# the stages): from the run's start to the first stage, from the last stage to the run's end.
+LEAD = "before the first stage"
+TAIL = "after the last stage"
+# Stage windows come from the scheduler's clock, the run's start and wall from the flow's:
+# a night whose windows overrun its wall by more than this is read as having no windows.
+CLOCK_SLACK_S = 1.0
 
 
 # ---------------------------------------------------------------------- history
@@ -109,6 +129,10 @@ class HistoryStats:
         The median wall time of the nights (the naive estimate), ``None`` without nights.
     needed
         Nights a stage needs to be known.
+    lead, tail
+        The time before the first stage and after the last (:data:`LEAD`, :data:`TAIL`)
+        over the nights whose stage windows are stored; ``None`` when no night has them
+        (the stages then hold that time).
     """
 
     pipeline: str
@@ -117,6 +141,8 @@ class HistoryStats:
     stages: tuple[StageStats, ...]
     total_p50_s: float | None
     needed: int = MIN_NIGHTS
+    lead: StageStats | None = None
+    tail: StageStats | None = None
 
     @property
     def ready(self) -> bool:
@@ -152,10 +178,16 @@ def history_stats(pipeline: str, version: str, manifests: Sequence[Mapping[str, 
                      and _wall(m) is not None), key=lambda m: str(m.get("run_id")))
     durations: dict[str, list[float]] = {}
     windows: dict[str, list[int]] = {}
+    leads: list[float] = []
+    tails: list[float] = []
     for night in nights:
-        for name, seconds, count in _night_stages(night):
+        layout = night_layout(night)
+        for name, seconds, count in layout.stages:
             durations.setdefault(name, []).append(seconds)
             windows.setdefault(name, []).append(count)
+        if layout.lead_s is not None and layout.tail_s is not None:
+            leads.append(layout.lead_s)
+            tails.append(layout.tail_s)
     runs = tuple(str(m.get("run_id")) for m in nights)
     counts = _prefix_counts(tasks, runs)
     stages = tuple(
@@ -165,7 +197,91 @@ def history_stats(pipeline: str, version: str, manifests: Sequence[Mapping[str, 
                    tasks=counts.get(name, ({}, {}))[0], weights=counts.get(name, ({}, {}))[1])
         for name, values in ((n, durations[n]) for n in _stage_order(nights)))
     total = float(median(_wall(m) for m in nights)) if nights else None
-    return HistoryStats(pipeline, version, runs, stages, total, needed)
+    return HistoryStats(pipeline, version, runs, stages, total, needed,
+                        lead=_outside_stats(LEAD, leads), tail=_outside_stats(TAIL, tails))
+
+
+def _outside_stats(name: str, values: Sequence[float]) -> StageStats | None:
+    if not values:
+        return None
+    return StageStats(name=name, nights=len(values), p50_s=_quantile(values, 0.5),
+                      p90_s=_quantile(values, 0.9))
+
+
+@dataclass(frozen=True)
+class NightLayout:
+    """One stored night as the ETA reads it: lead, stages, tail.
+
+    Attributes
+    ----------
+    lead_s, tail_s
+        Seconds from the run's start to its first stage window, and from its last window's
+        end to the run's end; ``None`` when the night's windows are not stored (its stages
+        then hold that time).
+    stages
+        ``(stage, seconds, windows)`` in the night's order, a name opened several times once
+        (its seconds summed), scaled to the span of the windows (to the wall without them).
+    """
+
+    lead_s: float | None
+    stages: tuple[tuple[str, float, int], ...]
+    tail_s: float | None
+
+    @property
+    def known(self) -> bool:
+        """The lead and tail are known (the windows were stored)."""
+        return self.lead_s is not None and self.tail_s is not None
+
+
+def night_layout(manifest: Mapping[str, Any]) -> NightLayout:
+    """A stored night's lead, stages and tail (the module docstring): the one rule that the
+    baseline (:func:`history_stats`) and the replays of stored nights share."""
+    entries = _entries(manifest)
+    walls = [max(float(s.get("wall_s") or 0.0), 0.0) for s in entries]
+    total, wall = sum(walls), _wall(manifest) or 0.0
+    span = _span(manifest, entries, wall)
+    lead = tail = None
+    target = wall
+    if span is not None:
+        lead, first, last = span
+        target = last - first
+        tail = max(wall - lead - target, 0.0)
+    scale = target / total if total > 0 and target > total else 1.0
+    merged: dict[str, tuple[float, int]] = {}
+    for entry, w in zip(entries, walls, strict=True):
+        seconds, count = merged.get(str(entry["name"]), (0.0, 0))
+        merged[str(entry["name"])] = (seconds + w * scale,
+                                      count + int(entry.get("windows") or 1))
+    return NightLayout(lead, tuple((n, sec, c) for n, (sec, c) in merged.items()), tail)
+
+
+def _span(manifest: Mapping[str, Any], entries: Sequence[Mapping[str, Any]],
+          wall: float) -> tuple[float, float, float] | None:
+    """``(lead, first window start, last window end)`` of a night (instants in seconds since
+    the epoch, from each stage's ``allocation`` window), ``None`` without windows, without a
+    start, or when they do not fit in the night's wall (clocks that disagree)."""
+    starts, stops = [], []
+    for entry in entries:
+        window = entry.get("allocation")
+        start = window.get("start") if isinstance(window, Mapping) else None
+        stop = window.get("stop") if isinstance(window, Mapping) else None
+        if not isinstance(start, int | float) or not isinstance(stop, int | float) \
+                or stop < start:
+            return None
+        starts.append(float(start))
+        stops.append(float(stop))
+    began = manifest.get("started")
+    if not starts or not isinstance(began, str):
+        return None
+    try:
+        t0 = datetime.fromisoformat(began).timestamp()
+    except ValueError:
+        return None
+    first, last = min(starts), max(stops)
+    lead = first - t0
+    if lead < -CLOCK_SLACK_S or (last - t0) > wall + CLOCK_SLACK_S:
+        return None
+    return max(lead, 0.0), first, min(last, t0 + wall)
 
 
 def _quantile(values: Sequence[float], q: float) -> float:
@@ -184,16 +300,6 @@ def _wall(manifest: Mapping[str, Any]) -> float | None:
 
 def _entries(manifest: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [s for s in manifest.get("stages") or [] if isinstance(s, Mapping) and s.get("name")]
-
-
-def _night_stages(manifest: Mapping[str, Any]) -> list[tuple[str, float, int]]:
-    """``(stage, seconds, windows)`` of one night, the gaps shared out (module docstring)."""
-    entries = _entries(manifest)
-    walls = [max(float(s.get("wall_s") or 0.0), 0.0) for s in entries]
-    total, wall = sum(walls), _wall(manifest) or 0.0
-    scale = wall / total if total > 0 and wall > total else 1.0
-    return [(str(s["name"]), w * scale, int(s.get("windows") or 1))
-            for s, w in zip(entries, walls, strict=True)]
 
 
 def _stage_order(nights: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -246,6 +352,9 @@ class RunProgress:
         Seconds the current stage's window has been open.
     done
         Per stage, per prefix: tasks finished so far (``None``: not read).
+    since_stage_s
+        Seconds since the last stage window closed, between stages and after the last one
+        (``None``: not known; after the last stage the tail is then taken as just begun).
     """
 
     now: datetime
@@ -255,6 +364,7 @@ class RunProgress:
     current: str | None = None
     current_s: float = 0.0
     done: Mapping[str, Mapping[str, int]] | None = None
+    since_stage_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -387,7 +497,35 @@ def estimate(stats: HistoryStats, progress: RunProgress, zone: tzinfo | None = N
             unknown.append((st.name, "not run tonight (a later stage has started)"))
             continue
         parts.append(_stage_part(st, progress))
+    parts += _outside_parts(stats, progress, seen, parts, unknown)
     return _combine(stats, progress, parts, unknown, zone or UTC)
+
+
+def _outside_parts(stats: HistoryStats, progress: RunProgress, seen: set[str],
+                   parts: list[_Part], unknown: list[tuple[str, str]]) -> list[_Part]:
+    """The lead and the tail as parts of the estimate: the lead is being spent until a stage
+    opens (then done), the tail is to come until every stage is done, then being spent
+    (``since_stage_s``). Too few nights with windows: said unknown, left out."""
+    out = []
+    stages_done = progress.current is None and bool(seen) and all(
+        p.low_s == 0.0 and p.spread_s == 0.0 for p in parts)
+    for st, spent in ((stats.lead, None if seen else progress.elapsed_s),
+                      (stats.tail, (progress.since_stage_s or 0.0) if stages_done else None)):
+        if st is None:
+            continue  # no night has windows: the stages hold this time
+        if st.nights < stats.needed:
+            if st is stats.tail or not seen:
+                unknown.append((st.name, f"too little history ({st.nights} of {stats.needed} "
+                                         "nights with stage windows)"))
+            continue
+        if st is stats.lead and seen:
+            out.append(_Part(0.0, 0.0, st.p50_s, st.p50_s))
+        elif spent is None:
+            out.append(_Part(st.p50_s, st.p90_s - st.p50_s, st.p50_s, 0.0))
+        else:
+            # time only; no lag: the stage behind (events, logs) is a stage
+            out.append(replace(_current_part(st, spent, None), lag=None))
+    return out
 
 
 def _stage_part(st: StageStats, progress: RunProgress) -> _Part:
@@ -459,10 +597,17 @@ def _combine(stats: HistoryStats, progress: RunProgress, parts: list[_Part],
     finish_low, finish_high = now + timedelta(seconds=low), now + timedelta(seconds=high)
     text = f"ETA {_clock(finish_low, zone)}–{_clock(finish_high, zone)}"
     if unknown:
-        text += ", not counting " + ", ".join(f"stage `{s}`: {r}" for s, r in unknown)
+        text += ", not counting " + ", ".join(unknown_text(s, r) for s, r in unknown)
     return Eta(True, text, remaining_s=low, remaining_low_s=low, remaining_high_s=high,
                finish_low=finish_low, finish_high=finish_high,
                percent_done=max(0.0, min(percent, 100.0)), unknown=tuple(unknown), lag=lag)
+
+
+def unknown_text(part: str, reason: str) -> str:
+    """What an estimate leaves out, for people: "stage `publish`: no history", "the time
+    before the first stage: too little history (...)"."""
+    what = f"the time {part}" if part in (LEAD, TAIL) else f"stage `{part}`"
+    return f"{what}: {reason}"
 
 
 def _clock(at: datetime, zone: tzinfo) -> str:

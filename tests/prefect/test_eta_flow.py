@@ -100,8 +100,19 @@ def seed_history(store: RunStore, nights: int = 4) -> None:
         at = started - timedelta(days=back)
         doc = {k: v for k, v in manifest.items() if k not in ("files", "run_id", "pipeline")}
         doc.update(started=at.isoformat(), status="healthy",
-                   ended=(at + timedelta(seconds=manifest["wall_s"])).isoformat())
+                   ended=(at + timedelta(seconds=manifest["wall_s"])).isoformat(),
+                   stages=[_shifted(entry, at - started) for entry in manifest["stages"]])
         assert not store.write_run(PIPELINE, new_run_id(at), tables, doc).spooled
+
+
+def _shifted(entry: dict, by: timedelta) -> dict:
+    """A stage entry whose window (``allocation`` start / stop, the scheduler's clock) moved
+    with its night's start: the ETA reads the lead and tail from them."""
+    window = dict(entry.get("allocation") or {})
+    for key in ("start", "stop"):
+        if isinstance(window.get(key), int | float):
+            window[key] += by.total_seconds()
+    return {**entry, "allocation": window} if window else dict(entry)
 
 
 @pytest.fixture(scope="module")
