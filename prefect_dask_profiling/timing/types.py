@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-__all__ = ["ClusterSize", "Incident", "PrefixRow", "SketchData", "Snapshot", "StageMemoryRow",
-           "StageScheduler", "StageSpill", "TransferLog", "TransferRow", "WorkerAggregate",
-           "WorkerLifetime"]
+__all__ = ["ChunksVsBlocks", "ClusterSize", "Incident", "PrefixRow", "SketchData", "Snapshot",
+           "StageMemoryRow", "StageScheduler", "StageSpill", "TransferLog", "TransferRow",
+           "WorkerAggregate", "WorkerLifetime"]
 
 
 class SketchData(TypedDict):
@@ -175,6 +175,18 @@ class TransferLog(TypedDict):
 
     entries: list[tuple[str | None, int, float]]
     overflowed: bool
+
+
+class ChunksVsBlocks(TypedDict):
+    """Dask chunks read against the files' internal blocks (``timing.storage_io.
+    chunks_against_blocks``): the most common ``[rows, cols]`` of each, whether they align,
+    the finding in words and, when not aligned, the fix."""
+
+    chunk: list[int]
+    block: list[int]
+    aligned: bool
+    text: str
+    fix: str | None
 
 
 class Snapshot(TypedDict, total=False):
