@@ -23,10 +23,21 @@ Measured, over ``trials`` independent histories:
   before their second stage ends, and how far into the run.
 
 Run: ``python benchmarks/eta_accuracy.py [trials]`` (default 400; about a minute).
+
+**Stored nights** (``--store PATH --pipeline P [--version V]``): the ETA replayed on a
+store's real nights (e.g. the reference flow's, from ``benchmarks/ndvi_nights.py``), leave
+one out: each judged night (healthy, suspected or regressed) is predicted from the up to
+eight healthy nights stored before it (at least ``MIN_NIGHTS``, the ETA's own minimum), at
+25 %, 50 % and 75 % of its wall time, against the naive estimate (the median wall time of
+the same nights). A stored night keeps each stage's wall time but not when its tasks
+finished: the replay lays the stages end to end (the gaps shared out as the ETA shares
+them) and estimates **from time only** inside a stage, as the live ETA does when the
+scheduler's counts cannot be read.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from dataclasses import dataclass
@@ -36,6 +47,7 @@ import numpy as np
 import pandas as pd
 
 from prefect_dask_profiling.regression.eta import (
+    MIN_NIGHTS,
     HistoryStats,
     RunProgress,
     estimate,
@@ -219,5 +231,139 @@ def main(trials: int) -> None:
           "five stages, ten prefixes)")
 
 
+# ---------------------------------------------------------------------- stored nights
+PREDICTED_STATUSES = ("healthy", "suspected", "regressed")  # judged nights
+
+
+@dataclass
+class StoredNight:
+    """One stored night: its manifest, its tasks table (long) and stage layout."""
+
+    run_id: str
+    status: str
+    manifest: dict
+    tasks: pd.DataFrame
+
+    @property
+    def wall(self) -> float:
+        return float(self.manifest["wall_s"])
+
+    def stages(self) -> list[tuple[str, float]]:
+        """``(stage, seconds)`` end to end, scaled to the wall (the ETA's own sharing of the
+        gaps); a name opened twice counts once, in its first place, with both windows."""
+        entries = [(str(e["name"]), max(float(e.get("wall_s") or 0.0), 0.0))
+                   for e in self.manifest.get("stages") or [] if e.get("name")]
+        total = sum(w for _, w in entries)
+        scale = self.wall / total if total > 0 and self.wall > total else 1.0
+        merged: dict[str, float] = {}
+        for name, w in entries:
+            merged[name] = merged.get(name, 0.0) + w * scale
+        return list(merged.items())
+
+    def progress(self, t: float) -> RunProgress:
+        """Where the night was ``t`` seconds after its start (time only inside a stage)."""
+        at, completed, windows, current, current_s = 0.0, {}, {}, None, 0.0
+        for name, seconds in self.stages():
+            windows[name] = 1
+            if t < at + seconds:
+                current, current_s = name, t - at
+                break
+            completed[name] = seconds
+            at += seconds
+        return RunProgress(now=START + timedelta(seconds=t), elapsed_s=t, completed=completed,
+                           windows=windows, current=current, current_s=current_s, done=None)
+
+
+def stored_nights(store_url: str, pipeline: str, version: str | None) -> list[StoredNight]:
+    """The judged nights of ``pipeline`` (``version``: default the newest run's), oldest
+    first; a night that cannot be read is skipped with a line saying so."""
+    from prefect_dask_profiling.store.runs import RunStore
+
+    store = RunStore(store_url)
+    runs = store.list_runs(pipeline)
+    if not runs:
+        raise SystemExit(f"--pipeline: no runs of {pipeline!r} in {store.url}")
+    version = version or str(runs[0]["version"])
+    chosen = sorted(r["run_id"] for r in runs if str(r["version"]) == version
+                    and r["status"] in PREDICTED_STATUSES)
+    manifests = store.read_manifests(pipeline, chosen)
+    tables = store.read_tables(pipeline, chosen, "tasks")
+    nights = []
+    for run_id in chosen:
+        manifest, tasks = manifests[run_id], tables[run_id]
+        if isinstance(manifest, Exception) or isinstance(tasks, Exception):
+            print(f"  skipped {run_id}: {manifest if isinstance(manifest, Exception) else tasks}")
+            continue
+        if not isinstance(manifest.get("wall_s"), int | float):
+            print(f"  skipped {run_id}: no wall_s")
+            continue
+        nights.append(StoredNight(run_id, str(manifest["status"]), dict(manifest),
+                                  tasks.assign(run_id=run_id)))
+    return nights
+
+
+def replay(nights: list[StoredNight], pipeline: str) -> tuple[dict[str, list[float]],
+                                                              list[str]]:
+    """Leave-one-out errors (% of the night's wall) per ``eta 25%`` / ``naive 25%`` ..., and
+    the nights predicted."""
+    errors: dict[str, list[float]] = {}
+    predicted = []
+    for i, night in enumerate(nights):
+        before = [n for n in nights[:i] if n.status == "healthy"][-HISTORY:]
+        if len(before) < MIN_NIGHTS:
+            continue
+        version = str(night.manifest["version"])
+        stats = history_stats(pipeline, version, [n.manifest for n in before],
+                              pd.concat([n.tasks for n in before], ignore_index=True))
+        naive = float(np.median([n.wall for n in before]))
+        predicted.append(night.run_id)
+        for share in (0.25, 0.5, 0.75):
+            t = share * night.wall
+            eta = estimate(stats, night.progress(t))
+            finish = t + (eta.remaining_s or 0.0)
+            errors.setdefault(f"eta {share:.0%}", []).append(
+                100 * abs(finish - night.wall) / night.wall)
+            errors.setdefault(f"naive {share:.0%}", []).append(
+                100 * abs(naive - night.wall) / night.wall)
+    return errors, predicted
+
+
+def main_stored(store_url: str, pipeline: str, version: str | None) -> None:
+    nights = stored_nights(store_url, pipeline, version)
+    errors, predicted = replay(nights, pipeline)
+    walls = [n.wall for n in nights]
+    if not predicted:
+        raise SystemExit(f"{len(nights)} judged nights of {pipeline}: none has "
+                         f"{MIN_NIGHTS} healthy nights before it to predict from")
+    print(f"{pipeline}: {len(nights)} judged nights (walls {min(walls):.1f}-{max(walls):.1f} "
+          f"s, median {np.median(walls):.1f} s); {len(predicted)} predicted, each from the "
+          f"up to {HISTORY} healthy nights before it; time only inside a stage")
+    print("\nmedian |error| of the predicted finish, % of the run (max in brackets)")
+    for share in ("25%", "50%", "75%"):
+        eta, naive = errors[f"eta {share}"], errors[f"naive {share}"]
+        ratio = np.median(naive) / np.median(eta) if np.median(eta) > 0 else float("inf")
+        print(f"  at {share:>3}: per-stage {np.median(eta):5.2f} % ({max(eta):5.2f})   "
+              f"naive {np.median(naive):5.2f} % ({max(naive):5.2f})   ({ratio:.1f}x better)")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("trials", nargs="?", type=int, default=400,
+                        help="generated histories (default 400)")
+    parser.add_argument("--store", default="", help="replay on this store's nights instead")
+    parser.add_argument("--pipeline", default="", help="with --store: whose nights")
+    parser.add_argument("--version", default=None, help="with --store: default the newest")
+    args = parser.parse_args(argv)
+    if bool(args.store) != bool(args.pipeline):
+        parser.error("--store and --pipeline go together")
+    if args.trials < 1:
+        parser.error(f"trials must be >= 1, got {args.trials}")
+    return args
+
+
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 400)
+    ARGS = parse_args(sys.argv[1:])
+    if ARGS.store:
+        main_stored(ARGS.store, ARGS.pipeline, ARGS.version)
+    else:
+        main(ARGS.trials)

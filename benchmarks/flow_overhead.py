@@ -54,6 +54,9 @@ process, the Prefect server: its process and children, read with psutil) and of 
 "all processes" (the scheduler counted once when a LocalCluster runs it inside the flow
 process): CPU seconds move far less than walls on a noisy machine.
 
+``no reports + deadline`` is also paired with ``no reports + eta 1 s`` (the same live ETA,
+every second, without a deadline): the cost of judging a deadline (issue 36).
+
 Targets (issue 34, the stack shape with ``--scheduler-process``): all processes' CPU
 <= 1.03x plain, scheduler CPU <= 1.05x plain; the tiny flow's added wall <= 0.3 s per run.
 Earlier targets (issue 20): defaults (now with every stage's report) <= 1.03x the plain runner; the
@@ -410,7 +413,9 @@ def compare(client: Client, flows: dict[str, Any], repeats: int, phases: Phases,
     results: dict[str, list] = {name: [] for name in flows}
     names = list(flows)
     for name in names:  # warm-up: imports, first connections, task-stream recorder
-        timed_run(flows[name], client)
+        options = NDVI_VARIANTS.get(name) or {}
+        for _ in range(ETA_WARMUPS if "eta_interval" in options else 1):
+            timed_run(flows[name], client)
     phases.reset()
     for i in range(repeats):
         order = names[i % len(names):] + names[:i % len(names)]
@@ -492,6 +497,22 @@ def print_cpu_ratios(results: dict[str, list], plain: str) -> None:
         print(f"    {name:<24} " + "; ".join(parts))
 
 
+def print_partners(results: dict[str, list]) -> None:
+    """Each variant against its partner (:data:`PARTNERS`) of the same repeats: the paired
+    ratio (90% CI) of the walls, the flow process's CPU and all processes' CPU."""
+    for name, partner in PARTNERS.items():
+        if name not in results or partner not in results:
+            continue
+        mine, theirs = results[name], results[partner]
+        parts = []
+        for label, value in (("wall", lambda r: r[0]), ("flow CPU", lambda r: r[4]),
+                             ("all CPU", all_cpu)):
+            ratio, low, high = paired_ratio([value(r) for r in mine],
+                                            [value(r) for r in theirs])
+            parts.append(f"{label} {ratio:.3f} ({low:.3f}-{high:.3f})")
+        print(f"  {name} / {partner}, paired (90% CI): " + "; ".join(parts))
+
+
 def print_breakdown(phases: Phases, runs: int, plain_wall: float) -> None:
     print(f"  breakdown per profiled run (mean of {runs}; % of the plain wall "
           f"{plain_wall:.2f} s; [main] = on the flow's critical path):")
@@ -565,11 +586,16 @@ NDVI_VARIANTS = {  # name: runner options (None: the plain DaskTaskRunner)
     "defaults": {},
     "no reports": {"stage_reports": False},
     "auto": {"stage_reports": "auto"},
-    # the live ETA judging a deadline (events), updated every second inside a stage; the
-    # ETA itself needs 3 earlier runs of the variant: use --repeats >= 6
+    # the live ETA updated every second inside a stage (progress artifact, stored
+    # estimate), without and with a deadline judged (events): the pair is the deadline's
+    # cost. The ETA needs 3 earlier runs of the variant: they get ETA_WARMUPS warm-up runs
+    "no reports + eta 1 s": {"stage_reports": False, "eta_interval": 1.0},
     "no reports + deadline": {"stage_reports": False, "deadline": timedelta(hours=4),
                               "eta_interval": 1.0},
 }
+# variant: the variant it is paired with besides plain (same runs, rotated order)
+PARTNERS = {"no reports + deadline": "no reports + eta 1 s"}
+ETA_WARMUPS = 3  # warm-up runs of a variant with eta_interval (its ETA's 3 earlier nights)
 
 
 @contextlib.contextmanager
@@ -617,6 +643,7 @@ def run_ndvi(args: argparse.Namespace, store_dir: str, part: str = "ndvi") -> No
         finally:
             client.run_on_scheduler(_probe_stop)
         print_results(results, "plain")
+        print_partners(results)
         plain = statistics.median(r[0] for r in results["plain"])
         if args.breakdown or "defaults" in flows:
             print_breakdown(phases, args.repeats, plain)

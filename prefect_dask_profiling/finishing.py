@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from prefect_dask_profiling.environment import Environment
-from prefect_dask_profiling.regression.rule import RegressionRule, Rules
+from prefect_dask_profiling.regression.rule import CheckOptions, RegressionRule, Rules
 from prefect_dask_profiling.store.manifest import (
     Baseline,
     Manifest,
@@ -107,7 +107,7 @@ class FinishSettings:
 
     threshold: float = RegressionRule.threshold
     history: int = RegressionRule.history
-    check_options: dict[str, Any] = field(default_factory=dict)
+    check_options: CheckOptions = field(default_factory=CheckOptions)
     report_retention_days: int = 30
     spool_budget_s: float = 10.0
     fail_on_regression: bool = False

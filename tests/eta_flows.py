@@ -2,8 +2,9 @@
 
 Stage ``one`` is ``ONE_TASKS`` naps of ``one_s`` seconds, stage ``two`` ``TWO_TASKS`` naps of
 ``TWO_S``: sleeps, so a night's length hardly depends on the machine's load. While its
-tasks run, the flow body watches its own progress artifact (what people see in the UI) and,
-when asked, waits (bounded) for one of its own ETA events to reach the server.
+tasks run, the flow body watches its own progress artifact (what people see in the UI) and
+its estimate in the run store (what ``dask-profiling eta`` lists) and, when asked, waits
+(bounded) for one of its own ETA events to reach the server.
 """
 
 from __future__ import annotations
@@ -54,16 +55,32 @@ def events_of(api_url: str, flow_run_id: str, name: str) -> list[dict]:
     return response.json()["events"]
 
 
-def _watch(futures, flow_run_id: str, samples: list[float], expect: bool) -> None:
-    """Sample the progress artifact until the stage's tasks are done; with ``expect``, at
-    least one sample (the artifact is waited for, bounded): a run's progress seen while it
-    runs."""
+def stored_estimate(store_url: str, pipeline: str, flow_run_id: str) -> dict | None:
+    """The run's estimate in the store now, as ``dask-profiling eta`` reads it."""
+    from prefect_dask_profiling.store.runs import RunStore
+
+    for found in RunStore(store_url).live_estimates(pipeline).values():
+        if isinstance(found, dict) and found.get("flow_run_id") == flow_run_id:
+            return found
+    return None
+
+
+def _watch(futures, flow_run_id: str, samples: list[float], expect: bool,
+           live: list[dict], store_url: str, pipeline: str) -> None:
+    """Sample the progress artifact (and, with ``store_url``, the stored estimate) until
+    the stage's tasks are done; with ``expect``, at least one sample of each (waited for,
+    bounded): a run's progress seen while it runs."""
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
         percent = progress_percent(flow_run_id)
         if percent is not None:
             samples.append(percent)
-        if (samples or not expect) and all(f.done() for f in futures):
+        if store_url and not live:
+            found = stored_estimate(store_url, pipeline, flow_run_id)
+            if found is not None and found.get("stage") is not None:
+                live.append(found)
+        seen = bool(samples) and (bool(live) or not store_url)
+        if (seen or not expect) and all(f.done() for f in futures):
             return
         time.sleep(0.2)
 
@@ -81,18 +98,20 @@ def _wait_for_event(api_url: str, flow_run_id: str, name: str) -> bool:
 
 
 def make_eta_flow(runner: ProfiledDaskTaskRunner, name: str):
-    """The flow: returns the progress samples, whether the awaited event came, and when
-    stage ``two`` ended (UTC, ISO)."""
+    """The flow: returns the progress samples, the stored estimate seen in stage ``one``
+    (with ``store_url``), whether the awaited event came, and when stage ``two`` ended (UTC,
+    ISO)."""
 
     def body(one_s: float, api_url: str = "", await_event: str | None = None,
-             expect_progress: bool = True) -> dict:
+             expect_progress: bool = True, store_url: str = "") -> dict:
         from prefect.runtime import flow_run
 
         samples: list[float] = []
+        live: list[dict] = []
         with get_dask_client() as client:
             with stage("one"):
                 futures = client.map(nap, [one_s] * ONE_TASKS, range(ONE_TASKS), pure=False)
-                _watch(futures, flow_run.id, samples, expect_progress)
+                _watch(futures, flow_run.id, samples, expect_progress, live, store_url, name)
                 client.gather(futures)
             with stage("two"):
                 futures = client.map(nap, [TWO_S] * TWO_TASKS, range(TWO_TASKS), pure=False)
@@ -101,7 +120,7 @@ def make_eta_flow(runner: ProfiledDaskTaskRunner, name: str):
                         else None)
                 percent = progress_percent(flow_run.id)
                 samples += [] if percent is None else [percent]
-        return {"samples": samples, "seen": seen, "two_ended": datetime.now(UTC).isoformat(),
-                "flow_run_id": str(flow_run.id)}
+        return {"samples": samples, "live": live[0] if live else None, "seen": seen,
+                "two_ended": datetime.now(UTC).isoformat(), "flow_run_id": str(flow_run.id)}
 
     return flow(name=name, version="1", task_runner=runner)(profiled(body))

@@ -69,7 +69,7 @@ def local_cluster(config: BenchConfig) -> Iterator[Any]:
     """A LocalCluster on 127.0.0.1 with ``config.local_workers`` × ``local_threads``."""
     from distributed import Client, LocalCluster
 
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, str] = {}  # LocalCluster's options that are set
     if config.local_memory_limit:
         kwargs["memory_limit"] = config.local_memory_limit
     with _quiet_distributed(), LocalCluster(

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from distributed import Client
 
     from prefect_dask_profiling.bench.types import BenchSummary
+    from prefect_dask_profiling.diagnosis.signals import Batch
 
 Progress = Callable[[str], None]
 
@@ -59,7 +60,7 @@ def _as_futures(client: Client, obj: Any, workload: str) -> list:
 
 
 def run_batch(client: Client, fn: Callable[[int, int], Any], workload: str, n: int,
-              seeds: list[int]) -> dict[str, Any]:
+              seeds: list[int]) -> Batch:
     """One aggregate per seed, submitted together; waits, then forgets the results."""
     from distributed import wait
 
@@ -133,7 +134,7 @@ def _run_side(client: Client, side: str, config: BenchConfig, fn: Callable[[int,
         progress(f"{side}: warmed up ({config.warmup} batch(es) per n)")
 
     name = timing_client.install(client, scope="run", sample_interval=0.5)
-    batches: list[dict[str, Any]] = []
+    batches: list[Batch] = []
     try:
         client.get_task_stream(start=0, stop=0)  # make sure the task stream is recording
         fine0 = client.run_on_scheduler(probes.fine_metrics)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from prefect_dask_profiling._util import ship_by_value
 from prefect_dask_profiling.bench.config import BenchConfig, BenchInputError
@@ -23,13 +23,21 @@ from prefect_dask_profiling.environment import KEY_PACKAGES, version_mismatches
 if TYPE_CHECKING:
     from distributed import Client
 
+    from prefect_dask_profiling.bench.types import (
+        ImportCheck,
+        KeyVersions,
+        Preflight,
+        PreflightWorker,
+    )
+    from prefect_dask_profiling.environment import ClusterVersions, ProcessVersions
 
 
-def _try_imports(modules: list[str]) -> dict[str, dict[str, Any]]:
+
+def _try_imports(modules: list[str]) -> dict[str, ImportCheck]:
     import importlib
     import importlib.metadata
 
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, ImportCheck] = {}
     for name in modules:
         try:
             module = importlib.import_module(name)
@@ -117,7 +125,7 @@ def host_warnings(side: str, scheduler_address: str, worker_hosts: dict[str, str
     return out
 
 
-def preflight(client: Client, side: str, config: BenchConfig) -> dict[str, Any]:
+def preflight(client: Client, side: str, config: BenchConfig) -> Preflight:
     """Check and describe one side's cluster before running anything.
 
     Raises
@@ -138,16 +146,16 @@ def preflight(client: Client, side: str, config: BenchConfig) -> dict[str, Any]:
         raise BenchInputError(f"{side}: workload not importable on {len(missing)} worker "
                               f"module(s) — install it there (same wheel) — " +
                               "; ".join(missing[:4]) + (" …" if len(missing) > 4 else ""))
-    versions = client.get_versions(check=False)
+    versions = cast("ClusterVersions", client.get_versions(check=False))
     hostnames = client.run(_hostname)
     pyver = {w: ((v or {}).get("packages") or {}).get("python")
              for w, v in (versions.get("workers") or {}).items()}
-    worker_rows = [{"address": addr, "name": w.get("name"), "host": w.get("host"),
-                    "hostname": hostnames.get(addr), "nthreads": w.get("nthreads"),
-                    "memory_limit": w.get("memory_limit"), "python": pyver.get(addr),
-                    "workload_versions": {m: r.get("version")
-                                          for m, r in imports.get(addr, {}).items()}}
-                   for addr, w in sorted(workers.items())]
+    worker_rows: list[PreflightWorker] = [
+        {"address": addr, "name": w.get("name"), "host": w.get("host"),
+         "hostname": hostnames.get(addr), "nthreads": w.get("nthreads"),
+         "memory_limit": w.get("memory_limit"), "python": pyver.get(addr),
+         "workload_versions": {m: r.get("version") for m, r in imports.get(addr, {}).items()}}
+        for addr, w in sorted(workers.items())]
     warnings = host_warnings(side, info.get("address", ""),
                              {a: w.get("host") or "" for a, w in workers.items()}, hostnames,
                              socket.gethostname(), _local_addresses())
@@ -168,6 +176,6 @@ def preflight(client: Client, side: str, config: BenchConfig) -> dict[str, Any]:
     }
 
 
-def _key_versions(entry: dict[str, Any] | None) -> dict[str, Any]:
+def _key_versions(entry: ProcessVersions | None) -> KeyVersions:
     packages = (entry or {}).get("packages") or {}
     return {k: packages.get(k) for k in KEY_PACKAGES if k in packages}

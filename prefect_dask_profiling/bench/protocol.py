@@ -42,14 +42,13 @@ import json
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from prefect_dask_profiling._util import json_clean
 from prefect_dask_profiling.bench.clusters import connect, local_cluster
 from prefect_dask_profiling.bench.config import BenchConfig, load_workload
 from prefect_dask_profiling.bench.measure import Progress, run_side
 from prefect_dask_profiling.bench.report import compare, notes_markdown
-from prefect_dask_profiling.bench.types import BenchSummary
+from prefect_dask_profiling.bench.types import BenchEnvironment, BenchSummary, Comparison
 from prefect_dask_profiling.environment import environment_fingerprint
 
 
@@ -59,7 +58,7 @@ class BenchResult:
 
     directory: Path
     summaries: dict[str, BenchSummary]
-    comparison: dict[str, Any]
+    comparison: Comparison
     notes: str
 
 
@@ -101,7 +100,7 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
     finally:
         if remote_client is not None:
             remote_client.close()
-    environment = {**environment_fingerprint(), "config": asdict(config)}
+    environment: BenchEnvironment = {**environment_fingerprint(), "config": asdict(config)}
     comparison = json_clean(compare(summaries))
     comparison["environment"] = json_clean(environment)
     notes = notes_markdown(summaries, comparison, environment)

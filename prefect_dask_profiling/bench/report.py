@@ -10,21 +10,36 @@ renders ``notes.md``, the session's write-up. All pure.
 from __future__ import annotations
 
 import statistics
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from prefect_dask_profiling.diagnosis.signals import ratio
+
+if TYPE_CHECKING:
+    from prefect_dask_profiling.bench.types import (
+        BenchConfigSummary,
+        BenchEnvironment,
+        BenchMetrics,
+        BenchSummary,
+        Bottleneck,
+        Comparison,
+        MetricComparison,
+        PerN,
+        SideVerdict,
+    )
+    from prefect_dask_profiling.diagnosis.classify import Signals
+    from prefect_dask_profiling.diagnosis.signals import Batch
 
 SCHEMA = "dask-profiling-bench/1"
 
 
-def side_metrics(batches: list[dict[str, Any]], threads: int, effective_threads: float,
-                 signals: dict[str, Any]) -> dict[str, Any]:
+def side_metrics(batches: list[Batch], threads: int, effective_threads: float,
+                 signals: Signals) -> BenchMetrics:
     """Throughput (raw, per thread, per effective thread), task stats, busy fraction, success."""
     wall = sum(b["wall_s"] for b in batches)
     total = sum(b["aggregates"] for b in batches)
     ok = sum(b["succeeded"] for b in batches)
     throughput = ratio(ok, wall) or 0.0
-    per_n = {}
+    per_n: dict[str, PerN] = {}
     for n in dict.fromkeys(b["n"] for b in batches):
         bs = [b for b in batches if b["n"] == n]
         w = sum(b["wall_s"] for b in bs)
@@ -32,7 +47,7 @@ def side_metrics(batches: list[dict[str, Any]], threads: int, effective_threads:
                          "succeeded": sum(b["succeeded"] for b in bs),
                          "wall_s": w, "median_batch_s": statistics.median(b["wall_s"] for b in bs),
                          "throughput_agg_s": ratio(sum(b["succeeded"] for b in bs), w)}
-    return {
+    return cast("BenchMetrics", {
         "aggregates": total, "succeeded": ok, "success_rate": ratio(ok, total),
         "wall_s": wall, "throughput_agg_s": throughput,
         "threads": threads, "effective_threads": effective_threads,
@@ -46,7 +61,7 @@ def side_metrics(batches: list[dict[str, Any]], threads: int, effective_threads:
         "cpu_fraction": signals.get("fine.cpu_fraction"),
         "per_n": per_n,
         "errors": [e for b in batches for e in b["errors"]][:10],
-    }
+    })
 
 
 # -- comparison ------------------------------------------------------------------------------
@@ -56,14 +71,13 @@ TABLE_METRICS = ("throughput_agg_s", "throughput_per_thread", "throughput_per_ef
                  "task_median_s", "task_p95_s", "cpu_fraction", "wall_s", "tasks")
 
 
-def compare(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def compare(summaries: dict[str, BenchSummary]) -> Comparison:
     """The local-vs-remote comparison and its interpretation (:func:`rubric`) (pure)."""
     sides = list(summaries)
     table = []
     for metric in TABLE_METRICS:
-        row: dict[str, Any] = {"metric": metric}
-        for side in sides:
-            row[side] = summaries[side]["metrics"].get(metric)
+        values = {side: cast(dict, summaries[side]["metrics"]).get(metric) for side in sides}
+        row = cast("MetricComparison", {"metric": metric, **values})  # sides: local, remote
         if "local" in summaries and "remote" in summaries:
             row["remote_vs_local"] = ratio(row["remote"], row["local"])
         table.append(row)
@@ -71,16 +85,19 @@ def compare(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
     identical = all(c == configs[0] for c in configs)
     return {
         "schema": SCHEMA, "sides": sides, "identical_inputs": identical,
-        "config": configs[0] if configs else {}, "table": table,
-        "verdicts": {s: {k: summaries[s]["bottleneck"][k]
-                         for k in ("primary", "secondary", "confidence", "note")}
-                     for s in sides},
+        "config": configs[0] if configs else cast("BenchConfigSummary", {}), "table": table,
+        "verdicts": {s: _side_verdict(summaries[s]["bottleneck"]) for s in sides},
         "rubric": rubric(summaries),
         "warnings": {s: summaries[s]["warnings"] for s in sides},
     }
 
 
-def rubric(summaries: dict[str, dict[str, Any]]) -> list[str]:
+def _side_verdict(b: Bottleneck) -> SideVerdict:
+    return {"primary": b["primary"], "secondary": b["secondary"],
+            "confidence": b["confidence"], "note": b["note"]}
+
+
+def rubric(summaries: dict[str, BenchSummary]) -> list[str]:
     """What the differences between local and remote mean, one sentence each (pure)."""
     out: list[str] = []
     for side, s in summaries.items():
@@ -135,8 +152,8 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def notes_markdown(summaries: dict[str, dict[str, Any]], comparison: dict[str, Any],
-                   environment: dict[str, Any]) -> str:
+def notes_markdown(summaries: dict[str, BenchSummary], comparison: Comparison,
+                   environment: BenchEnvironment) -> str:
     """``notes.md``: setup, environment, the comparison and its reading (pure)."""
     sides = list(summaries)
     cfg = comparison["config"]

@@ -32,12 +32,15 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import dask
 import dask.array as da
 import numpy as np
 from distributed.diagnostics.plugin import WorkerPlugin
+
+if TYPE_CHECKING:
+    from botocore.client import BaseClient
 
 # -- shipped examples ----------------------------------------------------------------------
 
@@ -147,11 +150,11 @@ S3_ENDPOINT_ENV = "DASK_PROFILING_BENCH_S3"
 """``endpoint,bucket,key`` of the object :func:`s3_read_ranges` reads (read on the client)."""
 
 
-_S3_CLIENTS: dict[str, Any] = {}
+_S3_CLIENTS: dict[str, BaseClient] = {}
 _S3_LOCK = threading.Lock()
 
 
-def _s3_client(endpoint: str):
+def _s3_client(endpoint: str) -> BaseClient:
     """One botocore client per endpoint and process (creating one costs ~0.1 s of CPU)."""
     with _S3_LOCK:
         if endpoint not in _S3_CLIENTS:
@@ -312,6 +315,15 @@ straggler lead when one task sets the stage's wall (io is named beside it)."""
 SLOWDOWN_ATTRIBUTE = "dask_profiling_slowdown"
 
 
+class _SlowWorkerState(TypedDict):
+    """What a :class:`SlowWorker` ships to the workers: its settings, not its threads."""
+
+    address: str
+    threads: int
+    factor: int
+    _stop: None
+
+
 class SlowWorker(WorkerPlugin):
     """A worker plugin that makes one worker slow, as if on a slower, busier machine.
 
@@ -355,7 +367,7 @@ class SlowWorker(WorkerPlugin):
         if hasattr(worker, SLOWDOWN_ATTRIBUTE):
             delattr(worker, SLOWDOWN_ATTRIBUTE)
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> _SlowWorkerState:
         return {"address": self.address, "threads": self.threads, "factor": self.factor,
                 "_stop": None}
 

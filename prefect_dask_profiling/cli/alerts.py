@@ -87,7 +87,8 @@ def alerts_command(
     show_stats: bool = typer.Option(False, "--stats",
                                     help="Per pipeline: confirmed, cleared, acknowledged."),
     runs: int = typer.Option(LOOKBACK_RUNS, "--runs", min=1,
-                             help="Judged runs replayed per pipeline."),
+                             help="Judged runs replayed before each pipeline's newest "
+                                  "(the window its judge replayed)."),
     store: StoreOption = None,
     as_json: JsonOption = False,
 ) -> None:

@@ -1,16 +1,18 @@
-"""``dask-profiling eta``: what the live ETA of a pipeline's next run starts from.
+"""``dask-profiling eta``: what the live ETA of a pipeline's next run starts from, and the
+current estimate of each run in progress.
 
 Per stage the p50 / p90 of its duration over the time baseline (and from which nights), and
-the whole run's range as the ETA computes it at the start. A run in progress keeps its live
-ETA on its Prefect flow run (the progress artifact, the boundary log lines, the events): it
-is not in the store until it ends, so this command shows the plan only.
+the whole run's range as the ETA computes it at the start. A run in progress stores its
+current estimate (:mod:`~prefect_dask_profiling.store.live`) at each stage boundary and
+every ``eta_interval``: the command lists each with its age. A run whose manifest exists
+has ended and is not listed; an estimate that cannot be read is named with the reason.
 
 The command body imports what it uses (the history brings pandas): ``--help`` imports none.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict, cast
 
 import typer
 
@@ -18,11 +20,55 @@ from prefect_dask_profiling.cli._output import emit_json, say
 from prefect_dask_profiling.cli._params import JsonOption, PipelineOption, StoreOption
 
 if TYPE_CHECKING:
-    from prefect_dask_profiling.regression.eta import HistoryStats
+    from datetime import datetime
 
-IN_PROGRESS_NOTE = ("a run in progress is not in the store until it ends: its live ETA is "
-                    "on its Prefect flow run (progress artifact, logs, events); this is the "
-                    "plan it starts from")
+    from prefect_dask_profiling.regression.eta import HistoryStats
+    from prefect_dask_profiling.store.live import LiveEstimate, UnknownStage
+    from prefect_dask_profiling.store.runs import RunStore
+
+IN_PROGRESS_NOTE = ("a run in progress stores its current estimate at each stage boundary "
+                    "and every eta_interval (live/<pipeline>/<run_id>.json); its progress "
+                    "artifact, logs and events are on its Prefect flow run")
+# An estimate not replaced for this many of its intervals (and a minute) is stale: its run
+# may have died without ending (no manifest, no removal).
+STALE_INTERVALS = 3
+STALE_GRACE_S = 60.0
+
+
+class PlanStage(TypedDict):
+    """One stage of the plan: its baseline nights, p50 / p90 seconds, windows and usual
+    task count, and whether it has enough nights to be counted (``known``)."""
+
+    stage: str
+    nights: int
+    p50_s: float
+    p90_s: float
+    windows: int
+    usual_tasks: int
+    known: bool
+
+
+class PlanRun(TypedDict):
+    """The whole run's ETA range at its start, and the stages it leaves out."""
+
+    expected_s: float
+    high_s: float
+    unknown: list[UnknownStage]
+
+
+class Plan(TypedDict):
+    """``dask-profiling eta --json`` (:func:`plan_json`; the command adds ``store`` and
+    ``note``): ``run`` is ``None`` and ``text`` says why until the plan is ready."""
+
+    pipeline: str
+    version: str
+    nights: list[str]
+    needed: int
+    ready: bool
+    stages: list[PlanStage]
+    run: PlanRun | None
+    naive_s: float | None
+    text: str | None
 
 
 def register(app: typer.Typer) -> None:
@@ -44,39 +90,125 @@ def eta_command(
     """Each stage's expected duration (p50, p90, from which nights) and the whole run's
     ETA range at its start, from the baseline the next run is judged against."""
     from prefect_dask_profiling.cli._params import existing_store
+    from prefect_dask_profiling.errors import StoreError
     from prefect_dask_profiling.regression import history
 
     run_store = existing_store(store)
-    pipeline = history.resolve_pipeline(run_store, pipeline)
+    try:
+        pipeline = history.resolve_pipeline(run_store, pipeline)
+    except StoreError:  # a first night in progress: no stored run yet, but its estimate
+        running = in_progress(run_store, pipeline) if pipeline is not None else []
+        if not running or running[0]["run_id"] is None:
+            raise
+        if as_json:
+            emit_json({"store": run_store.url, "pipeline": pipeline, "stages": [],
+                       "in_progress": running, "note": IN_PROGRESS_NOTE})
+            return
+        for line in [f"{pipeline}: no stored run yet (no ETA plan)",
+                     *in_progress_lines(running)]:
+            say(line)
+        return
     stats = history.eta_plan(run_store, pipeline, version, n_history)
     plan = plan_json(stats)
+    running = in_progress(run_store, pipeline)
     if as_json:
-        emit_json({"store": run_store.url, **plan, "note": IN_PROGRESS_NOTE})
+        emit_json({"store": run_store.url, **plan, "in_progress": running,
+                   "note": IN_PROGRESS_NOTE})
         return
-    for line in plan_lines(stats, plan):
+    for line in [*plan_lines(stats, plan), *in_progress_lines(running)]:
         say(line)
 
 
-def plan_json(stats: HistoryStats) -> dict[str, Any]:
+class InProgress(TypedDict, total=False):
+    """One run in progress as the command shows it: its stored ``estimate``, its age and
+    whether it is ``stale``; or the ``error`` reading it (``run_id`` None: the listing)."""
+
+    run_id: str | None
+    error: str
+    age_s: float
+    stale: bool
+    estimate: LiveEstimate
+
+
+def in_progress(run_store: RunStore, pipeline: str, now: datetime | None = None
+                ) -> list[InProgress]:
+    """The runs in progress of ``pipeline``, oldest first: per run its stored estimate, its
+    age (``age_s``) and whether it is ``stale``; or the ``error`` reading it (one line).
+    A store whose estimates cannot be listed gives one entry, ``run_id`` None, saying why."""
+    from datetime import UTC, datetime
+
+    from prefect_dask_profiling.errors import StoreError
+
+    now = now or datetime.now(UTC)
+    try:
+        stored = run_store.live_estimates(pipeline)
+    except StoreError as exc:  # the plan is still worth printing
+        return [{"run_id": None, "error": " ".join(str(exc).split())}]
+    out: list[InProgress] = []
+    for run_id, found in stored.items():
+        if isinstance(found, StoreError):
+            out.append({"run_id": run_id, "error": " ".join(str(found).split())})
+            continue
+        try:
+            age = (now - datetime.fromisoformat(found["computed_at"])).total_seconds()
+        except (TypeError, ValueError):
+            out.append({"run_id": run_id, "error": f"computed_at "
+                        f"{found['computed_at']!r} is not an ISO 8601 time"})
+            continue
+        interval = found.get("interval_s") or 0.0
+        stale = age > STALE_INTERVALS * float(interval) + STALE_GRACE_S
+        out.append({"run_id": run_id, "age_s": round(age, 1), "stale": stale,
+                    "estimate": found})
+    return out
+
+
+def in_progress_lines(running: list[InProgress]) -> list[str]:
+    """The human form of :func:`in_progress`."""
+    if not running:
+        return ["runs in progress: none stored"]
+    if running[0]["run_id"] is None:
+        return [f"runs in progress: not read: {running[0]['error']}"]
+    lines = [f"runs in progress: {len(running)}"]
+    for run in running:
+        if "error" in run:
+            lines.append(f"  {run['run_id']}: unreadable estimate: {run['error']}")
+            continue
+        est = run["estimate"]
+        where = f"stage {est['stage']} running" if est.get("stage") else "between stages"
+        if est.get("done_fraction") is not None:
+            where += f", {100 * est['done_fraction']:.0f} % done"
+        line = f"  {run['run_id']}: {where}; {est.get('text') or 'no estimate'}"
+        if est.get("deadline"):
+            line += f"; deadline {est['deadline']}"
+            line += f" ({est['risk']})" if est.get("risk") else ""
+        line += f"; computed {_duration(max(run['age_s'], 0.0))} ago"
+        if run["stale"]:
+            line += " (stale: not updated since; the run may have stopped without ending)"
+        lines.append(line)
+    return lines
+
+
+def plan_json(stats: HistoryStats) -> Plan:
     """The plan as JSON: per stage its figures, and the whole run's range at its start."""
     from datetime import UTC, datetime
 
     from prefect_dask_profiling.regression.eta import RunProgress, estimate
 
     eta = estimate(stats, RunProgress(now=datetime.now(UTC), elapsed_s=0.0))
+    low, high = eta.remaining_low_s, eta.remaining_high_s  # set when the ETA is known
     return {
         "pipeline": stats.pipeline, "version": stats.version, "nights": list(stats.runs),
         "needed": stats.needed, "ready": stats.ready,
         "stages": [{"stage": s.name, "nights": s.nights, "p50_s": s.p50_s, "p90_s": s.p90_s,
                     "windows": s.windows, "usual_tasks": s.usual_tasks,
                     "known": s.nights >= stats.needed} for s in stats.stages],
-        "run": None if not eta.known else {
-            "expected_s": eta.remaining_low_s, "high_s": eta.remaining_high_s,
+        "run": None if not eta.known or low is None or high is None else {
+            "expected_s": low, "high_s": high,
             "unknown": [{"stage": s, "reason": r} for s, r in eta.unknown]},
         "naive_s": stats.total_p50_s, "text": eta.text if not eta.known else None}
 
 
-def plan_lines(stats: HistoryStats, plan: dict[str, Any]) -> list[str]:
+def plan_lines(stats: HistoryStats, plan: Plan) -> list[str]:
     """The human form of :func:`plan_json`."""
     head = f"{stats.pipeline} {stats.version}: ETA plan from {len(stats.runs)} baseline night"
     head += "s" * (len(stats.runs) != 1)
@@ -84,7 +216,7 @@ def plan_lines(stats: HistoryStats, plan: dict[str, Any]) -> list[str]:
         head += f" ({stats.runs[0]} .. {stats.runs[-1]})"
     lines = [head]
     if not stats.ready:
-        return [*lines, plan["text"], f"note: {IN_PROGRESS_NOTE}"]
+        return [*lines, cast(str, plan["text"]), f"note: {IN_PROGRESS_NOTE}"]  # why not
     width = max(len(s.name) for s in stats.stages)
     lines.append(f"  {'stage':<{width}}  {'p50':>9}  {'p90':>9}  nights  tasks")
     for s in stats.stages:
@@ -92,7 +224,7 @@ def plan_lines(stats: HistoryStats, plan: dict[str, Any]) -> list[str]:
             f"  unknown: too little history ({s.nights} of {stats.needed} nights)"
         lines.append(f"  {s.name:<{width}}  {_duration(s.p50_s):>9}  {_duration(s.p90_s):>9}"
                      f"  {s.nights:>6}  {s.usual_tasks:>5}{known}")
-    run = plan["run"]
+    run = cast("PlanRun", plan["run"])  # ready: the ETA is known
     lines.append(f"whole run: {_duration(run['expected_s'])} expected, up to "
                  f"{_duration(run['high_s'])} (stages' p90 spreads added in quadrature); "
                  f"the median night took {_duration(stats.total_p50_s or 0.0)}")

@@ -28,6 +28,7 @@ from prefect_dask_profiling.cli._params import (
 )
 
 if TYPE_CHECKING:
+    from prefect_dask_profiling.regression.history import RunSummary
     from prefect_dask_profiling.store.manifest import Manifest
     from prefect_dask_profiling.store.runs import RunStore
 
@@ -89,7 +90,7 @@ def runs_command(
         print_table(runs, title=f"{pipeline} runs in {run_store.url}")
 
 
-def summary_lines(summary: dict[str, Any]) -> list[str]:
+def summary_lines(summary: RunSummary) -> list[str]:
     """``key: value`` lines of a run's manifest summary, formatted like the tables.
 
     Floats are rounded, the baseline is its runs and note, warnings get a line each; empty
@@ -180,7 +181,7 @@ def show_command(
     _show_allocation(manifest, f"{pipeline} {run_id}")
 
 
-def _show_allocation(manifest: dict[str, Any], title: str) -> None:
+def _show_allocation(manifest: Manifest, title: str) -> None:
     """What the cluster allocated per stage (runs stored before: nothing); the rate used
     when the run was priced, and that its cost is an estimate."""
     from prefect_dask_profiling.summary.allocation import allocation_table
@@ -190,7 +191,7 @@ def _show_allocation(manifest: dict[str, Any], title: str) -> None:
     if table.empty:
         return
     print_table(table, title=f"{title}: allocated, busy and idle (hours)")
-    rates = doc.get("rates")
+    rates = doc.get("rates") if isinstance(doc, dict) else None
     if rates:
         say(f"cost is an estimate at {rates.get('text', '')} ({rates.get('currency', '')}); "
             "see docs/cost.md")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 import typer
 
@@ -116,8 +116,21 @@ def parse_age(text: str) -> float:
     return value / 24 if match.group(2).lower() == "h" else value
 
 
+class ReportLink(TypedDict):
+    """Where a stage's report is (``dask-profiling report``): its location, and a presigned
+    ``url`` (``None``: the store cannot sign) valid for ``expires_s`` (S3 stores only)."""
+
+    pipeline: str
+    run_id: str
+    stage: str
+    location: str
+    url: str | None
+    signed: bool
+    expires_s: int | None
+
+
 def report_link(store: RunStore, run_id: str, stage: str, pipeline: str,
-                expires_s: int = 3600) -> dict[str, Any]:
+                expires_s: int = 3600) -> ReportLink:
     """Where a stage's report is, with a presigned link when the store is S3 and can sign.
 
     ``StoreNotFound`` for an unknown run or a report that expired or was never written.

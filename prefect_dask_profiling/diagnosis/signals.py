@@ -48,14 +48,15 @@ class WorkerProbe(TypedDict):
 
 class Batch(TypedDict):
     """One measured batch of a bench side (``bench.measure``): its ``n`` tasks' start, end
-    and wall, aggregates per batch, and whether (and with what errors) it succeeded."""
+    and wall, aggregates per batch, and how many of them succeeded (the errors of the
+    others)."""
 
     n: int
     start: float
     end: float
     wall_s: float
     aggregates: int
-    succeeded: bool
+    succeeded: int
     errors: list[str]
 
 

@@ -38,7 +38,8 @@ import io
 import logging
 import os
 import uuid
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast, overload
 
 import pandas as pd
 
@@ -49,6 +50,10 @@ from prefect_dask_profiling.store.runs import RunStore, StoreError
 
 if TYPE_CHECKING:
     from pandas.api.extensions import ExtensionArray
+
+    from prefect_dask_profiling.summary.allocation import AllocationDoc, RunAllocationDoc
+    from prefect_dask_profiling.summary.io import StageIO
+    from prefect_dask_profiling.summary.memory import StageMemory
 
 logger = logging.getLogger(__name__)
 
@@ -159,11 +164,11 @@ def fleet_rows(manifest: Manifest, tasks: pd.DataFrame) -> pd.DataFrame:
     by_stage = _stage_bottlenecks(manifest)
     run_level = _bottleneck(manifest)
     out["bottleneck"] = [by_stage.get(stage, run_level) for stage in out["stage"]]
-    memory = _stage_entries(manifest, "memory")
+    memory: Mapping[str, Mapping[str, object]] = _stage_entries(manifest, "memory")
     for column, key in (("stage_peak_bytes", "peak_bytes"), ("stage_headroom", "headroom"),
                         ("stage_spilled_bytes", "spilled_bytes")):
         out[column] = [float_or_nan(memory.get(stage, {}).get(key)) for stage in out["stage"]]
-    storage = _stage_entries(manifest, "io")
+    storage: Mapping[str, Mapping[str, object]] = _stage_entries(manifest, "io")
     for column, key, kind in STORAGE_COLUMNS:
         out[column] = _nullable([storage.get(stage, {}).get(key) for stage in out["stage"]],
                                 kind)
@@ -173,12 +178,13 @@ def fleet_rows(manifest: Manifest, tasks: pd.DataFrame) -> pd.DataFrame:
     return out[COLUMNS].reset_index(drop=True)
 
 
-def _allocation_columns(out: pd.DataFrame, manifest: dict[str, Any]) -> None:
+def _allocation_columns(out: pd.DataFrame, manifest: Manifest) -> None:
     """The stage's and the run's allocation (:data:`ALLOCATION_COLUMNS`) on every row; null
     for runs stored before allocations, and cost null unless the run was priced."""
-    doc = manifest.get("allocation") if isinstance(manifest.get("allocation"), dict) else {}
-    stages = _stage_entries(manifest, "allocation")
-    run = doc.get("run") or {}
+    stored = manifest.get("allocation")
+    doc = stored if isinstance(stored, dict) else cast("RunAllocationDoc", {})
+    stages: Mapping[str, Mapping[str, object]] = _stage_entries(manifest, "allocation")
+    run: Mapping[str, object] = doc.get("run") or {}  # read by column key
     for column, key, scale in ALLOCATION_COLUMNS:
         out[f"run_{column}"] = float_or_nan(run.get(key)) / scale
         out[f"stage_{column}"] = [float_or_nan(stages.get(stage, {}).get(key)) / scale
@@ -235,7 +241,16 @@ def write_fleet(store: RunStore, manifest: Manifest, tasks: pd.DataFrame) -> str
     return fleet_location(store, pipeline, run_id)
 
 
-def rebuild_fleet(store: RunStore, pipeline: str | None = None) -> dict[str, Any]:
+class FleetRebuild(TypedDict):
+    """What :func:`rebuild_fleet` did: runs written, stale files removed, and the runs
+    skipped as ``[run_id, reason]``."""
+
+    written: int
+    removed: int
+    skipped: list[list[str]]
+
+
+def rebuild_fleet(store: RunStore, pipeline: str | None = None) -> FleetRebuild:
     """Write the fleet view again from the stored runs; drop files of runs no longer stored.
 
     Parameters
@@ -247,12 +262,13 @@ def rebuild_fleet(store: RunStore, pipeline: str | None = None) -> dict[str, Any
 
     Returns
     -------
-    dict
-        ``{"written": n, "removed": n, "skipped": [[run_id, reason], ...]}``. A run whose
-        manifest or table cannot be read is skipped, never fatal.
+    FleetRebuild
+        What was written, removed and skipped. A run whose manifest or table cannot be
+        read is skipped, never fatal.
     """
     pipelines = [validate_name(pipeline, "pipeline")] if pipeline else store.list_pipelines()
-    written, removed, skipped = 0, 0, []
+    written, removed = 0, 0
+    skipped: list[list[str]] = []
     for name in pipelines:
         runs = [r["run_id"] for r in store.list_runs(name)]
         for run_id in runs:
@@ -323,11 +339,20 @@ def _nullable(values: list[Any], kind: Literal["int64", "float64"]) -> Extension
             else numbers.astype("float64")).array
 
 
-def _stage_entries(manifest: Manifest, key: str) -> dict[str, dict[str, Any]]:
-    """Each stage's stored ``stages[].<key>`` entry (``memory``, ``io``) by stage name;
-    stages without one (old runs, no source) are left out."""
-    return {str(info.get("name")): info[key] for info in manifest.get("stages") or []
-            if isinstance(info, dict) and isinstance(info.get(key), dict)}
+@overload
+def _stage_entries(manifest: Manifest, key: Literal["memory"]) -> dict[str, StageMemory]: ...
+@overload
+def _stage_entries(manifest: Manifest, key: Literal["io"]) -> dict[str, StageIO]: ...
+@overload
+def _stage_entries(manifest: Manifest,
+                   key: Literal["allocation"]) -> dict[str, AllocationDoc]: ...
+def _stage_entries(manifest: Manifest, key: Literal["memory", "io", "allocation"]
+                   ) -> dict[str, StageMemory] | dict[str, StageIO] | dict[str, AllocationDoc]:
+    """Each stage's stored ``stages[].<key>`` entry (``memory``, ``io``, ``allocation``) by
+    stage name; stages without one (old runs, no source) are left out."""
+    return cast("dict[str, StageMemory] | dict[str, StageIO] | dict[str, AllocationDoc]",
+                {str(info.get("name")): info[key] for info in manifest.get("stages") or []
+                 if isinstance(info, dict) and isinstance(info.get(key), dict)})
 
 
 def _stage_deaths(manifest: Manifest) -> dict[str, int]:

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -56,7 +57,10 @@ from prefect_dask_profiling.store.manifest import Manifest
 from prefect_dask_profiling.store.runs import RunStore, StoreError
 
 if TYPE_CHECKING:
-    from prometheus_client import CollectorRegistry
+    from prometheus_client import CollectorRegistry, Gauge
+
+    from prefect_dask_profiling.pricing import CostRatesDoc
+    from prefect_dask_profiling.store.manifest import StageEntry
 
 logger = logging.getLogger(__name__)
 
@@ -286,7 +290,7 @@ def _read_run(store: RunStore, pipeline: str, run_id: str) -> LatestRun:
     return LatestRun(pipeline, manifest, tasks, verdicts)
 
 
-def _set_storage(gauges: dict[str, Any], pipeline: str, info: Any) -> None:
+def _set_storage(gauges: dict[str, Gauge], pipeline: str, info: StageEntry) -> None:
     """Set the storage gauges (by ``io`` key) of one manifest stage entry; a key absent from
     its ``io`` (the source was not loaded), or no ``io`` at all (old runs), sets nothing."""
     io = info.get("io") if isinstance(info, dict) else None
@@ -297,22 +301,24 @@ def _set_storage(gauges: dict[str, Any], pipeline: str, info: Any) -> None:
         _set(gauge, labels, io.get(key))
 
 
-def _rates(manifest: dict[str, Any]) -> dict[str, Any] | None:
+def _rates(manifest: Manifest) -> CostRatesDoc | None:
     """The rates a run was priced at (``None``: not priced, or stored before)."""
     doc = manifest.get("allocation")
     rates = doc.get("rates") if isinstance(doc, dict) else None
     return rates if isinstance(rates, dict) else None
 
 
-def _set_allocation(gauges: dict[str, tuple[float, Any]], cost: Any, pipeline: str,
-                    manifest: dict[str, Any]) -> None:
+def _set_allocation(gauges: dict[str, tuple[float, Gauge]], cost: Gauge | None,
+                    pipeline: str, manifest: Manifest) -> None:
     """The allocation gauges of one run: every stage, the outside row and the run; the
     cost only when the run was priced."""
     doc = manifest.get("allocation")
     if not isinstance(doc, dict) or not isinstance(doc.get("run"), dict):
         return
     rates = _rates(manifest)
-    for row in [*(doc.get("stages") or []), doc.get("outside") or {}, doc["run"]]:
+    rows: list[Mapping[str, Any]] = [*(doc.get("stages") or []), doc.get("outside") or {},
+                                     doc["run"]]  # read by gauge key
+    for row in rows:
         if not isinstance(row, dict) or not row.get("scope"):
             continue
         labels = (pipeline, str(row["scope"]))

@@ -12,6 +12,10 @@ the flow thread); everything else runs as jobs of the process's one background s
 * a Prefect progress artifact on the flow run (percent of the expected work done, never
   going back, 100 at the end), its description the ETA line;
 * one flow-run log line per stage boundary;
+* the current estimate in the run store (``live/<pipeline>/<run_id>.json``:
+  :mod:`~prefect_dask_profiling.store.live`), replaced at each estimate and removed when the
+  run ends, for ``dask-profiling eta``; never spooled, bounded by the store's timeout (at
+  most :data:`LIVE_TIMEOUT_S`) and its breaker;
 * with a ``deadline=``: the events ``dask-profiling.run.at-risk``, ``...on-track`` (a run at
   risk recovered) and ``...late`` (the deadline passed, run unfinished: emitted by the
   periodic job even while a stage computes), each with a stable id per (flow run, kind,
@@ -52,6 +56,7 @@ if TYPE_CHECKING:
     from concurrent.futures import Future
 
     from prefect_dask_profiling.prefect.background import Periodic
+    from prefect_dask_profiling.store.live import LiveEstimate
 
 logger = logging.getLogger("prefect_dask_profiling")
 
@@ -62,6 +67,9 @@ EVENTS = {"at-risk": AT_RISK_EVENT, "on-track": ON_TRACK_EVENT, "late": LATE_EVE
 # A run at risk is back on track once its ETA said so for this long (and 3 intervals):
 # inside a stage the ETA is a sawtooth, which would flap the events (RiskTracker).
 RECOVERY_HOLD_S = 60.0
+# The longest one write of the stored estimate may take (the store's timeout, if shorter):
+# an estimate older than this is stale anyway, and the background service has other work.
+LIVE_TIMEOUT_S = 5.0
 _ETA_EVENT_NAMESPACE = uuid.UUID("5d0f3a8e-7b21-4c6e-9a43-2f81c7e0b9d4")
 
 
@@ -116,6 +124,9 @@ class LiveEta:
         self._ended_s: float | None = None  # seconds from the start to stop()
         self._history_future: Future | None = None
         self.first_text: str | None = None  # the first known ETA (the run's markdown)
+        self._live_store: Any = None  # (url, RunStore) the stored estimate is written to
+        self._live_written: Any = None  # the RunStore holding it (removed at the end)
+        self._live_over = False  # removed: write no more
 
     # -- told by the session (flow thread) ---------------------------------------------------
 
@@ -156,6 +167,7 @@ class LiveEta:
         self._ended_s = (datetime.now(UTC) - self.session.ctx.started).total_seconds()
         if self._periodic is not None:
             self._periodic.cancel()
+            self._in_run(self._remove_live)
         if finished and self._artifact_id is not None:
             self._in_run(self._progress, 100.0, "finished")
 
@@ -203,20 +215,78 @@ class LiveEta:
             return None
         if read_counts:
             self._read_counts()
-        eta = estimate(self.stats, self._progress_now(), self._zone())
+        progress = self._progress_now()
+        eta = estimate(self.stats, progress, self._zone())
         self.eta = eta
         if not eta.known:
             if not self._said_no_eta:
                 self._said_no_eta = True
                 _run_log(logging.INFO, f"dask-profiling: {eta.text}")
+            _quietly(self._store_live, eta, progress)
             return eta
-        progress = self._progress_now()
         if self.first_text is None:
             self.first_text = eta.text
         self.predictions.append((progress.elapsed_s, progress.elapsed_s + eta.remaining_s))
-        self._progress(eta.percent_done or 0.0, eta.text)
-        self._judge_deadline(eta)
+        # each publication on its own: a failing Prefect API neither hides the stored
+        # estimate nor the deadline's events, a failing store neither of the others
+        _quietly(self._progress, eta.percent_done or 0.0, eta.text)
+        _quietly(self._judge_deadline, eta)
+        _quietly(self._store_live, eta, progress)
         return eta
+
+    # -- the stored estimate (``dask-profiling eta``) ---------------------------------------
+
+    def live_estimate(self, eta: Eta, progress: RunProgress) -> LiveEstimate:
+        """The estimate as stored for ``dask-profiling eta`` (:class:`~prefect_dask_profiling.
+        store.live.LiveEstimate`)."""
+        from prefect_dask_profiling.store.live import estimate_doc
+
+        ctx = self.session.ctx
+        fraction = None if eta.percent_done is None else round(eta.percent_done / 100.0, 4)
+        return estimate_doc(
+            pipeline=ctx.pipeline, version=str(ctx.version), run_id=ctx.run_id,
+            flow_run_id=str(ctx.flow_run_id) if ctx.flow_run_id else None,
+            started=ctx.started.isoformat() if ctx.started else None,
+            computed_at=progress.now.astimezone(UTC).isoformat(), interval_s=self.interval,
+            stage=progress.current, stages_done=sorted(progress.completed),
+            known=eta.known, done_fraction=fraction,
+            remaining_p50_s=_rounded(eta.remaining_low_s),
+            remaining_p90_s=_rounded(eta.remaining_high_s),
+            finish_p50=eta.finish_low.isoformat() if eta.finish_low else None,
+            finish_p90=eta.finish_high.isoformat() if eta.finish_high else None,
+            deadline=self.deadline_at.isoformat() if self.deadline_at else None,
+            risk=self.tracker.state if self.deadline_at else None,
+            unknown=[{"stage": s, "reason": r} for s, r in eta.unknown], text=eta.text)
+
+    def _store_live(self, eta: Eta, progress: RunProgress) -> None:
+        """Replace the run's stored estimate (a background job; a failure is the caller's
+        debug log, and the next estimate tries again)."""
+        if self._live_over or not self.session.ctx.pipeline:
+            return
+        store = self._store_for_live()
+        store.write_live(self.live_estimate(eta, progress))
+        self._live_written = store
+
+    def _store_for_live(self) -> Any:
+        """The store of the run (its URL may change until the run ends: ``use_store``),
+        with a write timeout of at most :data:`LIVE_TIMEOUT_S`."""
+        from prefect_dask_profiling.store.runs import RunStore
+
+        options = self.session.options
+        if self._live_store is None or self._live_store[0] != options.store:
+            timeout = min(float(options.store_timeout), LIVE_TIMEOUT_S)
+            self._live_store = (options.store, RunStore(options.store, options.storage_options,
+                                                        timeout=timeout))
+        return self._live_store[1]
+
+    def _remove_live(self) -> None:
+        """The run ended: remove its stored estimate (a reader ignores a leftover once the
+        run's manifest exists)."""
+        self._live_over = True
+        store, self._live_written = self._live_written, None
+        if store is not None:
+            ctx = self.session.ctx
+            store.remove_live(ctx.pipeline, ctx.run_id)
 
     def _read_counts(self) -> None:
         from prefect_dask_profiling.timing import client as timing_client
@@ -363,6 +433,10 @@ def _quietly(job: Any, *args: Any) -> Any:
         return None
 
 
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 1)
+
+
 def _key(name: str) -> str:
     """An artifact key (lowercase letters, digits, dashes)."""
     return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-") or "run"
@@ -428,4 +502,5 @@ def _run_log(level: int, message: str) -> None:
         logger.log(level, message)
 
 
-__all__ = ["AT_RISK_EVENT", "EVENTS", "LATE_EVENT", "LiveEta", "ON_TRACK_EVENT", "event_id"]
+__all__ = ["AT_RISK_EVENT", "EVENTS", "LATE_EVENT", "LIVE_TIMEOUT_S", "LiveEta", "ON_TRACK_EVENT",
+           "event_id"]

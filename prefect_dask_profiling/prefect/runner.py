@@ -47,7 +47,11 @@ from prefect_dask_profiling.regression.eta import (
     check_margin,
     parse_deadline,
 )
-from prefect_dask_profiling.regression.rule import COST_REGRESSION_MODES, RegressionRule
+from prefect_dask_profiling.regression.rule import (
+    COST_REGRESSION_MODES,
+    CheckOptions,
+    RegressionRule,
+)
 from prefect_dask_profiling.stage import running_task_annotations, running_task_key
 from prefect_dask_profiling.store.url import check_store_url, redacted_options
 from prefect_dask_profiling.timing.plugin import (
@@ -171,7 +175,7 @@ class ProfilingOptions:
     threshold: float = RegressionRule.threshold
     history: int = RegressionRule.history
     sample_interval: float = 1.0
-    check_options: dict[str, Any] = field(default_factory=dict)
+    check_options: CheckOptions = field(default_factory=CheckOptions)
     store_timeout: float = 10.0
     cost: CostRates | None = None
     cost_regression: str = "warn"

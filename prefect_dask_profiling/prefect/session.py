@@ -133,7 +133,7 @@ class Session:
         """How the run is judged and kept, from the runner's options."""
         o = self.options
         return FinishSettings(
-            threshold=o.threshold, history=o.history, check_options=dict(o.check_options),
+            threshold=o.threshold, history=o.history, check_options=o.check_options.copy(),
             report_retention_days=o.report_retention_days, spool_budget_s=o.store_timeout,
             fail_on_regression=o.on_regression == "fail",
             cost=o.cost, cost_regression=o.cost_regression)

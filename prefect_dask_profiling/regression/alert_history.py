@@ -226,9 +226,15 @@ def _history_of(docs: dict[str, Mapping[str, Any]], started: str | None,
 def episodes_of(store: RunStore, pipeline: str, version: str, runs: int = LOOKBACK_RUNS
                 ) -> tuple[Book, list[AlertEvent]]:
     """The state of ``pipeline``/``version`` after its stored nights, and every event:
-    each night replayed with the rules it was judged with, as the judge does."""
+    each night replayed with the rules it was judged with, as the judge does.
+
+    The nights replayed are the newest judged night and the ``runs`` judged nights before
+    it: the window that night's judge replayed (:func:`load_nights` ``before`` it), so the
+    state and the events ``alerts`` derives for the newest night are the ones its judge
+    derived, also for an episode that began at the window's edge.
+    """
     restart = next(iter(store.accepted(pipeline, version)), None)
-    return replay(load_nights(store, pipeline, version, runs),
+    return replay(load_nights(store, pipeline, version, runs + 1),
                   load_acks(store, pipeline, version), restart=restart)
 
 

@@ -37,6 +37,7 @@ from            tonight                                  to              event, 
 (none)          flagged, conclusive                      confirmed       detected, fails
 (none)          flagged, not conclusive                  suspected       suspected
 suspected       still there (``alert == "regression"``)  confirmed       detected, fails
+suspected       still there, an onset not yet confirmed  suspected       none [3]_
 suspected       gone                                     cleared         cleared
 confirmed       still flagged                            confirmed       fails [1]_
 confirmed       back for ``resolve_after`` nights        resolved        resolved
@@ -49,6 +50,10 @@ any open        the night is ``accept``-ed               (restart)       --
    judged against the healthy baseline, which keeps their nights out. ``headroom`` is
    absolute: a chronic near-OOM fails **once per episode** and is reported every night.
 .. [2] On the next flagged night, with an event id of its own (a new round).
+.. [3] A memory metric its baseline never saw reach the minimum effect (a stage that has
+   not spilled) confirms after more nights in a row than two
+   (:func:`.memory.onset_nights`): its nights stay out of the memory baseline meanwhile,
+   and return to it if the onset clears.
 
 A prefix's drift while its time episode is open is that episode's condition, not a new one:
 it opens no drift episode (a step acknowledged on its first nights would otherwise page
@@ -74,7 +79,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypedDict
 
 import pandas as pd
 
@@ -116,6 +121,19 @@ def episode_id(pipeline: str, version: str, stage: str, prefix: str, metric: str
     """The episode's stable id: ``ep-`` and 10 hex digits of a hash of what it is about."""
     text = "\0".join((pipeline, version, stage, prefix, metric, start_run))
     return "ep-" + hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+class SignalRow(TypedDict):
+    """A non-time signal of a night as stored in its manifest (``signals``; the ``other``
+    rows of :meth:`Night.from_tables`): the key, the one-night verdict, tonight's ratio
+    (``None``: not finite) and the confirmation decision (``alert``)."""
+
+    stage: str
+    prefix: str
+    metric: str
+    verdict: str
+    ratio: float | None
+    alert: str
 
 
 @dataclass(frozen=True)
@@ -219,6 +237,16 @@ class Episode:
         return out
 
 
+class AlertEventDoc(TypedDict):
+    """An :class:`AlertEvent` as plain JSON (the Prefect event's payload, the manifest's
+    ``outcome.events``): the event name, its id, the night and the episode after it."""
+
+    event: str
+    id: str
+    run_id: str
+    episode: dict[str, Any]  # Episode.to_json: the episode's fields
+
+
 @dataclass(frozen=True)
 class AlertEvent:
     """Something that happened to an episode on one night.
@@ -251,7 +279,7 @@ class AlertEvent:
         name = f"{self.episode.id}/{self.kind}" + (f"/{self.round}" if self.round else "")
         return str(uuid.uuid5(_EVENT_NAMESPACE, name))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> AlertEventDoc:
         return {"event": self.event, "id": self.id, "run_id": self.run_id,
                 "episode": self.episode.to_json()}
 
@@ -446,7 +474,7 @@ def priors(book: Book, metric: str = METRIC) -> dict[tuple[str, str], Prior]:
     for ep in book.open():
         if ep.metric == metric:
             out[(ep.stage, ep.prefix)] = Prior(
-                episode=ep.state, ratio=book.ratios.get(ep.key, math.nan))
+                episode=ep.state, ratio=book.ratios.get(ep.key, math.nan), nights=ep.nights)
     return out
 
 
@@ -621,8 +649,9 @@ def _step(ep: Episode, signal: Signal | None, night: Night
                          confirmed_run=run_id)
             return _detect(ep, run_id) if not ep.acknowledged else (ep, None)
         if signal.alert == "suspected":
-            # flagged again by a night that overlapped the suspecting one (its judge did
-            # not know of it): still open, the next night confirms or clears it
+            # an onset not yet confirmed (it needs more nights in a row), or flagged again
+            # by a night that overlapped the suspecting one (its judge did not know of it):
+            # still open, a later night confirms or clears it
             return ep, None
         ep = replace(ep, state="cleared", ended_run=run_id)
         return ep, AlertEvent("cleared", ep, run_id)

@@ -128,10 +128,13 @@ class Prior:
         ``"confirmed"``, ``"acknowledged"``, or ``None`` (no open episode).
     ratio
         The prefix's ratio on the previous run (NaN when unknown).
+    nights
+        The nights the open episode was flagged on so far (0 without one).
     """
 
     episode: str | None = None
     ratio: float = math.nan
+    nights: int = 0
 
 
 @dataclass(frozen=True)
@@ -341,30 +344,57 @@ def confirm_signals(rows: pd.DataFrame, priors: dict[tuple[str, str], Prior],
     decisions = []
     for row in rows.to_dict("records"):
         prior = priors.get((str(row["stage"]), str(row["metric"])), Prior())
-        decisions.append(_decide_signal(row, row["verdict"] in flagged, prior, rule,
-                                        conclusive))
+        decisions.append(_decide_signal(
+            _Tonight(float_or_nan(row.get("ratio")), float_or_nan(row.get("delta")),
+                     float_or_nan(row.get("min_effect")),
+                     float_or_nan(row.get("nights_needed"))),
+            row["verdict"] in flagged, prior, rule, conclusive))
     return rows.assign(alert=[d.alert for d in decisions],
                        alert_reason=[d.reason for d in decisions])
 
 
-def _decide_signal(row: dict[str, Any], is_flagged: bool, prior: Prior,
+@dataclass(frozen=True)
+class _Tonight:
+    """A per-stage row's figures the confirmation reads (NaN: missing): its ratio, its
+    increase against the minimum effect (NaN effect: any increase counts) and the flagged
+    nights in a row that confirm it (NaN: 2)."""
+
+    ratio: float
+    delta: float
+    min_effect: float
+    nights_needed: float
+
+
+def _decide_signal(row: _Tonight, is_flagged: bool, prior: Prior,
                    rule: RegressionRule, conclusive: bool) -> Decision:
     if rule.confirm == "never":
         return Decision("regression", "one night") if is_flagged else Decision("")
+    needed = _nights_needed(row)
     if prior.episode == "suspected":
-        if is_flagged:
-            return Decision("regression", "confirmed: flagged two runs in a row")
-        ratio = float_or_nan(row.get("ratio"))
-        delta, effect = float_or_nan(row.get("delta")), float_or_nan(row.get("min_effect"))
+        ratio, delta, effect = row.ratio, row.delta, row.min_effect
         enough = not math.isfinite(effect) or (math.isfinite(delta) and delta >= effect)
-        if nearer(ratio, prior.ratio) and enough:
-            return Decision("regression", f"confirmed: still {_x(ratio)}, nearer the "
-                                          f"suspected {_x(prior.ratio)} than the baseline")
-        return Decision("cleared", "did not persist: back near the baseline")
+        still = is_flagged or (nearer(ratio, prior.ratio) and enough)
+        if not still:
+            return Decision("cleared", "did not persist: back near the baseline")
+        if prior.nights + 1 < needed:
+            return Decision("suspected", f"an onset: {prior.nights + 1} of the {needed} "
+                                         f"nights in a row that confirm it")
+        if is_flagged:
+            return Decision("regression", f"confirmed: flagged {max(needed, 2)} runs in a row")
+        return Decision("regression", f"confirmed: still {_x(ratio)}, nearer the "
+                                      f"suspected {_x(prior.ratio)} than the baseline")
     if not is_flagged:
         return Decision("")
     if prior.episode in ("confirmed", "acknowledged"):
         return Decision("regression", "the episode is confirmed")
     if conclusive:
         return Decision("regression", "conclusive: needs no history")
+    if needed > 2:
+        return Decision("suspected", f"an onset: confirmed after {needed} nights in a row")
     return Decision("suspected", "one night: the next run confirms or clears it")
+
+
+def _nights_needed(row: _Tonight) -> int:
+    """The flagged nights in a row that confirm a row (its ``nights_needed``; default 2)."""
+    value = row.nights_needed
+    return int(value) if math.isfinite(value) and value >= 2 else 2

@@ -50,6 +50,18 @@ COST_VERDICTS = ("idle-regression", "ok", "no-history")
 MAD_FLOOR = 0.10
 
 
+class CostVerdict(stats.MetricVerdict):
+    """A row of :data:`COST_VERDICT_COLUMNS` (figures in worker-hours): the stage's idle
+    share and mean workers, tonight and in the baseline (NaN without enough history), and
+    the finding in words (``""`` unless it regressed)."""
+
+    baseline_idle_share: float
+    latest_idle_share: float
+    baseline_workers: float
+    latest_workers: float
+    text: str
+
+
 def idle_rows(manifest: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     """Per stage of one run: idle worker-hours, idle share and mean workers held."""
     out = {}
@@ -100,33 +112,36 @@ def detect_idle(history: Iterable[Mapping[str, Any]], tonight: Mapping[str, Any]
     rows = []
     for stage, latest in idle_rows(tonight).items():
         seen = [p[stage] for p in past if stage in p]
-        row: dict[str, Any] = {
+        row: CostVerdict = {
             "stage": stage, "metric": COST_METRIC, "verdict": "no-history",
             "baseline": np.nan, "latest": latest["idle_h"], "delta": np.nan,
             "ratio": np.nan, "robust_z": np.nan, "min_effect": effect,
-            "latest_idle_share": latest["share"], "latest_workers": latest["workers"],
+            "baseline_idle_share": np.nan, "latest_idle_share": latest["share"],
+            "baseline_workers": np.nan, "latest_workers": latest["workers"],
             "n_history": len(seen), "text": ""}
         if len(seen) >= rule.min_history:
-            row.update(_judge(stage, latest, seen, rule, effect))
+            _judge(row, latest, seen, rule)
         rows.append(row)
     return pd.DataFrame(rows, columns=COST_VERDICT_COLUMNS)
 
 
-def _judge(stage: str, latest: dict[str, float], seen: list[dict[str, float]],
-           rule: RegressionRule, effect: float) -> dict[str, Any]:
-    """The verdict of one stage with enough history: the robust ratio + z test."""
+def _judge(row: CostVerdict, latest: dict[str, float], seen: list[dict[str, float]],
+           rule: RegressionRule) -> None:
+    """Fill in ``row``'s verdict of a stage with enough history: the robust ratio + z
+    test."""
     median, mad = stats.median_mad(np.array([s["idle_h"] for s in seen]))
     spread = stats.robust_spread(mad, MAD_FLOOR * median)
     now = latest["idle_h"]
     ratio, z = stats.ratio(now, median), stats.robust_z(now, median, spread)
-    flagged = ratio >= rule.threshold and z >= rule.z_threshold and now - median >= effect
+    flagged = (ratio >= rule.threshold and z >= rule.z_threshold
+               and now - median >= row["min_effect"])
     base = {"idle_h": median,
             "share": float(np.median([s["share"] for s in seen])),
             "workers": float(np.median([s["workers"] for s in seen]))}
-    return {"verdict": "idle-regression" if flagged else "ok", "baseline": median,
-            "delta": now - median, "ratio": ratio, "robust_z": z,
-            "baseline_idle_share": base["share"], "baseline_workers": base["workers"],
-            "text": _text(stage, latest, base) if flagged else ""}
+    row.update({"verdict": "idle-regression" if flagged else "ok", "baseline": median,
+                "delta": now - median, "ratio": ratio, "robust_z": z,
+                "baseline_idle_share": base["share"], "baseline_workers": base["workers"],
+                "text": _text(row["stage"], latest, base) if flagged else ""})
 
 
 def cost_flagged(verdicts: pd.DataFrame) -> list[str]:

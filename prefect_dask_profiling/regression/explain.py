@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
-from prefect_dask_profiling.environment import mismatch_key
-from prefect_dask_profiling.store.manifest import Manifest
+from prefect_dask_profiling.environment import Environment, RasterStack, mismatch_key
+from prefect_dask_profiling.store.manifest import Manifest, StageDiagnosis, StageEntry
+
+if TYPE_CHECKING:
+    from prefect_dask_profiling.summary.memory import StageMemory
 
 MISMATCH_KEYS = {"mismatches", "mismatch_detail"}
 """Environment keys compared as version mismatches, not as client versions."""
@@ -32,8 +36,46 @@ REQUEST_OPTION_WEIGHT = 6.0
 """Rank of a changed GDAL option that shapes storage requests (others 3.0)."""
 
 
+class ContextChange(TypedDict):
+    """One difference between tonight's run context and the baseline's usual one: ``what``
+    changed, from ``was`` to ``now`` (JSON scalars), ranked by ``weight`` (higher: more
+    likely the cause)."""
+
+    what: str
+    was: Any
+    now: Any
+    weight: float
+
+
+class BottleneckChange(TypedDict):
+    """The stage's bottleneck class in the baseline (the most common of ``was_runs``
+    diagnosed runs) and tonight, whether it ``changed``, in words."""
+
+    was: str
+    now: str
+    changed: bool
+    was_runs: int
+    text: str
+
+
+class Explanation(TypedDict):
+    """Why a stage may have regressed (:func:`explain_stage`; the manifest's
+    ``explanations[stage]``): its bottleneck change (``None`` without diagnoses), the
+    context changes ranked, what memory did differently (``""``: nothing) and all in words."""
+
+    stage: str
+    bottleneck: BottleneckChange | None
+    context: list[ContextChange]
+    memory: str
+    text: str
+
+
+Usual = Callable[[list[Any]], Any]
+"""The most common non-``None`` value of a list (``None`` when there is none)."""
+
+
 def explain_stage(stage: str, manifest: Manifest, baselines: list[Manifest],
-                  ratio: float | None = None) -> dict[str, Any]:
+                  ratio: float | None = None) -> Explanation:
     """Why ``stage`` of the run in ``manifest`` may have regressed against ``baselines``.
 
     Parameters
@@ -49,8 +91,7 @@ def explain_stage(stage: str, manifest: Manifest, baselines: list[Manifest],
 
     Returns
     -------
-    ``{stage, bottleneck: {was, now, changed, text} | None, context: [{what, was, now,
-    weight}], text}`` with ``context`` ranked most likely cause first.
+    The :class:`Explanation`, with ``context`` ranked most likely cause first.
 
     Raises
     ------
@@ -82,11 +123,11 @@ def explain_stage(stage: str, manifest: Manifest, baselines: list[Manifest],
 
 
 def context_changes(stage: str, manifest: Manifest,
-                    baselines: list[Manifest]) -> list[dict[str, Any]]:
+                    baselines: list[Manifest]) -> list[ContextChange]:
     """Differences between tonight's context and the baseline's usual one, ranked."""
     if not baselines:
         return []
-    out: list[dict[str, Any]] = []
+    out: list[ContextChange] = []
 
     def usual(values: list[Any]) -> Any:
         values = [v for v in values if v is not None]
@@ -109,12 +150,12 @@ def context_changes(stage: str, manifest: Manifest,
         if was and now and was != now:
             out.append({"what": what, "was": was, "now": now,
                         "weight": 4.5 if now < was else 2.0})
-    env_now = manifest.get("environment") or {}
+    env_now = manifest.get("environment") or cast(Environment, {})
     out.extend(raster_changes(env_now.get("raster"), [
-        (b.get("environment") or {}).get("raster") for b in baselines], usual))
+        env.get("raster") for b in baselines if (env := b.get("environment"))], usual))
     for key in sorted(set(env_now) - MISMATCH_KEYS - {"raster"}):
-        was = usual([(b.get("environment") or {}).get(key) for b in baselines])
-        now = env_now.get(key)
+        was = usual([cast(dict, b.get("environment") or {}).get(key) for b in baselines])
+        now = cast(dict, env_now).get(key)
         if was is not None and now is not None and was != now:
             out.append({"what": f"{key} (client)", "was": was, "now": now,
                         "weight": SOFTWARE_WEIGHT.get(key, 1.5)})
@@ -122,15 +163,15 @@ def context_changes(stage: str, manifest: Manifest,
     return sorted(out, key=lambda c: -c["weight"])
 
 
-def _new_mismatches(env_now: dict[str, Any],
-                    baselines: list[Manifest]) -> list[dict[str, Any]]:
+def _new_mismatches(env_now: Environment,
+                    baselines: list[Manifest]) -> list[ContextChange]:
     """Version mismatches tonight that no baseline run had, compared by
     :func:`~prefect_dask_profiling.environment.mismatch_key` (roles, not worker addresses,
     which change every run); ``was`` is the baseline's mismatch of the same package, if any."""
-    def keys(env: dict[str, Any]) -> set[str]:
-        return {mismatch_key(str(m)) for m in env.get("mismatches") or []}
+    def keys(env: Environment | None) -> set[str]:
+        return {mismatch_key(str(m)) for m in (env.get("mismatches") if env else None) or []}
 
-    was_all = set().union(*(keys(b.get("environment") or {}) for b in baselines))
+    was_all = set().union(*(keys(b.get("environment")) for b in baselines))
     was_by_package = {m.partition(": ")[0]: m for m in sorted(was_all)}
     return [{"what": "version mismatch client/scheduler/workers",
              "was": was_by_package.get(m.partition(": ")[0], "none"), "now": m,
@@ -138,7 +179,8 @@ def _new_mismatches(env_now: dict[str, Any],
             for m in sorted(keys(env_now) - was_all)]
 
 
-def raster_changes(now: Any, baselines: list[Any], usual) -> list[dict[str, Any]]:
+def raster_changes(now: RasterStack | None, baselines: list[RasterStack | None],
+                   usual: Usual) -> list[ContextChange]:
     """Changes of the workers' GDAL, rasterio, libcurl and GDAL options (``environment.raster``).
 
     Options that shape storage requests (range merging, multi-range strategy, directory
@@ -152,9 +194,9 @@ def raster_changes(now: Any, baselines: list[Any], usual) -> list[dict[str, Any]
         return []
     from prefect_dask_profiling.timing.storage_io import REQUEST_OPTION_DEFAULTS
 
-    out = []
+    out: list[ContextChange] = []
     for key, weight in RASTER_WEIGHT.items():
-        was, cur = usual([b.get(key) for b in base]), now.get(key)
+        was, cur = usual([cast(dict, b).get(key) for b in base]), cast(dict, now).get(key)
         if was is not None and cur is not None and was != cur:
             out.append({"what": f"{key} (workers)", "was": was, "now": cur, "weight": weight})
     options = now.get("options") or {}
@@ -170,7 +212,7 @@ def raster_changes(now: Any, baselines: list[Any], usual) -> list[dict[str, Any]
 
 
 def _bottleneck_change(stage: str, manifest: Manifest, baselines: list[Manifest],
-                       ratio: float | None) -> dict[str, Any] | None:
+                       ratio: float | None) -> BottleneckChange | None:
     now = _diagnosis(manifest, stage)
     was_all = [d for d in (_diagnosis(b, stage) for b in baselines) if d]
     if now is None or not was_all:
@@ -190,9 +232,10 @@ def _bottleneck_change(stage: str, manifest: Manifest, baselines: list[Manifest]
             "was_runs": len(was_all), "text": text}
 
 
-def _key_signal(now: dict[str, Any], was: list[dict[str, Any]]) -> tuple[str, float, float] | None:
+def _key_signal(now: StageDiagnosis, was: list[StageDiagnosis]
+                ) -> tuple[str, float, float] | None:
     """The first key signal measured both tonight and in the baseline: (name, was, now)."""
-    def values(d: dict[str, Any]) -> dict[str, float]:
+    def values(d: StageDiagnosis) -> dict[str, float]:
         return {s["signal"]: float(s["value"]) for s in d.get("signals") or []
                 if isinstance(s, dict) and isinstance(s.get("value"), (int, float))}
 
@@ -204,16 +247,18 @@ def _key_signal(now: dict[str, Any], was: list[dict[str, Any]]) -> tuple[str, fl
     return None
 
 
-def _diagnosis(manifest: Manifest, stage: str) -> dict[str, Any] | None:
+def _diagnosis(manifest: Manifest, stage: str) -> StageDiagnosis | None:
     d = _stage(manifest, stage).get("diagnosis")
     return d if isinstance(d, dict) and d.get("primary") else None
 
 
-def _stage(manifest: Manifest, stage: str) -> dict[str, Any]:
+def _stage(manifest: Manifest, stage: str) -> StageEntry:
+    """The manifest's entry of ``stage``; an empty one (every read gives ``None``) when the
+    run has no such stage."""
     for s in manifest.get("stages") or []:
         if isinstance(s, dict) and s.get("name") == stage:
             return s
-    return {}
+    return cast(StageEntry, {})
 
 
 def _median(values: list[Any]) -> float | None:
@@ -229,7 +274,7 @@ def _hashable(value: Any) -> Any:
 
 
 def explain_verdicts(verdicts, manifest: Manifest,
-                     baselines: list[Manifest]) -> dict[str, dict[str, Any]]:
+                     baselines: list[Manifest]) -> dict[str, Explanation]:
     """:func:`explain_stage` for every stage with a regressed prefix in ``verdicts``.
 
     ``verdicts`` is the regression table (``stage, prefix, verdict, baseline_s, latest_s``);
@@ -238,7 +283,7 @@ def explain_verdicts(verdicts, manifest: Manifest,
     if verdicts is None or len(verdicts) == 0 or "verdict" not in verdicts:
         return {}
     bad = verdicts[verdicts["verdict"] == "regression"]
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, Explanation] = {}
     for stage, rows in bad.groupby("stage", sort=False):
         base = float(rows["baseline_s"].fillna(0).sum()) if "baseline_s" in rows else 0.0
         late = float(rows["latest_s"].fillna(0).sum()) if "latest_s" in rows else 0.0
@@ -266,7 +311,7 @@ def memory_change(stage: str, manifest: Manifest,
     def size(value: float) -> str:
         return "0" if not value else format_bytes(value)
 
-    now = _stage(manifest, stage).get("memory") or {}
+    now = _stage(manifest, stage).get("memory") or cast("StageMemory", {})
     was = [m for m in (_stage(b, stage).get("memory") for b in baselines)
            if isinstance(m, dict)]
     parts = []

@@ -7,7 +7,7 @@ stored run again (``check``) is :func:`~prefect_dask_profiling.regression.judge.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict, cast
 
 import pandas as pd
 
@@ -16,6 +16,9 @@ from prefect_dask_profiling.store.runs import RunStore, StoreError
 
 if TYPE_CHECKING:
     from prefect_dask_profiling.regression.eta import HistoryStats
+    from prefect_dask_profiling.regression.explain import Explanation
+    from prefect_dask_profiling.store.manifest import Baseline, ChunksVsBlocks, StageDiagnosis
+    from prefect_dask_profiling.summary.io import StageIO
 
 __all__ = ["accept_run", "compare_runs", "eta_plan", "find_run", "list_runs", "open_store",
            "resolve_pipeline", "show_run"]
@@ -25,6 +28,47 @@ SHOW_COLUMNS = ["stage", "prefix", "tasks", "errors", "total_s", "p50_s", "p95_s
 MANIFEST_SUMMARY = ["run_id", "pipeline", "version", "status", "state", "regressed",
                     "unjudged_reason", "started", "ended", "wall_s", "workers", "threads",
                     "flow_run_name", "source_hash"]
+
+
+class StageStorage(TypedDict):
+    """A stage's storage requests and its chunks against the files' blocks (either may be
+    ``None``)."""
+
+    io: StageIO | None
+    chunks_vs_blocks: ChunksVsBlocks | None
+
+
+class RunSummary(TypedDict, total=False):
+    """What ``dask-profiling show`` prints of a run (:func:`show_run`), in this order: the
+    manifest's :data:`MANIFEST_SUMMARY` fields (``None`` when absent), the run's
+    utilisation, baseline and stage names, the stages' bottleneck diagnoses, the regressed
+    stages' explanations (only when the run has some), the stages' storage requests and the
+    warnings."""
+
+    # who ran
+    run_id: str
+    pipeline: str
+    version: str
+    flow_run_name: str | None
+    source_hash: str | None
+    # how it ended
+    status: str
+    regressed: bool | None
+    unjudged_reason: str | None
+    state: str | None
+    # when, and on what
+    started: str | None
+    ended: str | None
+    wall_s: float | None
+    workers: int | None
+    threads: int | None
+    utilisation: float | None
+    baseline: Baseline | None
+    stages: list[str]
+    bottlenecks: dict[str, StageDiagnosis]
+    explanations: dict[str, Explanation]
+    storage: dict[str, StageStorage]
+    warnings: list[str]
 
 
 def open_store(url: str | None) -> RunStore:
@@ -124,21 +168,21 @@ def list_runs(store: RunStore, pipeline: str, version: str | None = None) -> pd.
     return pd.DataFrame(runs, columns=["run_id", "version", "status"])
 
 
-def show_run(store: RunStore, pipeline: str, run_id: str) -> tuple[dict[str, Any],
-                                                                   pd.DataFrame]:
+def show_run(store: RunStore, pipeline: str, run_id: str) -> tuple[RunSummary, pd.DataFrame]:
     """The manifest's summary fields and the run's per-prefix table."""
     manifest = store.read_manifest(pipeline, run_id)
     tasks = store.read_table(pipeline, run_id, "tasks")
-    summary = {k: manifest.get(k) for k in MANIFEST_SUMMARY}
+    summary = cast(RunSummary, {k: manifest.get(k) for k in MANIFEST_SUMMARY})
     summary["utilisation"] = (manifest.get("utilisation") or {}).get("run")
     summary["baseline"] = manifest.get("baseline")
     summary["stages"] = [s.get("name") for s in manifest.get("stages") or []
                          if isinstance(s, dict)]
     # per-stage bottleneck verdicts; runs stored before diagnoses existed have none
-    summary["bottlenecks"] = {s.get("name"): s["diagnosis"] for s in manifest.get("stages") or []
-                              if isinstance(s, dict) and isinstance(s.get("diagnosis"), dict)}
-    if manifest.get("explanations"):
-        summary["explanations"] = manifest["explanations"]
+    summary["bottlenecks"] = {s.get("name"): d for s in manifest.get("stages") or []
+                              if isinstance(s, dict) and isinstance(d := s.get("diagnosis"), dict)}
+    explanations = cast(dict, manifest).get("explanations")  # the judgement's part
+    if explanations:
+        summary["explanations"] = explanations
     # storage requests per stage; runs stored before they were counted have none
     summary["storage"] = {s.get("name"): {"io": s.get("io"),
                                           "chunks_vs_blocks": s.get("chunks_vs_blocks")}

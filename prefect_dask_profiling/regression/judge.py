@@ -28,21 +28,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import pandas as pd
 
-from prefect_dask_profiling._util import InvalidInput, finite_number
+from prefect_dask_profiling._util import InvalidInput, JsonDict, finite_number
 from prefect_dask_profiling.regression import drift as drift_rule
 from prefect_dask_profiling.regression.alert_history import load_acks, load_nights
 from prefect_dask_profiling.regression.alerts import (
     METRIC,
     Ack,
     AlertEvent,
+    AlertEventDoc,
     Book,
     Key,
     Night,
     Signal,
+    SignalRow,
     advance,
     failing,
     priors,
@@ -65,7 +67,7 @@ from prefect_dask_profiling.regression.cost import (
     describe_cost,
     detect_idle,
 )
-from prefect_dask_profiling.regression.explain import explain_verdicts
+from prefect_dask_profiling.regression.explain import Explanation, explain_verdicts
 from prefect_dask_profiling.regression.memory import (
     MEMORY_VERDICT_COLUMNS,
     describe_memory,
@@ -79,7 +81,7 @@ from prefect_dask_profiling.regression.requests import (
     detect_requests,
     request_rows,
 )
-from prefect_dask_profiling.regression.rule import RegressionRule, Rules
+from prefect_dask_profiling.regression.rule import RegressionRule, Rules, RulesDoc
 from prefect_dask_profiling.regression.verdict import (
     describe,
     detect_regressions,
@@ -95,6 +97,94 @@ __all__ = ["History", "HistoryUnavailable", "Judgement", "Outcome", "StoredJudge
 NOT_COMPARABLE = {"failed": "failed", "incomplete": "incomplete"}
 # Memory verdicts that fail the run (under the same on_regression switch as time).
 MEMORY_FAILS = ("memory-regression", "near-oom")
+
+
+class OutcomeDoc(TypedDict):
+    """An :class:`Outcome` as stored (the manifest's ``outcome``): failing keys as
+    ``stage/prefix/metric``, events as :meth:`AlertEvent.to_json`."""
+
+    regressed: bool
+    reason: str
+    message: str
+    suspected: bool
+    episodes: list[str]
+    failing: list[str]
+    events: list[AlertEventDoc]
+
+
+class DriftFlags(TypedDict):
+    """The manifest's ``drift``: the series note and the drifting ``stage/prefix`` names
+    (``failing``: those that fail the run)."""
+
+    note: str
+    failing: list[str]
+    drifting: list[str]
+
+
+class Flagged(TypedDict):
+    """The manifest's ``memory`` and ``requests``: one line per flagged stage and metric."""
+
+    flagged: list[str]
+
+
+class CostFlags(Flagged):
+    """The manifest's ``cost``: flagged idle texts, the ``cost_regression`` mode and the
+    failing ``stage/metric`` names."""
+
+    mode: str
+    failing: list[str]
+
+
+class JudgementManifest(TypedDict):
+    """The judgement's part of a run's manifest (:meth:`Judgement.to_manifest`)."""
+
+    rules: RulesDoc
+    outcome: OutcomeDoc
+    signals: list[SignalRow]
+    drift: DriftFlags
+    memory: Flagged
+    requests: Flagged
+    cost: CostFlags
+    explanations: dict[str, Explanation]
+
+
+class JudgedBaseline(TypedDict):
+    """The runs a judgement compared with, and the note on them."""
+
+    runs: list[str]
+    note: str
+
+
+class JudgementDoc(JudgementManifest):
+    """``dask-profiling check --json`` (:meth:`Judgement.to_json`): the manifest part, the
+    run, and each verdict table's rows as records."""
+
+    run_id: str
+    pipeline: str
+    version: str
+    regressed: bool
+    baseline: JudgedBaseline
+    verdicts: list[JsonDict]
+    memory_verdicts: list[JsonDict]
+    request_verdicts: list[JsonDict]
+    cost_verdicts: list[JsonDict]
+    drift_verdicts: list[JsonDict]
+
+
+class StoredJudgementDoc(TypedDict):
+    """:meth:`StoredJudgement.to_json`: what the run stored beside the judgement made now;
+    when one was made, every key of its :class:`JudgementDoc` comes first."""
+
+    run_id: str | None
+    pipeline: str | None
+    version: str | None
+    regressed: bool
+    status: str
+    stored_regressed: bool
+    unjudged_reason: str | None
+    error: str | None
+    agrees: bool
+    failing: bool
 
 
 @dataclass(frozen=True)
@@ -268,7 +358,7 @@ class Judgement:
         default_factory=lambda: pd.DataFrame(columns=REQUEST_VERDICT_COLUMNS))
     cost: pd.DataFrame = field(
         default_factory=lambda: pd.DataFrame(columns=COST_VERDICT_COLUMNS))
-    explanations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    explanations: dict[str, Explanation] = field(default_factory=dict)
     baseline_runs: tuple[str, ...] = ()
     baseline_note: str = ""
     series_note: str = ""
@@ -325,7 +415,7 @@ class Judgement:
         mask = [tuple(map(str, keys(r))) in failing for r in rows.itertuples(index=False)]
         return rows[mask].reset_index(drop=True)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JudgementDoc:
         """Plain JSON form (``dask-profiling check --json``)."""
         return {**self.to_manifest(),
                 "run_id": self.run_id, "pipeline": self.pipeline, "version": self.version,
@@ -338,7 +428,7 @@ class Judgement:
                 "drift_verdicts": self.drift.drop(columns="series", errors="ignore")
                 .to_dict(orient="records")}
 
-    def to_manifest(self) -> dict[str, Any]:
+    def to_manifest(self) -> JudgementManifest:
         """The judgement's part of the stored manifest."""
         return {
             "rules": self.rules.to_dict(),
@@ -531,16 +621,16 @@ class StoredJudgement:
         return self.judgement.regressed == bool(self.manifest.get("regressed"))
 
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> StoredJudgementDoc:
         """Plain JSON form: the judgement made now beside what the run stored."""
-        judged = self.judgement.to_json() if self.judgement is not None else {}
-        return {**judged, "run_id": self.manifest.get("run_id"),
+        judged: Mapping[str, object] = {} if self.judgement is None else self.judgement.to_json()
+        return cast(StoredJudgementDoc, {**judged, "run_id": self.manifest.get("run_id"),
                 "pipeline": self.manifest.get("pipeline"),
                 "version": self.manifest.get("version"),
                 "regressed": self.judgement is not None and self.judgement.regressed,
                 "status": self.status, "stored_regressed": bool(self.manifest.get("regressed")),
                 "unjudged_reason": self.manifest.get("unjudged_reason"),
-                "error": self.error, "agrees": self.agrees, "failing": self.failing}
+                "error": self.error, "agrees": self.agrees, "failing": self.failing})
 
 
 def judge_stored(store: RunStore, pipeline: str, run_id: str | None = None,
@@ -690,11 +780,11 @@ def night_signals(one_night: pd.DataFrame, drift: pd.DataFrame, memory: pd.DataF
 
 
 def signal_rows(drift: pd.DataFrame, memory: pd.DataFrame, requests: pd.DataFrame,
-                cost: pd.DataFrame | None = None) -> list[dict[str, Any]]:
+                cost: pd.DataFrame | None = None) -> list[SignalRow]:
     """The non-time signals of a night as stored in its manifest (``signals``): failing
     drift, every memory, storage-request and (judged) idle row with its confirmation
     decision."""
-    out = [{"stage": str(r.stage), "prefix": str(r.prefix), "metric": "drift",
+    out: list[SignalRow] = [{"stage": str(r.stage), "prefix": str(r.prefix), "metric": "drift",
             "verdict": "drift", "ratio": finite_number(r.cumulative_ratio), "alert": "regression"}
            for r in drift_rule.drifted(drift, failing_only=True).itertuples(index=False)]
     for table in (memory, requests, cost if cost is not None else memory.iloc[0:0]):

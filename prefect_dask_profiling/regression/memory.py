@@ -16,6 +16,11 @@ settings of the same :class:`~prefect_dask_profiling.regression.rule.RegressionR
     memory limit, memory_min_bytes)`` — 10% of the limit or 256 MiB, whichever is smaller —
     so a stage that went from 40 to 90 MiB on 16 GiB workers never fails a flow;
 
+* an **onset** — a ``memory-regression`` of a metric none of whose baseline nights reached
+  the minimum effect (a stage that has not spilled, spilling tonight) — needs more nights in
+  a row to confirm than the usual two (:func:`onset_nights`): a few clean nights cannot
+  tell a stage that never spills from one that spills on one night in ten;
+
 * ``near-oom`` (metric ``headroom``) when tonight's headroom — min over workers of
   ``(limit - peak process) / limit`` — is under ``near_oom_headroom`` (10%). It needs no
   history: a stage that ran within 10% of the limit is one bad chunk from a killed worker.
@@ -39,7 +44,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict, cast
 
 import numpy as np
 import pandas as pd
@@ -50,14 +55,15 @@ from prefect_dask_profiling.regression.rule import RegressionRule
 from prefect_dask_profiling.store.manifest import Manifest
 
 __all__ = ["MEMORY_METRICS", "MEMORY_VERDICTS", "MEMORY_VERDICT_COLUMNS", "MemoryRow",
-           "describe_memory", "detect_memory", "history_from_manifests",
-           "latest_from_manifest", "min_effect"]
+           "MemoryVerdict", "describe_memory", "detect_memory", "history_from_manifests",
+           "latest_from_manifest", "min_effect", "onset_nights"]
 
-MEMORY_METRICS = ("peak_bytes", "spilled_bytes")
+MEMORY_METRICS: tuple[Literal["peak_bytes", "spilled_bytes"], ...] = ("peak_bytes",
+                                                                     "spilled_bytes")
 MEMORY_VERDICTS = ("memory-regression", "near-oom", "insufficient-history", "ok")
 MEMORY_VERDICT_COLUMNS = ["stage", "metric", "verdict", "baseline", "latest", "delta",
                           "ratio", "robust_z", "min_effect", "memory_limit", "headroom",
-                          "n_history", "note"]
+                          "n_history", "nights_needed", "note"]
 ABS_FLOOR_BYTES = 16 * 2**20  # no process memory repeats to better than a few MiB
 
 
@@ -76,6 +82,17 @@ class MemoryRow(TypedDict, total=False):
     headroom: float | None
 
 
+class MemoryVerdict(stats.MetricVerdict):
+    """A row of :data:`MEMORY_VERDICT_COLUMNS`: the stage's smallest worker
+    ``memory_limit`` (``None``: unknown), its ``headroom``, the flagged nights in a row that
+    confirm it (:func:`onset_nights` for an onset) and the verdict in words."""
+
+    memory_limit: float | None
+    headroom: float | None
+    nights_needed: int
+    note: str
+
+
 def min_effect(memory_limit: float | None, rule: RegressionRule) -> float:
     """The smallest increase that can be a memory regression: ``min(fraction x limit, bytes)``.
 
@@ -84,6 +101,21 @@ def min_effect(memory_limit: float | None, rule: RegressionRule) -> float:
     if not memory_limit or memory_limit <= 0 or not math.isfinite(memory_limit):
         return float(rule.memory_min_bytes)
     return float(min(rule.memory_min_fraction * memory_limit, rule.memory_min_bytes))
+
+
+def onset_nights(n_history: int, rule: RegressionRule) -> int:
+    """Flagged nights in a row an onset needs to confirm, after ``n_history`` clean nights.
+
+    An onset is a metric none of whose baseline nights reached the minimum effect (a stage
+    that has not spilled). ``n`` clean nights cannot rule out an occasional rate of
+    ``1 / (n + 2)`` (Laplace's rule of succession), so ``k`` flagged nights in a row confirm
+    it when ``(1 / (n + 2)) ** k <= rule.memory_onset_chance``; never fewer than the two
+    nights of any other memory verdict.
+    """
+    rate, nights = 1.0 / (max(n_history, 0) + 2), 2
+    while rate ** nights > rule.memory_onset_chance * (1 + 1e-9):  # 1e-9: float rounding
+        nights += 1
+    return nights
 
 
 def detect_memory(history: Iterable[MemoryRow] | pd.DataFrame,
@@ -113,7 +145,9 @@ def detect_memory(history: Iterable[MemoryRow] | pd.DataFrame,
         is the history median (bytes; for ``headroom`` the median headroom), ``latest``
         tonight's value, ``ratio`` ``latest / baseline`` (inf from zero), ``robust_z`` as
         in the module docstring, ``min_effect`` the bytes the increase had to reach,
-        ``n_history`` the number of baseline runs that had the stage.
+        ``n_history`` the number of baseline runs that had the stage, ``nights_needed``
+        the flagged nights in a row that confirm it (:func:`onset_nights` for an onset,
+        else 2).
 
     Raises
     ------
@@ -123,14 +157,14 @@ def detect_memory(history: Iterable[MemoryRow] | pd.DataFrame,
     rule = rule or RegressionRule()
     hist = _frame(history, "history", ["run_id", "stage", *MEMORY_METRICS])
     now = _frame(latest, "latest", ["stage", *MEMORY_METRICS])
-    rows: list[dict[str, Any]] = []
+    rows: list[MemoryVerdict] = []
     # numpy arrays indexed per stage: pandas' per-call overhead would dominate otherwise
     index = hist.groupby("stage", sort=False).indices
     values = {m: hist[m].to_numpy(dtype=float) for m in MEMORY_METRICS}
     headrooms = pd.to_numeric(hist["headroom"], errors="coerce").to_numpy(dtype=float) \
         if "headroom" in hist else np.full(len(hist), np.nan)
     none = np.array([], dtype=int)
-    for rec in now.to_dict("records"):
+    for rec in cast(list[MemoryRow], now.to_dict("records")):
         stage = str(rec["stage"])
         limit = finite_number(rec.get("memory_limit"))
         at = index.get(stage, none)
@@ -142,22 +176,24 @@ def detect_memory(history: Iterable[MemoryRow] | pd.DataFrame,
         if rule.near_oom:
             rows.append(_judge_headroom(stage, rec, headrooms[at], limit, rule))
     frame = pd.DataFrame(rows, columns=MEMORY_VERDICT_COLUMNS)
-    return frame.astype({"n_history": "int64"}) if not frame.empty else frame
+    return frame.astype({"n_history": "int64", "nights_needed": "int64"}) \
+        if not frame.empty else frame
 
 
 def _judge_metric(stage: str, metric: str, latest: float, past: np.ndarray,
                   limit: float | None, headroom: float | None,
-                  rule: RegressionRule) -> dict[str, Any]:
+                  rule: RegressionRule) -> MemoryVerdict:
     past = past[np.isfinite(past)]
     effect = min_effect(limit, rule)
-    row = {"stage": stage, "metric": metric, "latest": latest, "min_effect": effect,
-           "memory_limit": limit, "headroom": headroom, "n_history": int(past.size),
-           "baseline": math.nan, "delta": math.nan, "ratio": math.nan, "robust_z": math.nan,
-           "note": ""}
+    row: MemoryVerdict = {
+        "stage": stage, "metric": metric, "verdict": "", "latest": latest,
+        "min_effect": effect, "memory_limit": limit, "headroom": headroom,
+        "n_history": int(past.size), "baseline": math.nan, "delta": math.nan,
+        "ratio": math.nan, "robust_z": math.nan, "nights_needed": 2, "note": ""}
     if past.size < rule.min_history:
-        row.update(verdict="insufficient-history",
-                   note=f"{past.size} baseline run(s) with this stage, "
-                        f"{rule.min_history} needed")
+        row.update({"verdict": "insufficient-history",
+                    "note": f"{past.size} baseline run(s) with this stage, "
+                            f"{rule.min_history} needed"})
         return row
     median, mad = stats.median_mad(past)
     half_range = float(past.max() - past.min()) / 2
@@ -166,32 +202,39 @@ def _judge_metric(stage: str, metric: str, latest: float, past: np.ndarray,
     delta = latest - median
     ratio = stats.ratio(latest, median)
     z = stats.robust_z(latest, median, spread)
-    row.update(baseline=median, delta=delta, ratio=ratio, robust_z=z)
+    row.update({"baseline": median, "delta": delta, "ratio": ratio, "robust_z": z})
     hit = (ratio >= rule.memory_threshold and z >= rule.memory_z_threshold
            and delta >= effect)
     if hit:
-        row.update(verdict="memory-regression",
-                   note=f"{_what(metric)} {_ratio(ratio)}: {_gib(median)} -> {_gib(latest)}")
+        row.update({"verdict": "memory-regression",
+                    "note": f"{_what(metric)} {_ratio(ratio)}: {_gib(median)} -> "
+                            f"{_gib(latest)}"})
+        if float(past.max()) < effect:  # an onset: the baseline never reached the effect
+            needed = onset_nights(int(past.size), rule)
+            row.update({"nights_needed": needed,
+                        "note": f"{row['note']} (new in {past.size} nights: confirms after "
+                                f"{needed} nights in a row)"})
     else:
-        row.update(verdict="ok")
+        row["verdict"] = "ok"
     return row
 
 
-def _judge_headroom(stage: str, rec: dict[str, Any], past: np.ndarray,
-                    limit: float | None, rule: RegressionRule) -> dict[str, Any]:
+def _judge_headroom(stage: str, rec: MemoryRow, past: np.ndarray,
+                    limit: float | None, rule: RegressionRule) -> MemoryVerdict:
     headroom = finite_number(rec.get("headroom"))
     was = past[np.isfinite(past)]
-    row = {"stage": stage, "metric": "headroom", "latest": headroom,
-           "baseline": float(np.median(was)) if was.size else math.nan,
-           "delta": math.nan, "ratio": math.nan, "robust_z": math.nan, "min_effect": math.nan,
-           "memory_limit": limit, "headroom": headroom, "n_history": int(past.size),
-           "verdict": "ok", "note": ""}
+    row: MemoryVerdict = {
+        "stage": stage, "metric": "headroom", "latest": headroom,
+        "baseline": float(np.median(was)) if was.size else math.nan,
+        "delta": math.nan, "ratio": math.nan, "robust_z": math.nan, "min_effect": math.nan,
+        "memory_limit": limit, "headroom": headroom, "n_history": int(past.size),
+        "nights_needed": 1, "verdict": "ok", "note": ""}
     if headroom is None:
         row["note"] = "no worker memory limit known"
     elif headroom < rule.near_oom_headroom:
-        row.update(verdict="near-oom",
-                   note=f"peak {_gib(rec.get('peak_bytes'))} of {_gib(limit)}: "
-                        f"{headroom:.0%} headroom (under {rule.near_oom_headroom:.0%})")
+        row.update({"verdict": "near-oom",
+                    "note": f"peak {_gib(rec.get('peak_bytes'))} of {_gib(limit)}: "
+                            f"{headroom:.0%} headroom (under {rule.near_oom_headroom:.0%})"})
     return row
 
 
@@ -220,7 +263,7 @@ def latest_from_manifest(manifest: Manifest) -> pd.DataFrame:
                         columns=["stage", *MEMORY_METRICS, "memory_limit", "headroom"])
 
 
-def _manifest_rows(manifest: Manifest) -> Iterable[dict[str, Any]]:
+def _manifest_rows(manifest: Manifest) -> Iterable[MemoryRow]:
     """The memory rows of one stored run.
 
     ``peak_bytes`` here is the stage's own figure: ``added_bytes``, what its workers'

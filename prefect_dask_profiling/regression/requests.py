@@ -30,7 +30,6 @@ Pure: manifests' ``stages[].io`` in, a DataFrame out (:data:`REQUEST_VERDICT_COL
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -108,10 +107,10 @@ def describe_requests(rows: pd.DataFrame) -> str:
 
 
 def _judge(stage: str, metric: str, now: float, past: np.ndarray,
-           rule: RegressionRule) -> dict[str, Any]:
+           rule: RegressionRule) -> stats.MetricVerdict:
     effect = rule.requests_min_per_chunk * (BYTES_PER_REQUEST if metric == "bytes_per_chunk"
                                             else 1.0)
-    row = {"stage": stage, "metric": metric, "verdict": "insufficient-history",
+    row: stats.MetricVerdict = {"stage": stage, "metric": metric, "verdict": "insufficient-history",
            "baseline": np.nan, "latest": now, "delta": np.nan, "ratio": np.nan,
            "robust_z": np.nan, "min_effect": effect, "n_history": len(past)}
     if len(past) < rule.min_history:
@@ -122,7 +121,7 @@ def _judge(stage: str, metric: str, now: float, past: np.ndarray,
     z = stats.robust_z(now, median, spread)
     flagged = (ratio >= rule.requests_threshold and z >= rule.z_threshold
                and now - median >= effect)
-    row.update(baseline=median, delta=now - median, ratio=ratio, robust_z=z,
-               verdict="request-regression" if flagged else "ok")
+    row.update({"baseline": median, "delta": now - median, "ratio": ratio, "robust_z": z,
+                "verdict": "request-regression" if flagged else "ok"})
     return row
 

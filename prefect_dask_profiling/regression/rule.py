@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from prefect_dask_profiling._util import InvalidInput
 
@@ -111,6 +111,16 @@ class RegressionRule:
         garbage collections (5: 6 of them; ``benchmarks/memory_rule.py``).
     memory_mad_floor
         Floor of the memory spread as a fraction of the baseline median (>= 0).
+    memory_onset_chance
+        How unlikely, between 0 and 1 (exclusive), a run of flagged nights must be before an
+        *onset* confirms: a memory metric none of whose ``n`` baseline nights reached the
+        minimum effect (a stage that has not spilled) and that does tonight. ``n`` clean
+        nights cannot rule out an occasional spill rate of ``1 / (n + 2)`` (Laplace's rule
+        of succession), so the onset confirms after ``k`` nights in a row, the smallest
+        ``k >= 2`` with ``(1 / (n + 2)) ** k <= memory_onset_chance``: 1e-4 needs 4 nights
+        after 8 to 19 clean ones, 3 after 20 to 97 (``benchmarks/alert_quality.py``: a stage
+        spilling 300-600 MiB on one night in ten failed 9 and 11 of 1,920 nights with two
+        nights).
     memory_min_fraction, memory_min_bytes
         Minimum effect of a memory regression: the increase must be at least
         ``min(memory_min_fraction x worker memory limit, memory_min_bytes)`` (a fraction
@@ -161,6 +171,7 @@ class RegressionRule:
     memory_threshold: float = 1.5
     memory_z_threshold: float = 6.0
     memory_mad_floor: float = 0.10
+    memory_onset_chance: float = 1e-4
     memory_min_fraction: float = 0.10
     memory_min_bytes: int = 256 * 2**20
     near_oom: bool = True
@@ -186,6 +197,11 @@ class RegressionRule:
         _number("memory_threshold", self.memory_threshold, low=1, low_open=True)
         _number("memory_z_threshold", self.memory_z_threshold, low=0, low_open=True)
         _number("memory_mad_floor", self.memory_mad_floor, low=0, low_open=False)
+        _number("memory_onset_chance", self.memory_onset_chance, low=0, low_open=True,
+                high=1)
+        if self.memory_onset_chance >= 1:
+            raise InvalidInput(f"memory_onset_chance must be a finite number between 0 and "
+                               f"1 (exclusive), got {self.memory_onset_chance!r}")
         _number("memory_min_fraction", self.memory_min_fraction, low=0, low_open=False, high=1)
         _number("memory_min_bytes", self.memory_min_bytes, low=0, low_open=False)
         _flag("near_oom", self.near_oom)
@@ -198,7 +214,7 @@ class RegressionRule:
 
     @classmethod
     def from_options(cls, threshold: float = 2.0, history: int = 8,
-                     check_options: dict[str, Any] | None = None,
+                     check_options: CheckOptions | None = None,
                      cost_regression: str = "warn") -> RegressionRule:
         """The rule from the runner's options: ``threshold``, ``history`` and the rest.
 
@@ -224,15 +240,59 @@ class RegressionRule:
         return cls(threshold=threshold, history=history, cost_regression=cost_regression,
                    **options)
 
-    def check_options(self) -> dict[str, Any]:
-        """The settings other than ``threshold`` and ``history``, by name."""
+    def check_options(self) -> CheckOptions:
+        """The settings other than ``threshold``, ``history`` and ``cost_regression``, by
+        name."""
         values = asdict(self)
-        return {k: values[k] for k in CHECK_OPTION_KEYS}
+        return cast(CheckOptions, {k: values[k] for k in CHECK_OPTION_KEYS})
 
 
 CHECK_OPTION_KEYS: tuple[str, ...] = tuple(
     f.name for f in fields(RegressionRule)
     if f.name not in ("threshold", "history", "cost_regression"))
+
+
+class CheckOptions(TypedDict, total=False):
+    """:class:`RegressionRule` settings other than ``threshold``, ``history`` and
+    ``cost_regression``, by name (:data:`CHECK_OPTION_KEYS`): the runner's
+    ``check_options``; any left out take the rule's default."""
+
+    z_threshold: float
+    min_seconds: float
+    min_share: float
+    min_history: int
+    mad_floor: float
+    abs_floor_s: float
+    confirm: str
+    resolve_after: int
+    memory_regression: bool
+    memory_history: int
+    memory_threshold: float
+    memory_z_threshold: float
+    memory_mad_floor: float
+    memory_onset_chance: float
+    memory_min_fraction: float
+    memory_min_bytes: int
+    near_oom: bool
+    near_oom_headroom: float
+    requests_regression: bool
+    requests_threshold: float
+    requests_min_per_chunk: float
+
+
+class RuleSettings(CheckOptions, total=False):
+    """The single settings a one-night check takes by name (``threshold`` and the
+    :class:`CheckOptions`)."""
+
+    threshold: float
+
+
+class RegressionRuleDoc(RuleSettings, total=False):
+    """A :class:`RegressionRule` as plain JSON (``asdict``; the manifest's
+    ``rules["regression"]``); a stored rule lacks the settings added after it."""
+
+    history: int
+    cost_regression: str
 
 
 @dataclass(frozen=True)
@@ -295,6 +355,27 @@ class DriftRule:
             raise InvalidInput(f"enabled must be True or False, got {self.enabled!r}")
 
 
+class DriftRuleDoc(TypedDict, total=False):
+    """A :class:`DriftRule` as plain JSON (the manifest's ``rules["drift"]``)."""
+
+    min_ratio: float
+    z_threshold: float
+    cusum_limit: float
+    allowance: float
+    start_nights: int
+    recent_nights: int
+    min_nights: int
+    max_runs: int
+    enabled: bool
+
+
+class RulesDoc(TypedDict):
+    """:class:`Rules` as stored in a judged run's manifest (``rules``)."""
+
+    regression: RegressionRuleDoc
+    drift: DriftRuleDoc
+
+
 @dataclass(frozen=True)
 class Rules:
     """Every rule a night is judged by: the one-night rule and the drift rule, together.
@@ -325,7 +406,7 @@ class Rules:
 
     @classmethod
     def from_options(cls, threshold: float = 2.0, history: int = 8,
-                     check_options: dict[str, Any] | None = None,
+                     check_options: CheckOptions | None = None,
                      cost_regression: str = "warn") -> Rules:
         """The rules from the runner's options (see :meth:`RegressionRule.from_options`).
 
@@ -338,9 +419,10 @@ class Rules:
                                                  cost_regression)
         return cls(regression)
 
-    def to_dict(self) -> dict[str, dict[str, Any]]:
+    def to_dict(self) -> RulesDoc:
         """Plain JSON form, as stored in a judged run's manifest (``rules``)."""
-        return {"regression": asdict(self.regression), "drift": asdict(self.drift)}
+        return {"regression": cast(RegressionRuleDoc, asdict(self.regression)),
+                "drift": cast(DriftRuleDoc, asdict(self.drift))}
 
     @classmethod
     def from_dict(cls, data: Any) -> Rules:
@@ -362,7 +444,9 @@ class Rules:
         return cls(RegressionRule(**regression), _drift_rule(dict(data.get("drift", {}))))
 
 
-def _drift_rule(options: dict[str, Any]) -> DriftRule:
+def _drift_rule(options: object) -> DriftRule:
+    """The drift rule of stored ``options`` (a :class:`DriftRuleDoc`, checked: it was read
+    from JSON)."""
     if not isinstance(options, dict):
         raise InvalidInput(f"drift options must be a dict, got {type(options).__name__}")
     unknown = sorted(set(options) - {f.name for f in fields(DriftRule)}, key=str)

@@ -13,11 +13,30 @@ The functions take scalars or numpy arrays; for scalars they return Python float
 from __future__ import annotations
 
 import warnings
-from typing import overload
+from typing import TypedDict, overload
 
 import numpy as np
 
-__all__ = ["MAD_TO_SIGMA", "median_mad", "ratio", "robust_spread", "robust_z"]
+__all__ = ["MAD_TO_SIGMA", "MetricVerdict", "median_mad", "ratio", "robust_spread", "robust_z"]
+
+
+class MetricVerdict(TypedDict):
+    """One stage's verdict on one metric (memory, storage requests, idle resources: a row of
+    their verdict tables): tonight's ``latest`` against the ``baseline`` median of
+    ``n_history`` runs, the ``delta``, :func:`ratio` and :func:`robust_z` (NaN without
+    enough history) and the ``min_effect`` the increase had to reach."""
+
+    stage: str
+    metric: str
+    verdict: str
+    baseline: float
+    latest: float | None
+    delta: float
+    ratio: float
+    robust_z: float
+    min_effect: float
+    n_history: int
+
 
 # 1 / Phi^-1(3/4): makes the MAD estimate sigma for normal noise.
 MAD_TO_SIGMA = 1.4826
@@ -25,6 +44,10 @@ MAD_TO_SIGMA = 1.4826
 ArrayLike = float | np.ndarray
 
 
+@overload
+def median_mad(values: np.ndarray, axis: None = None) -> tuple[float, float]: ...
+@overload
+def median_mad(values: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]: ...
 def median_mad(values: np.ndarray, axis: int | None = None) -> tuple[ArrayLike, ArrayLike]:
     """The median of ``values`` and their median absolute deviation from it.
 
@@ -69,6 +92,10 @@ def robust_spread(mad: ArrayLike, *floors: ArrayLike) -> ArrayLike:
     return _out(spread)
 
 
+@overload
+def robust_z(latest: float, centre: float, spread: float) -> float: ...
+@overload
+def robust_z(latest: ArrayLike, centre: ArrayLike, spread: ArrayLike) -> ArrayLike: ...
 def robust_z(latest: ArrayLike, centre: ArrayLike, spread: ArrayLike) -> ArrayLike:
     """``(latest - centre) / spread``: how many robust sigmas tonight is from the median.
 
@@ -83,6 +110,10 @@ def robust_z(latest: ArrayLike, centre: ArrayLike, spread: ArrayLike) -> ArrayLi
     return _out(z)
 
 
+@overload
+def ratio(latest: float, baseline: float) -> float: ...
+@overload
+def ratio(latest: ArrayLike, baseline: ArrayLike) -> ArrayLike: ...
 def ratio(latest: ArrayLike, baseline: ArrayLike) -> ArrayLike:
     """``latest / baseline`` with 0 / 0 = 1 (nothing before, nothing now) and x / 0 = inf for
     x > 0 (so is a ratio past the float range); NaN in gives NaN out."""

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Unpack
 
 import numpy as np
 import pandas as pd
@@ -45,7 +45,11 @@ import pandas as pd
 from prefect_dask_profiling._util import InvalidInput
 from prefect_dask_profiling.errors import VerdictFailed
 from prefect_dask_profiling.regression import stats
-from prefect_dask_profiling.regression.rule import CHECK_OPTION_KEYS, RegressionRule
+from prefect_dask_profiling.regression.rule import (
+    CHECK_OPTION_KEYS,
+    RegressionRule,
+    RuleSettings,
+)
 
 KEYS = ["stage", "prefix"]
 HISTORY_COLUMNS = ["run_id", "stage", "prefix", "tasks", "total_s"]
@@ -142,7 +146,8 @@ def run_outcome(verdicts: pd.DataFrame | None, *, failed: bool = False,
 
 
 def detect_regressions(history: pd.DataFrame, latest: pd.DataFrame, *,
-                       rule: RegressionRule | None = None, **settings: Any) -> pd.DataFrame:
+                       rule: RegressionRule | None = None,
+                       **settings: Unpack[RuleSettings]) -> pd.DataFrame:
     """Compare the latest run's per-prefix times against the baseline runs.
 
     Parameters
@@ -309,7 +314,7 @@ def _fraction(values: np.ndarray) -> np.ndarray:
     return values / total if total > 0 else np.zeros_like(values)
 
 
-def _rule(rule: RegressionRule | None, settings: dict[str, Any]) -> RegressionRule:
+def _rule(rule: RegressionRule | None, settings: RuleSettings) -> RegressionRule:
     """``rule`` (default settings when None) with single ``settings`` replaced, validated."""
     if rule is not None and not isinstance(rule, RegressionRule):
         raise InvalidInput(f"rule must be a RegressionRule, got {type(rule).__name__}")

@@ -8,6 +8,7 @@ Paths are relative to the store's root (a local folder, ``s3://bucket/prefix``, 
     accepted/<pipeline>/<version>/<run_id>                             a baseline restart
     acks/<pipeline>/<version>/<target>                                 an acknowledgement
     fleet/pipeline=<pipeline>/<run_id>.parquet                         derived Parquet view
+    live/<pipeline>/<run_id>.json                                      a run in progress: its ETA
 
 Index markers are partitioned by the month of their run id (``undated`` for run ids that do
 not start with a timestamp), so a baseline or a drift series lists the partition names (one
@@ -33,6 +34,8 @@ INDEX = "index"
 ACCEPTED = "accepted"
 ACKS = "acks"
 FLEET = "fleet"
+LIVE = "live"
+LIVE_SUFFIX = ".json"
 MANIFEST = "manifest.json"
 REPORT_SUFFIX = ".html"
 FLEET_PARTITION = "pipeline="
@@ -182,6 +185,17 @@ def fleet_file(pipeline: str, run_id: str) -> str:
     return join(fleet_dir(pipeline), f"{validate_name(run_id, 'run_id')}.parquet")
 
 
+def live_dir(pipeline: str) -> str:
+    """``live/<pipeline>``: the current estimates of the pipeline's runs in progress."""
+    return join(LIVE, validate_name(pipeline, "pipeline"))
+
+
+def live_file(pipeline: str, run_id: str) -> str:
+    """``live/<pipeline>/<run_id>.json``: one run's current ETA, replaced while it runs and
+    removed when it ends (not part of the run's record)."""
+    return join(live_dir(pipeline), validate_name(run_id, "run_id") + LIVE_SUFFIX)
+
+
 # ---------------------------------------------------------------------- parsing
 def valid_names(*names: str) -> bool:
     """Whether every one of ``names`` is a safe path segment (no exception)."""
@@ -241,6 +255,15 @@ def parse_ack(rel: str) -> tuple[str, str, str] | None:
     if len(parts) == 4 and parts[0] == ACKS and valid_names(*parts[1:]):
         return parts[1], parts[2], parts[3]
     return None
+
+
+def parse_live(rel: str) -> tuple[str, str] | None:
+    """``(pipeline, run_id)`` of ``live/<pipeline>/<run_id>.json``, else ``None``."""
+    parts = rel.split("/")
+    if len(parts) != 3 or parts[0] != LIVE or not parts[2].endswith(LIVE_SUFFIX):
+        return None
+    run_id = parts[2].removesuffix(LIVE_SUFFIX)
+    return (parts[1], run_id) if valid_names(parts[1], run_id) else None
 
 
 def run_of(rel: str) -> tuple[str, str] | None:

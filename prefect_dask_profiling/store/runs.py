@@ -9,7 +9,8 @@ concern, each a module of its own:
 * :mod:`~prefect_dask_profiling.store.delivery` — the spool reaches the store again;
 * :mod:`~prefect_dask_profiling.store.retention` — lifecycle rule, sweep, presigned links;
 * :mod:`~prefect_dask_profiling.store.reads` — the index, manifests, tables, accepted
-  restarts and remembered reads (:mod:`~prefect_dask_profiling.store.memory`).
+  restarts and remembered reads (:mod:`~prefect_dask_profiling.store.memory`);
+* :mod:`~prefect_dask_profiling.store.live` — the current ETA of each run in progress.
 
 The parts are mixins over one :class:`~prefect_dask_profiling.store.access.StoreAccess`
 rather than objects composed inside the store: they share one filesystem, one breaker and
@@ -34,6 +35,7 @@ from datetime import UTC, datetime
 from prefect_dask_profiling.store.access import STORE_DOWN_S
 from prefect_dask_profiling.store.delivery import Delivery, DeliveryReport
 from prefect_dask_profiling.store.errors import StoreError
+from prefect_dask_profiling.store.live import Live
 from prefect_dask_profiling.store.manifest import (
     INDEX_FIELDS,
     MANIFEST_REQUIRED,
@@ -60,7 +62,7 @@ def new_run_id(now: datetime | None = None) -> str:
     return f"{now:%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
 
 
-class RunStore(Writing, Delivery, Retention, Reading):
+class RunStore(Writing, Delivery, Retention, Reading, Live):
     """Run summaries, reports and the run index under one URL.
 
     Parameters

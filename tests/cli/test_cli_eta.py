@@ -96,3 +96,112 @@ def test_a_pipeline_without_runs_is_bad_input(tmp_path, store):
     out = cli("eta", "--pipeline", "nope", "--store", store.url)
     assert out.exit_code == 2, out.output
     assert "nope" in out.stderr
+
+
+# ---------------------------------------------------------------------- runs in progress
+def live(store: RunStore, run_id: str, *, age_s: float = 12.0, pipeline: str = "ndvi",
+         **fields) -> None:
+    """Store the estimate of a run in progress, computed ``age_s`` ago."""
+    from prefect_dask_profiling.store.live import estimate_doc
+
+    now = datetime.now(UTC)
+    doc = {"pipeline": pipeline, "version": "v1", "run_id": run_id, "flow_run_id": "f-1",
+           "started": (now - timedelta(minutes=2)).isoformat(),
+           "computed_at": (now - timedelta(seconds=age_s)).isoformat(), "interval_s": 30.0,
+           "stage": "read", "stages_done": [], "known": True, "done_fraction": 0.4,
+           "remaining_p50_s": 70.0, "remaining_p90_s": 80.0,
+           "finish_p50": (now + timedelta(seconds=70)).isoformat(),
+           "finish_p90": (now + timedelta(seconds=80)).isoformat(),
+           "deadline": None, "risk": None, "unknown": [], "text": "ETA 02:09–02:10"}
+    store.write_live(estimate_doc(**{**doc, **fields}))
+
+
+def test_a_run_in_progress_is_listed_with_its_estimate_and_its_age(store):
+    running = new_run_id(T0 + timedelta(days=20))
+    live(store, running, deadline="2026-11-21T06:00:00+00:00", risk="on-track")
+    out = cli("eta", "--pipeline", "ndvi", "--store", store.url)
+    assert out.exit_code == 0, out.output
+    lines = out.stdout.splitlines()
+    assert "runs in progress: 1" in lines
+    [line] = [x for x in lines if x.strip().startswith(running)]
+    assert "stage read running, 40 % done; ETA 02:09–02:10" in line
+    assert "deadline 2026-11-21T06:00:00+00:00 (on-track)" in line
+    assert "computed 1" in line and line.endswith("s ago"), line  # ~12 s
+    assert "stale" not in line
+
+
+def test_the_json_has_each_run_in_progress_with_its_estimate(store):
+    running = new_run_id(T0 + timedelta(days=20))
+    live(store, running, age_s=5.0)
+    out = cli("eta", "--pipeline", "ndvi", "--store", store.url, "--json")
+    assert out.exit_code == 0, out.output
+    [run] = json.loads(out.stdout)["in_progress"]
+    assert run["run_id"] == running and run["stale"] is False and run["age_s"] >= 5.0
+    estimate = run["estimate"]
+    assert estimate["stage"] == "read" and estimate["done_fraction"] == 0.4
+    assert estimate["remaining_p50_s"] == 70.0 and estimate["remaining_p90_s"] == 80.0
+
+
+def test_an_ended_run_and_a_stale_estimate(store):
+    ended = night(store, 7, 100.0)  # its manifest exists: a leftover estimate is skipped
+    live(store, ended)
+    old = new_run_id(T0 + timedelta(days=21))
+    live(store, old, age_s=3600.0)
+    out = cli("eta", "--pipeline", "ndvi", "--store", store.url)
+    assert out.exit_code == 0, out.output
+    assert ended not in out.stdout.split("runs in progress")[1]
+    [line] = [x for x in out.stdout.splitlines() if x.strip().startswith(old)]
+    assert "computed 1h00m ago (stale: not updated since" in line
+
+
+def test_no_run_in_progress_is_said(store):
+    out = cli("eta", "--pipeline", "ndvi", "--store", store.url)
+    assert "runs in progress: none stored" in out.stdout.splitlines()
+    assert json.loads(cli("eta", "--pipeline", "ndvi", "--store", store.url,
+                          "--json").stdout)["in_progress"] == []
+
+
+@pytest.mark.parametrize(("body", "reason"), [
+    (b"{not json", "is not valid JSON"),
+    (b'{"kind": "something else"}', "is not a dask-profiling live estimate"),
+    (b'{"kind": "dask-profiling.live-eta", "schema": 99}', "has schema 99"),
+    (b'{"kind": "dask-profiling.live-eta", "schema": 1, "pipeline": "ndvi"}',
+     "lacks run_id, computed_at"),
+    (b"\xff\xfe", "is not valid JSON"),
+])
+def test_a_damaged_estimate_is_named_with_its_reason(tmp_path, store, body, reason):
+    running = new_run_id(T0 + timedelta(days=20))
+    path = tmp_path / "store" / "live" / "ndvi" / f"{running}.json"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(body)
+    out = cli("eta", "--pipeline", "ndvi", "--store", store.url)
+    assert out.exit_code == 0, out.output
+    [line] = [x for x in out.stdout.splitlines() if x.strip().startswith(running)]
+    assert f"unreadable estimate: {path}" in line and reason in line, line
+    data = json.loads(cli("eta", "--pipeline", "ndvi", "--store", store.url, "--json").stdout)
+    assert reason in data["in_progress"][0]["error"]
+
+
+def test_a_first_night_in_progress_has_no_plan_but_its_estimate(store):
+    running = new_run_id(T0 + timedelta(days=20))
+    live(store, running, pipeline="fresh", known=False, done_fraction=None,
+         text="no ETA yet: needs 3 earlier runs of fresh v1 (has 0)")
+    out = cli("eta", "--pipeline", "fresh", "--store", store.url)
+    assert out.exit_code == 0, out.output
+    assert out.stdout.splitlines()[0] == "fresh: no stored run yet (no ETA plan)"
+    assert "stage read running; no ETA yet: needs 3 earlier runs" in out.stdout
+    assert cli("eta", "--pipeline", "other", "--store", store.url).exit_code == 2
+
+
+def test_estimates_that_cannot_be_listed_leave_the_plan(store, monkeypatch):
+    from prefect_dask_profiling.store.errors import StoreAccessDenied
+
+    def denied(self, pipeline):
+        raise StoreAccessDenied("could not list s3://bucket/live/ndvi: AccessDenied")
+
+    monkeypatch.setattr(RunStore, "live_estimates", denied)
+    out = cli("eta", "--pipeline", "ndvi", "--store", store.url)
+    assert out.exit_code == 0, out.output
+    assert out.stdout.splitlines()[0].startswith("ndvi v1: ETA plan from 5 baseline nights")
+    assert ("runs in progress: not read: could not list s3://bucket/live/ndvi: AccessDenied"
+            in out.stdout)

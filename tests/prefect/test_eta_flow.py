@@ -5,7 +5,9 @@ Three real nights of one two-stage flow (tests/eta_flows.py), sharing one store:
 1. a first night, no history: the run says "no ETA yet", no progress artifact, no event;
 2. its stored night copied four times to earlier dates (the baseline), then a healthy
    night with a deadline hours away: the progress artifact moves monotonically to 100 %,
-   one log line per stage boundary, no event;
+   one log line per stage boundary, no event; its estimate is in the store while stage
+   ``one`` runs (read by the flow body, as ``dask-profiling eta`` reads it) and gone when
+   the run has ended;
 3. a night whose stage ``one`` runs 3x slow, with a deadline it will miss: ``at-risk``
    (read back from the server's events API) before stage ``two`` ends, then ``late`` while
    the run is still going (stage ``two`` waits for it, bounded); emitted again with its
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import pytest
 from eta_flows import ONE_TASKS, events_of, make_eta_flow, progress_percent
@@ -34,6 +37,7 @@ from prefect.events import emit_event
 from prefect.events.worker import EventsWorker
 from prefect.logging.handlers import APILogWorker
 
+from prefect_dask_profiling.prefect.background import Background
 from prefect_dask_profiling.prefect.eta import AT_RISK_EVENT, LATE_EVENT, ON_TRACK_EVENT, event_id
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
@@ -118,7 +122,7 @@ def first_night(store, prefect_server):
 @pytest.fixture(scope="module")
 def healthy_night(first_night, store, prefect_server):
     state = make_eta_flow(runner(store.url, deadline=timedelta(hours=2)), PIPELINE)(
-        ONE_S, return_state=True)
+        ONE_S, store_url=store.url, return_state=True)
     assert state.is_completed(), state.message
     return state.result()
 
@@ -161,6 +165,26 @@ def test_a_healthy_night_moves_its_progress_to_100_and_emits_nothing(healthy_nig
     for name in ("one", "two"):
         assert any(m.startswith(f"dask-profiling: stage {name} done at ") and "ETA" in m
                    for m in logs), logs
+
+
+def test_a_running_night_stores_its_estimate_and_removes_it_at_its_end(healthy_night, store):
+    live = healthy_night["live"]
+    assert live is not None, "no stored estimate seen while stage one ran"
+    assert live["flow_run_id"] == healthy_night["flow_run_id"]
+    assert live["pipeline"] == PIPELINE and live["version"] == "1"
+    assert live["stage"] == "one" and live["known"] is True
+    assert 0.0 <= live["done_fraction"] < 1.0
+    assert live["remaining_p50_s"] <= live["remaining_p90_s"]
+    assert datetime.fromisoformat(live["finish_p50"]) <= datetime.fromisoformat(
+        live["finish_p90"])
+    assert datetime.fromisoformat(live["deadline"]) > datetime.fromisoformat(
+        live["computed_at"])
+    assert live["risk"] in (None, "on-track") and live["unknown"] == []
+    assert live["text"].startswith("ETA ")
+    assert store.list_runs(PIPELINE)[0]["run_id"] == live["run_id"]  # the run, stored
+    Background.instance().drain(timeout=60)  # the removal is queued when the run ends
+    assert store.live_estimates(PIPELINE) == {}
+    assert not (Path(store.url) / "live" / PIPELINE / f"{live['run_id']}.json").exists()
 
 
 def test_a_slow_first_stage_is_at_risk_before_stage_two_ends_then_late(slow_night,

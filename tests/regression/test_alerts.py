@@ -224,6 +224,18 @@ def test_episodes_recomputed_from_the_store_match_the_judged_ones(stored):
     assert kinds(events) == ["suspected", "detected"]
 
 
+def test_alerts_replays_the_window_its_newest_nights_judge_saw(stored):
+    """The judge of the newest night replayed the ``runs`` nights before it: ``alerts``
+    folds exactly those and the newest, so an episode at the window's edge is the same."""
+    store, _ = stored
+    ids = sorted(e["run_id"] for e in store.list_runs("nightly", "v1"))
+    assert len(ids) == 3
+    window = alert_history.load_nights(store, "nightly", "v1", 1, before=ids[-1])
+    book, _ = alert_history.episodes_of(store, "nightly", "v1", runs=1)
+    assert [n.run_id for n in window] == ids[-2:-1]
+    assert list(book.runs) == ids[-2:]
+
+
 def test_ack_is_stored_and_read_back(stored):
     store, p = stored
     (ep,) = p.book.open()

@@ -75,20 +75,24 @@ def test_spill_noise_fails_no_night(record, tmp_path):
     assert not [r for r in runs if r.status == "regressed"], lines(runs)
 
 
-@pytest.mark.parametrize("memory_history, fails", [(30, False), (8, True)])
-def test_two_spill_nights_in_a_row_fail_only_when_the_baseline_forgot_spills(
-        record, tmp_path, memory_history, fails):
+@pytest.mark.parametrize("memory_history, spill, failed_days", [
+    (30, {3: 450, 14: 400, 15: 500}, []),
+    (8, {3: 450, 14: 400, 15: 500}, []),
+    (8, {3: 450, 14: 400, 15: 500, 16: 450, 17: 480}, [17]),
+])
+def test_spill_nights_in_a_row_fail_only_as_a_persisting_onset(
+        record, tmp_path, memory_history, spill, failed_days):
     """A stage that spills on some nights, two of them in a row eleven nights after the
-    first: the default memory baseline (30 nights) still holds that night and fails
-    nothing; one of 8 nights has forgotten it and confirms the pair as a regression."""
+    first: the default memory baseline (30 nights) still holds that night and flags
+    nothing. A baseline of 8 nights has forgotten it: the pair is an onset after 8 clean
+    nights, which confirms only after 4 nights in a row (``onset_nights``), so the pair
+    fails nothing and four spill nights in a row fail the fourth."""
     drive = driver(record, tmp_path, memory_history=memory_history)
-    spill = {3: 450, 14: 400, 15: 500}
     runs = [drive.run(quiet(d, spilled={"reduce": spill[d] * MIB} if d in spill else {},
-                            kind="spill" if d in spill else "quiet")) for d in range(16)]
-    failed = [r for r in runs if r.status == "regressed"]
-    assert bool(failed) is fails, lines(runs)
-    if fails:
-        assert [r.spec.day for r in failed] == [15], lines(runs)
+                            kind="spill" if d in spill else "quiet"))
+            for d in range(max(spill) + 1)]
+    failed = [r.spec.day for r in runs if r.status == "regressed"]
+    assert failed == failed_days, lines(runs)
 
 
 # ---------------------------------------------------------------------- defect 2

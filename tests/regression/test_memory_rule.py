@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from prefect_dask_profiling._util import InvalidInput
+from prefect_dask_profiling.regression.confirm import Prior, confirm_signals
 from prefect_dask_profiling.regression.memory import (
     MEMORY_VERDICT_COLUMNS,
     describe_memory,
@@ -18,6 +19,7 @@ from prefect_dask_profiling.regression.memory import (
     history_from_manifests,
     latest_from_manifest,
     min_effect,
+    onset_nights,
 )
 from prefect_dask_profiling.regression.rule import RegressionRule
 
@@ -104,10 +106,64 @@ def test_min_effect_is_ten_percent_of_the_limit_or_256_mib():
     ({"near_oom": "yes"}, "near_oom"),
     ({"memory_regression": 1}, "memory_regression"),
     ({"near_oom_headroom": -0.1}, "near_oom_headroom"),
+    ({"memory_onset_chance": 0}, "memory_onset_chance"),
+    ({"memory_onset_chance": 1}, "memory_onset_chance"),
+    ({"memory_onset_chance": "often"}, "memory_onset_chance"),
 ])
 def test_bad_memory_settings_are_refused_by_name(options, field):
     with pytest.raises(InvalidInput, match=field):
         RegressionRule.from_options(check_options=options)
+
+
+def test_an_onset_needs_more_nights_the_shorter_the_clean_history():
+    """n clean nights allow an occasional rate of 1/(n+2): k nights in a row confirm when
+    that rate makes them a 1-in-10,000 chance (never fewer than two)."""
+    rule = RegressionRule()
+    assert [onset_nights(n, rule) for n in (3, 5, 8, 19, 20, 30, 97, 98)] == \
+        [6, 5, 4, 4, 3, 3, 3, 2]
+    assert all((1 / (n + 2)) ** onset_nights(n, rule) <= 1e-4 * (1 + 1e-9)
+               for n in range(3, 200))
+    assert all((1 / (n + 2)) ** (onset_nights(n, rule) - 1) > 1e-4
+               for n in range(3, 98))
+    assert onset_nights(30, RegressionRule(memory_onset_chance=0.5)) == 2
+
+
+def _spill_rows(history_spills: list[float], tonight: float) -> pd.DataFrame:
+    history = [{"run_id": f"r{i}", "stage": "reduce", "peak_bytes": 400 * MiB,
+                "spilled_bytes": s, "memory_limit": GiB} for i, s in enumerate(history_spills)]
+    latest = [{"stage": "reduce", "peak_bytes": 400 * MiB, "spilled_bytes": tonight,
+               "memory_limit": GiB, "headroom": 0.6}]
+    verdicts = detect_memory(history, latest)
+    return verdicts[verdicts["metric"] == "spilled_bytes"]
+
+
+def test_a_spill_onset_is_marked_and_a_known_spiller_is_not():
+    onset = _spill_rows([0.0] * 10, 450 * MiB).iloc[0]
+    assert onset["verdict"] == "memory-regression" and onset["nights_needed"] == 4
+    assert "confirms after 4 nights in a row" in onset["note"]
+    # a baseline that once spilled above the minimum effect: no onset (and, here, no flag)
+    known = _spill_rows([0.0] * 9 + [300 * MiB], 450 * MiB).iloc[0]
+    assert known["verdict"] == "ok" and known["nights_needed"] == 2
+    # spilling a little in the baseline (under the 102 MiB effect) is still an onset
+    little = _spill_rows([0.0] * 9 + [20 * MiB], 450 * MiB).iloc[0]
+    assert little["verdict"] == "memory-regression" and little["nights_needed"] == 4
+
+
+@pytest.mark.parametrize("nights_so_far, alert", [(1, "suspected"), (2, "suspected"),
+                                                  (3, "regression")])
+def test_an_onset_stays_suspected_until_its_nights_in_a_row(nights_so_far, alert):
+    rows = _spill_rows([0.0] * 10, 450 * MiB)
+    prior = {("reduce", "spilled_bytes"): Prior("suspected", math.inf, nights=nights_so_far)}
+    out = confirm_signals(rows, prior, RegressionRule(), flagged=("memory-regression",),
+                          conclusive=False)
+    assert out["alert"].tolist() == [alert], out["alert_reason"].tolist()
+    cleared = confirm_signals(_spill_rows([0.0] * 10, 0.0), prior, RegressionRule(),
+                              flagged=("memory-regression",), conclusive=False)
+    assert cleared["alert"].tolist() == ["cleared"]
+    first = confirm_signals(rows, {}, RegressionRule(), flagged=("memory-regression",),
+                            conclusive=False)
+    assert first["alert"].tolist() == ["suspected"]
+    assert "4 nights in a row" in first["alert_reason"].iloc[0]
 
 
 def test_bad_rows_are_refused_by_name():

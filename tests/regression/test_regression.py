@@ -357,7 +357,7 @@ def test_the_rule_holds_every_setting_with_its_default():
         "z_threshold", "min_seconds", "min_share", "min_history", "mad_floor", "abs_floor_s",
         "confirm", "resolve_after",
         "memory_regression", "memory_history", "memory_threshold", "memory_z_threshold",
-        "memory_mad_floor",
+        "memory_mad_floor", "memory_onset_chance",
         "memory_min_fraction", "memory_min_bytes", "near_oom", "near_oom_headroom",
         "requests_regression", "requests_threshold", "requests_min_per_chunk"}
     history, latest = _history({"a": [10.0, 11, 9, 10], "b": [5.0] * 4}), _latest({"a": 25.0})
@@ -367,6 +367,32 @@ def test_the_rule_holds_every_setting_with_its_default():
     pd.testing.assert_frame_equal(by_rule, by_keywords)
     overridden = detect_regressions(history, latest, rule=strict, threshold=2.0)
     assert regressed(overridden)["prefix"].tolist() == ["a"] and regressed(by_rule).empty
+
+
+def test_the_stored_rule_documents_name_every_setting():
+    """The TypedDicts of the stored rules (``rules`` in a manifest) and of the runner's
+    ``check_options`` name exactly the dataclasses' fields: a setting added to a rule must be
+    added to its document too."""
+    from dataclasses import fields
+
+    from prefect_dask_profiling.regression.rule import (
+        CHECK_OPTION_KEYS,
+        CheckOptions,
+        DriftRule,
+        DriftRuleDoc,
+        RegressionRule,
+        RegressionRuleDoc,
+        Rules,
+        RulesDoc,
+    )
+
+    assert set(CheckOptions.__annotations__) == set(CHECK_OPTION_KEYS)
+    assert set(RegressionRuleDoc.__optional_keys__) == {f.name for f in fields(RegressionRule)}
+    assert set(DriftRuleDoc.__optional_keys__) == {f.name for f in fields(DriftRule)}
+    stored = Rules().to_dict()
+    assert set(stored) == set(RulesDoc.__required_keys__)
+    assert set(stored["regression"]) == set(RegressionRuleDoc.__optional_keys__)
+    assert Rules.from_dict(stored) == Rules()
 
 
 @pytest.mark.parametrize(("settings", "message"), [

@@ -1,0 +1,172 @@
+"""A run in progress: its current ETA, one small JSON object per run under ``live/``.
+
+The live ETA of a flow run (:mod:`~prefect_dask_profiling.prefect.eta`) replaces
+``live/<pipeline>/<run_id>.json`` at every stage boundary and every ``eta_interval``, from
+the process's background service, and removes it when the run ends; ``dask-profiling eta``
+reads what is there. The object is not part of the run's record (its manifest does not list
+it, nothing judges on it): a stale estimate is worth nothing, so it is never spooled —
+a write the store refuses is dropped, and the next interval writes a fresh one.
+
+Like an acknowledgement, each write or removal is one call bounded by the store's timeout
+and refused at once while the store's breaker holds it down; a failure raises the
+:class:`~prefect_dask_profiling.errors.StoreError` leaf, which the caller (a background
+job) logs and forgets.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, TypedDict
+
+from prefect_dask_profiling.store import layout
+from prefect_dask_profiling.store.access import StoreAccess
+from prefect_dask_profiling.store.errors import DamagedRecord, StoreError
+from prefect_dask_profiling.store.manifest import dump
+
+logger = logging.getLogger(__name__)
+
+LIVE_KIND = "dask-profiling.live-eta"
+LIVE_SCHEMA = 1
+# Fields a reader needs; the rest may be null (no ETA yet, no deadline, between stages).
+_REQUIRED = ("kind", "schema", "pipeline", "run_id", "computed_at")
+
+
+class UnknownStage(TypedDict):
+    """A stage the estimate leaves out, and why (``no history``, ``too little history``)."""
+
+    stage: str
+    reason: str
+
+
+class LiveEstimate(TypedDict):
+    """The current ETA of one run in progress, as stored at ``live/<pipeline>/<run_id>.json``.
+
+    Times are ISO 8601 in UTC; seconds are floats. ``finish_p50``/``finish_p90`` are the ETA
+    range (the stages' p50 added; their p90 spreads added in quadrature); all ETA fields are
+    null while ``known`` is false (``text`` then says why: "no ETA yet: needs 2 earlier
+    runs").
+    """
+
+    kind: str  # LIVE_KIND
+    schema: int  # LIVE_SCHEMA
+    pipeline: str
+    version: str
+    run_id: str
+    flow_run_id: str | None
+    started: str | None
+    computed_at: str
+    interval_s: float
+    stage: str | None  # the stage running when it was computed (None: between stages)
+    stages_done: list[str]
+    known: bool
+    done_fraction: float | None  # expected work done, 0..1
+    remaining_p50_s: float | None
+    remaining_p90_s: float | None
+    finish_p50: str | None
+    finish_p90: str | None
+    deadline: str | None
+    risk: str | None  # on-track, at-risk, late (None: no deadline or no ETA)
+    unknown: list[UnknownStage]
+    text: str
+
+
+def parse_live(data: bytes, where: str) -> LiveEstimate:
+    """The estimate stored as ``data`` at ``where``.
+
+    Raises
+    ------
+    DamagedRecord
+        Naming ``where``: not UTF-8 JSON, not a live estimate, of another schema, or
+        missing a field a reader needs.
+    """
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise DamagedRecord(f"{where} is not valid JSON ({reason})") from None
+    if not isinstance(doc, dict) or doc.get("kind") != LIVE_KIND:
+        raise DamagedRecord(f"{where} is not a dask-profiling live estimate (no kind "
+                            f"{LIVE_KIND!r})")
+    if doc.get("schema") != LIVE_SCHEMA:
+        raise DamagedRecord(f"{where} has schema {doc.get('schema')!r}; this version of "
+                            f"dask-profiling reads {LIVE_SCHEMA}")
+    missing = [k for k in _REQUIRED if not doc.get(k)]
+    if missing:
+        raise DamagedRecord(f"{where} lacks {', '.join(missing)}")
+    return doc  # type: ignore[return-value]
+
+
+class Live(StoreAccess):
+    """The live-estimate side of :class:`~prefect_dask_profiling.store.runs.RunStore`."""
+
+    def write_live(self, estimate: LiveEstimate) -> str:
+        """Replace the run's stored estimate by ``estimate``; its location.
+
+        One put within the store's timeout, refused at once while the breaker holds the
+        store down; never spooled. Raises the ``StoreError`` leaf on failure, ``ValueError``
+        for a bad pipeline or run id.
+        """
+        rel = layout.live_file(estimate["pipeline"], estimate["run_id"])
+        body = dump(estimate)
+        self._check_reachable()
+        try:
+            self._put(rel, body, False)
+        except Exception as exc:
+            raise self._failure(exc, f"could not write {self.location(rel)}") from None
+        return self.location(rel)
+
+    def remove_live(self, pipeline: str, run_id: str) -> None:
+        """Remove the run's stored estimate (the run ended); nothing there is fine.
+
+        Bounded and behind the breaker like :meth:`write_live`; raises the ``StoreError``
+        leaf on failure (a leftover estimate is ignored by readers once the run's manifest
+        exists).
+        """
+        rel = layout.live_file(pipeline, run_id)
+        self._check_reachable()
+        try:
+            self.memory.forget()
+            self.fs.rm_file(self._path(rel), **self._kw)
+        except FileNotFoundError:
+            return
+        except Exception as exc:
+            raise self._failure(exc, f"could not remove {self.location(rel)}") from None
+
+    def live_estimates(self, pipeline: str) -> dict[str, LiveEstimate | StoreError]:
+        """The stored estimates of ``pipeline``'s runs in progress: ``{run_id: its estimate,
+        or the StoreError reading it (DamagedRecord: not an estimate)}``, by run id.
+
+        One listing, one existence check per estimate found (a run whose manifest exists
+        has ended: its leftover estimate, if its removal failed, is skipped) and one wave of
+        reads. The listing's failure raises.
+        """
+        rels = sorted(rel for rel in self._find(layout.live_dir(pipeline))
+                      if (found := layout.parse_live(rel)) is not None
+                      and not self._exists(layout.manifest_file(*found)))
+        found = self._read_many(dict.fromkeys(rels, "live estimate"))
+        out: dict[str, LiveEstimate | StoreError] = {}
+        for rel in rels:
+            _, run_id = layout.parse_live(rel)  # type: ignore[misc]
+            data = found[rel]
+            if isinstance(data, StoreError):
+                out[run_id] = data
+                continue
+            try:
+                doc = parse_live(data, self.location(rel))
+                if doc["run_id"] != run_id or doc["pipeline"] != pipeline:
+                    raise DamagedRecord(f"{self.location(rel)} holds the estimate of run "
+                                        f"{doc['pipeline']}/{doc['run_id']}")
+                out[run_id] = doc
+            except DamagedRecord as exc:
+                out[run_id] = exc
+        return out
+
+
+def estimate_doc(**fields: Any) -> LiveEstimate:
+    """A :class:`LiveEstimate` with ``kind`` and ``schema`` filled in (the rest given)."""
+    return {"kind": LIVE_KIND, "schema": LIVE_SCHEMA, **fields}  # type: ignore[typeddict-item]
+
+
+__all__ = ["LIVE_KIND", "LIVE_SCHEMA", "Live", "LiveEstimate", "UnknownStage", "estimate_doc",
+           "parse_live"]
