@@ -244,19 +244,20 @@ def instrument(phases: Phases) -> None:
         stages,
     )
     from prefect_dask_profiling.store import runs
-    from prefect_dask_profiling.timing import plugin, storage_io
+    from prefect_dask_profiling.timing import client as timing_client
+    from prefect_dask_profiling.timing import storage_io
 
     cls = session.Session
     targets = [
         (ProfiledDaskTaskRunner, "__enter__", "runner __enter__ (total)"),
         (ProfiledDaskTaskRunner, "__exit__", "runner __exit__ (total)"),
-        (plugin, "install", "  plugin registration"),
+        (timing_client, "install", "  plugin registration"),
         (cls, "preflight", "  preflight (worker loadability)"),
         (cls, "stage_opened", "stage opened (total)"),
         (reports, "open_window", "  report window open"),
         (storage_io, "io_counters", "  workers' storage counters"),
         (cls, "stage_closed", "stage closed (total)"),
-        (plugin, "snapshot", "  plugin snapshot (stage ends + collect)"),
+        (timing_client, "snapshot", "  plugin snapshot (stage ends + collect)"),
         (reports.StageReports, "_draw", "  stage report render+upload"),
         (reports, "render", "    report render"),
         (report_data, "fetch", "      data copied from the scheduler and workers"),

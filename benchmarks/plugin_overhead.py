@@ -31,7 +31,8 @@ from dask.utils import key_split
 from distributed import Client, LocalCluster, SchedulerPlugin, wait
 
 from prefect_dask_profiling.summary import collect
-from prefect_dask_profiling.timing.plugin import TaskTimings, install, uninstall
+from prefect_dask_profiling.timing.client import install, uninstall
+from prefect_dask_profiling.timing.plugin import TaskTimings
 
 PREFIXES = 50
 WORKERS = [f"tcp://127.0.0.1:{4000 + i}" for i in range(4)]

@@ -53,7 +53,9 @@ from prefect_dask_profiling.store.manifest import RunContext, StageInfo
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 from prefect_dask_profiling.summary import collect, summarise
 from prefect_dask_profiling.summary.record import RunRecord
-from prefect_dask_profiling.timing.plugin import TaskTimings, install, uninstall
+from prefect_dask_profiling.timing.client import install, uninstall
+from prefect_dask_profiling.timing.plugin import TaskTimings
+from prefect_dask_profiling.timing.scope import RunScope
 
 WORKERS = [f"tcp://127.0.0.1:{4000 + i}" for i in range(4)]
 FIGURES: list[tuple[str, str, str]] = []
@@ -127,13 +129,19 @@ def big_stage(n: int) -> None:
 
 # -- 2. a million tasks ----------------------------------------------------------------------------
 
-class StagedTimings(TaskTimings):
-    """The plugin without a scheduler, told the stage directly (no TaskState to read it from)."""
+class StagedScope(RunScope):
+    """A run told its stage directly (no TaskState to read it from)."""
 
     current_stage = "default"
 
-    def _owner_stage(self, ts) -> str | None:
+    def owner_stage(self, ts) -> str | None:
         return self.current_stage
+
+
+class StagedTimings(TaskTimings):
+    """The plugin without a scheduler, told the stage directly through its scope."""
+
+    scope_type = StagedScope
 
 
 def drive(plugin: TaskTimings, n: int, prefixes: int, offset: int = 0) -> float:
@@ -180,7 +188,7 @@ def wide_record(prefixes: int, stages: int, tasks_per_prefix: int, seed: int) ->
     plugin = StagedTimings("bench", sample_interval=0)
     rng = np.random.default_rng(seed)
     for s in range(stages):
-        plugin.current_stage = f"stage{s:02d}"
+        plugin.scope.current_stage = f"stage{s:02d}"
         drive(plugin, prefixes * tasks_per_prefix, prefixes,
               offset=int(rng.integers(0, 1000)) * prefixes)
     return RunRecord.from_snapshot(plugin.snapshot(), workers=4, threads=4)

@@ -42,13 +42,14 @@ ALLOWED["__init__"] = set(LAYERS) - {"prefect", "cli"}  # the public face; Prefe
 # Distributions that import Prefect when imported.
 PREFECT_DISTS = {"prefect", "prefect_dask"}
 PREFECT_PARTS = {"prefect", "cli"}
-# The scheduler plugin is shipped by value to schedulers without this package: it may import
-# the standard library, Dask/distributed (and what they bring), its own sketch and its CPU
-# readings only.
+# The scheduler plugin is shipped by value to schedulers without this package, with its client
+# API (whose functions run on the scheduler): they and every package module they import may
+# import the standard library, Dask/distributed (and what they bring) and each other only.
 PLUGIN = f"{PACKAGE}.timing.plugin"
-PLUGIN_MAY_IMPORT = {"dask", "distributed", "tornado", "cloudpickle",
-                     f"{PACKAGE}.timing.sketch", f"{PACKAGE}.timing.types",
-                     f"{PACKAGE}.timing.cpu"}
+PLUGIN_CLIENT = f"{PACKAGE}.timing.client"
+ON_A_BARE_SCHEDULER = {"dask", "distributed", "tornado", "cloudpickle"}
+# No class of timing/ (the plugin and its streams) is longer than this, docstring included.
+MAX_TIMING_CLASS_LINES = 350
 
 
 @dataclass(frozen=True)
@@ -216,16 +217,58 @@ def test_prefect_is_imported_only_by_the_prefect_parts():
     assert not wrong, "Prefect imported outside prefect/ and cli/:\n" + "\n".join(wrong)
 
 
+def shipped() -> set[str]:
+    """The package modules the scheduler runs: the plugin, its client API, and every package
+    module they import (at any depth, ``TYPE_CHECKING`` imports included)."""
+    graph: dict[str, set[str]] = defaultdict(set)
+    for edge in edges():
+        graph[edge.source].add(edge.target)
+    found, todo = set(), [PLUGIN, PLUGIN_CLIENT]
+    while todo:
+        module = todo.pop()
+        if module not in found:
+            found.add(module)
+            todo.extend(graph[module])
+    return found
+
+
 def test_the_scheduler_plugin_imports_only_what_a_bare_scheduler_has():
     stdlib = set(sys.stdlib_module_names) | {"__future__"}
-    wrong = [f"{name} (line {line})" for name, line in imports(PLUGIN)
-             if name.split(".")[0] not in stdlib
-             and not any(name == ok or name.startswith(ok + ".") for ok in PLUGIN_MAY_IMPORT)]
-    assert not wrong, f"{PLUGIN} imports more than stdlib/distributed/sketch: {wrong}"
-    for helper in (f"{PACKAGE}.timing.sketch", f"{PACKAGE}.timing.types",
-                   f"{PACKAGE}.timing.cpu"):
-        extra = [name for name, _ in imports(helper) if name.split(".")[0] not in stdlib]
-        assert not extra, f"{helper} (used by the plugin) imports more than stdlib: {extra}"
+    modules = shipped()
+    wrong = [f"{source} imports {name} (line {line})" for source in sorted(modules)
+             for name, line in imports(source)
+             if name.split(".")[0] not in stdlib | ON_A_BARE_SCHEDULER and name not in modules]
+    assert not wrong, ("the plugin's modules import more than stdlib/distributed:\n"
+                       + "\n".join(wrong))
+    assert all(part(m) == "timing" for m in modules), sorted(modules)
+
+
+def test_every_module_the_scheduler_runs_is_sent_by_value():
+    """install() registers :data:`timing.client.BY_VALUE` by value: all of :func:`shipped`."""
+    from prefect_dask_profiling.timing.client import BY_VALUE
+
+    assert set(BY_VALUE) == shipped()
+
+
+def long_classes(text: str, limit: int) -> list[str]:
+    """Classes of ``text`` longer than ``limit`` lines (``class`` line to its last line)."""
+    return [f"{node.name} {node.end_lineno - node.lineno + 1} lines (line {node.lineno})"
+            for node in ast.walk(ast.parse(text))
+            if isinstance(node, ast.ClassDef)
+            and node.end_lineno - node.lineno + 1 > limit]
+
+
+def test_no_class_of_timing_is_too_long():
+    """One class per role (tasks, memory, loop, workers, the plugin): none over the limit."""
+    wrong = [f"{source}: {hit}" for source in MODULES if part(source) == "timing"
+             for hit in long_classes(MODULES[source].read_text(), MAX_TIMING_CLASS_LINES)]
+    assert not wrong, (f"classes of timing/ over {MAX_TIMING_CLASS_LINES} lines (split them "
+                       "by role):\n" + "\n".join(wrong))
+
+
+def test_the_class_length_check_sees_a_long_class():
+    text = "class Big:\n" + "    x = 1\n" * 5 + "class Small:\n    pass\n"
+    assert long_classes(text, 5) == ["Big 6 lines (line 1)"]
 
 
 def test_importing_the_package_leaves_prefect_out():

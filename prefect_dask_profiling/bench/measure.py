@@ -114,7 +114,7 @@ def _run_side(client: Client, side: str, config: BenchConfig, fn: Callable[[int,
 
     from prefect_dask_profiling.summary.collect import collect
     from prefect_dask_profiling.summary.tables import summarise, utilisation
-    from prefect_dask_profiling.timing import plugin
+    from prefect_dask_profiling.timing import client as timing_client
 
     out = directory / side
     out.mkdir(parents=True, exist_ok=True)
@@ -133,7 +133,7 @@ def _run_side(client: Client, side: str, config: BenchConfig, fn: Callable[[int,
     if config.warmup:
         progress(f"{side}: warmed up ({config.warmup} batch(es) per n)")
 
-    name = plugin.install(client, scope="run", sample_interval=0.5)
+    name = timing_client.install(client, scope="run", sample_interval=0.5)
     batches: list[Batch] = []
     try:
         client.get_task_stream(start=0, stop=0)  # make sure the task stream is recording
@@ -157,7 +157,7 @@ def _run_side(client: Client, side: str, config: BenchConfig, fn: Callable[[int,
         record = collect(client, name)
     finally:
         with contextlib.suppress(Exception):
-            plugin.uninstall(client, name)
+            timing_client.uninstall(client, name)
 
     measurement = {
         "batches": batches, "stream": stream, "fine_before": fine0, "fine_after": fine1,

@@ -7,7 +7,7 @@ the flow thread); everything else runs as jobs of the process's one background s
 
 * at the run's start (once the history the judge reads early is there), at every stage
   boundary and every ``eta_interval`` seconds: one small read of the plugin's task counts
-  (:func:`~prefect_dask_profiling.timing.plugin.task_counts`), then
+  (:func:`~prefect_dask_profiling.timing.client.task_counts`), then
   :func:`~prefect_dask_profiling.regression.eta.estimate`;
 * a Prefect progress artifact on the flow run (percent of the expected work done, never
   going back, 100 at the end), its description the ETA line;
@@ -291,10 +291,10 @@ class LiveEta:
             store.remove_live(ctx.pipeline, ctx.run_id)
 
     def _read_counts(self) -> None:
-        from prefect_dask_profiling.timing import plugin
+        from prefect_dask_profiling.timing import client as timing_client
 
         try:
-            self._counts = plugin.task_counts(self.session.client, self.session.plugin_name)
+            self._counts = timing_client.task_counts(self.session.client, self.session.plugin_name)
         except Exception:  # the scheduler is busy or gone: time only, last counts kept
             logger.debug("dask-profiling: task counts not read for the ETA", exc_info=True)
 

@@ -35,7 +35,9 @@ from prefect_dask_profiling.prefect.stages import OpenStage, StageBook
 from prefect_dask_profiling.regression.verdict import RegressionDetected
 from prefect_dask_profiling.stage import reset_listener, set_listener
 from prefect_dask_profiling.store.manifest import RunContext
-from prefect_dask_profiling.timing import plugin, storage_io
+from prefect_dask_profiling.timing import client as timing_client
+from prefect_dask_profiling.timing import storage_io
+from prefect_dask_profiling.timing.scope import RUN_ANNOTATION
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -84,7 +86,7 @@ class Session:
         """Create the cluster/client, register the plugin, listen to stages."""
         client = runner.client
         scope = "run" if runner.address else "cluster"
-        name = plugin.install(client, scope=scope,
+        name = timing_client.install(client, scope=scope,
                               sample_interval=runner.profiling.sample_interval)
         session = cls(runner, client, name, scope)
         session.io.counted = storage_io.install(client)
@@ -92,7 +94,7 @@ class Session:
         token = set_listener(session)
         exit_stack.callback(_reset_quietly, token)
         if scope == "run":  # graphs from other clients in the flow body belong to this run
-            exit_stack.enter_context(dask.annotate(**{plugin.RUN_ANNOTATION: name}))
+            exit_stack.enter_context(dask.annotate(**{RUN_ANNOTATION: name}))
         return session
 
     def close(self) -> None:
@@ -107,7 +109,7 @@ class Session:
                 # on a shared cluster (scope "run") it stays: another run may count with it
                 storage_io.uninstall(self.client)
             try:
-                plugin.uninstall(self.client, self.plugin_name)
+                timing_client.uninstall(self.client, self.plugin_name)
                 if self.reports.installed_stream:
                     reports.release_task_stream(self.client)
             except Exception:

@@ -21,13 +21,14 @@ from prefect_dask_profiling.stage import LocalWorkWatch, open_stage_name
 from prefect_dask_profiling.store.manifest import LocalWork, StageInfo
 from prefect_dask_profiling.summary.io import io_frame
 from prefect_dask_profiling.summary.record import RunRecord
-from prefect_dask_profiling.timing import plugin, storage_io
+from prefect_dask_profiling.timing import client as timing_client
+from prefect_dask_profiling.timing import storage_io
 
 if TYPE_CHECKING:
     from distributed import Client
 
     from prefect_dask_profiling.pricing import CostRates
-    from prefect_dask_profiling.timing.plugin import Snapshot
+    from prefect_dask_profiling.timing.types import Snapshot
 
 
 @dataclass
@@ -93,7 +94,8 @@ class StageBook:
             with self.client.as_current():
                 distributed.wait(token.futures)
         try:
-            snapshot: Snapshot | BaseException = plugin.snapshot(self.client, self.plugin_name)
+            snapshot: Snapshot | BaseException = timing_client.snapshot(self.client,
+                                                                        self.plugin_name)
         except Exception as exc:
             snapshot = exc
         io = self.io.read() if token.io_before is not None else None
@@ -152,7 +154,7 @@ class StageBook:
             What the final snapshot raised, when no stage end was read either.
         """
         try:
-            snap = plugin.snapshot(self.client, self.plugin_name)
+            snap = timing_client.snapshot(self.client, self.plugin_name)
         except Exception as exc:
             if self.last_snapshot is None:
                 raise
@@ -160,7 +162,7 @@ class StageBook:
                                  "was collected at the last stage boundary; run incomplete")
             snap = self.last_snapshot
             snap["incomplete"] = True
-        workers, threads = plugin.cluster_size(self.client, snap)
+        workers, threads = timing_client.cluster_size(self.client, snap)
         record = RunRecord.from_snapshot(snap, workers=workers, threads=threads)
         record.incomplete = bool(snap.get("incomplete"))
         record.io = io_frame(self.io.rows)

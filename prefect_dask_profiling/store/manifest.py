@@ -24,6 +24,7 @@ from prefect_dask_profiling.store.tables import totals_of
 from prefect_dask_profiling.summary.allocation import AllocationDoc, RunAllocationDoc
 from prefect_dask_profiling.summary.io import StageIO
 from prefect_dask_profiling.summary.memory import StageMemory
+from prefect_dask_profiling.timing.types import ChunksVsBlocks as ChunksVsBlocks  # re-exported
 
 if TYPE_CHECKING:
     from prefect_dask_profiling.timing.types import Incident
@@ -111,18 +112,6 @@ class StageDiagnosis(TypedDict):
     disagreements: list[str]
     actions: list[str]
     note: str
-
-
-class ChunksVsBlocks(TypedDict):
-    """Dask chunks read against the files' internal blocks (``timing.storage_io.
-    chunks_against_blocks``): the most common ``[rows, cols]`` of each, whether they align,
-    the finding in words and, when not aligned, the fix."""
-
-    chunk: list[int]
-    block: list[int]
-    aligned: bool
-    text: str
-    fix: str | None
 
 
 class StageEntry(TypedDict, total=False):

@@ -21,7 +21,7 @@ def collect(client: Client, name: str) -> RunRecord:
     ----------
     client
         The connected synchronous client that installed the plugin
-        (:func:`~prefect_dask_profiling.timing.plugin.install`); collect before closing it.
+        (:func:`~prefect_dask_profiling.timing.client.install`); collect before closing it.
     name
         The plugin name ``install`` returned.
 
@@ -31,7 +31,7 @@ def collect(client: Client, name: str) -> RunRecord:
         When no plugin of that name is on the scheduler.
     """
     # imported here: the summary's readers (the command line's ``show``) need no distributed
-    from prefect_dask_profiling.timing.plugin import cluster_size, snapshot
+    from prefect_dask_profiling.timing.client import cluster_size, snapshot
 
     snap = snapshot(client, name)
     workers, threads = cluster_size(client, snap)

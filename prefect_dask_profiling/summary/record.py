@@ -111,7 +111,7 @@ class RunRecord:
     @classmethod
     def from_snapshot(cls, snap: Snapshot, workers: int = 0,
                       threads: int = 0) -> RunRecord:
-        """Build a record from :func:`prefect_dask_profiling.timing.plugin.snapshot` output."""
+        """Build a record from :func:`prefect_dask_profiling.timing.client.snapshot` output."""
         warnings = list(snap.get("warnings", []))
         if snap.get("internal_errors"):
             last = (snap.get("last_error") or "").strip().splitlines()[-1:] or ["unknown"]

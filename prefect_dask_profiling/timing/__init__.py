@@ -1,9 +1,11 @@
 """Task timing on the scheduler: the :class:`TaskTimings` plugin and its client API.
 
-The plugin module imports nothing but the standard library and ``distributed`` (plus the
-sketch, shipped with it by value): it runs inside a scheduler we do not own. Its names are
-served from here on first use, so that importing a sibling (``timing.sketch``, which the
-stored summaries' readers need) does not import ``distributed``.
+The plugin (``timing.plugin`` and the stream modules it delegates to: ``tasks``, ``memory``,
+``loop``, ``workers``, with ``scope``, ``sketch`` and ``cpu``) imports nothing but the
+standard library and ``distributed``: it runs inside a scheduler we do not own, shipped by
+value by ``timing.client``. Names are served from here on first use, so that importing a
+sibling (``timing.sketch``, which the stored summaries' readers need) does not import
+``distributed``.
 """
 
 from __future__ import annotations
@@ -12,21 +14,20 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from prefect_dask_profiling.timing.plugin import (
-        DEFAULT_STAGE,
-        RUN_ANNOTATION,
-        STAGE_ANNOTATION,
-        TaskTimings,
-        install,
-        snapshot,
-        uninstall,
-    )
+    from prefect_dask_profiling.timing.client import install, snapshot, uninstall
+    from prefect_dask_profiling.timing.plugin import TaskTimings
+    from prefect_dask_profiling.timing.scope import DEFAULT_STAGE, RUN_ANNOTATION, STAGE_ANNOTATION
 
 __all__ = ["DEFAULT_STAGE", "RUN_ANNOTATION", "STAGE_ANNOTATION", "TaskTimings", "install",
            "snapshot", "uninstall"]
 
 
+_HOMES = {"DEFAULT_STAGE": "scope", "RUN_ANNOTATION": "scope", "STAGE_ANNOTATION": "scope",
+          "TaskTimings": "plugin", "install": "client", "snapshot": "client",
+          "uninstall": "client"}
+
+
 def __getattr__(name: str) -> Any:
-    if name in __all__:
-        return getattr(importlib.import_module(f"{__name__}.plugin"), name)
+    if name in _HOMES:
+        return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

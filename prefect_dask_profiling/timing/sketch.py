@@ -10,6 +10,10 @@ Memory depends on the spread of the values (about 230 buckets per decade at the 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from prefect_dask_profiling.timing.types import SketchData
 
 DEFAULT_ALPHA = 0.005
 _ZERO = 1e-9
@@ -71,13 +75,13 @@ class QuantileSketch:
                 return 2 * gamma**i / (gamma + 1)
         return 2 * gamma ** max(self.counts) / (gamma + 1)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> SketchData:
         """Plain-data form (msgpack and JSON friendly)."""
         return {"alpha": self.alpha, "zeros": self.zeros, "n": self.n,
                 "counts": [[i, c] for i, c in self.counts.items()]}
 
     @classmethod
-    def from_dict(cls, data: dict) -> QuantileSketch:
+    def from_dict(cls, data: SketchData) -> QuantileSketch:
         """Inverse of :meth:`to_dict`."""
         sketch = cls(data["alpha"])
         sketch.zeros = int(data["zeros"])

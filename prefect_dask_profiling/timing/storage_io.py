@@ -79,6 +79,8 @@ from prefect_dask_profiling.timing.cpu import process_cpu, threads_wait
 if TYPE_CHECKING:
     from distributed import Client
 
+    from prefect_dask_profiling.timing.types import ChunksVsBlocks
+
 PLUGIN_NAME = "dask-profiling-storage-requests"
 FLOW_PROCESS = "flow-process"  # io_counters' key of the calling (flow) process's reading
 # an fsspec filesystem with this attribute true is not counted (the run store's own calls)
@@ -683,7 +685,7 @@ def stage_reads(before: dict[str, WorkerCounters], after: dict[str, WorkerCounte
 
 
 def chunks_against_blocks(shapes: dict[str, int], blocks: dict[str, list[int]]
-                          ) -> dict[str, Any] | None:
+                          ) -> ChunksVsBlocks | None:
     """Whether the chunks read are whole multiples of the files' blocks (pure).
 
     Parameters
@@ -724,7 +726,7 @@ def chunks_against_blocks(shapes: dict[str, int], blocks: dict[str, list[int]]
 
 def check_alignment(client: Client, before: dict[str, WorkerCounters],
                     after: dict[str, WorkerCounters], files_to_open: int = 1
-                    ) -> dict[str, Any] | None:
+                    ) -> ChunksVsBlocks | None:
     """:func:`chunks_against_blocks` for a stage that read files through GDAL (may raise).
 
     Opens up to ``files_to_open`` of the files the stage read on the worker that read the
@@ -739,7 +741,7 @@ def check_alignment(client: Client, before: dict[str, WorkerCounters],
     return chunks_against_blocks(shapes, blocks.get(busiest) or {})
 
 
-def _same_counters(start: dict[str, Any], end: dict[str, Any]) -> bool:
+def _same_counters(start: WorkerCounters, end: WorkerCounters) -> bool:
     """Whether two readings come from the same process and plugin instance."""
     return start.get("pid") == end.get("pid") and start.get("instance") == end.get("instance")
 
@@ -818,7 +820,7 @@ def stage_deltas(stage: str, before: dict[str, WorkerCounters],
     return rows
 
 
-def _chunk_delta(start: dict[str, Any], end: dict[str, Any], readers: set[str]
+def _chunk_delta(start: WorkerCounters, end: WorkerCounters, readers: set[str]
                  ) -> dict[str, int]:
     """Chunks and decoded bytes of the reading prefixes between two readings (pure)."""
     if "sources" not in end:  # an older plugin: its own count of reading tasks

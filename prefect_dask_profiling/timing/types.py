@@ -2,16 +2,29 @@
 
 Standard library only. The plugin builds these dicts on a scheduler that may not have this
 package installed, so it refers to these types for type checkers only; the client side
-(:func:`~prefect_dask_profiling.timing.plugin.snapshot`,
+(:func:`~prefect_dask_profiling.timing.client.snapshot`,
 :class:`~prefect_dask_profiling.summary.record.RunRecord`) reads them.
 """
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import TypedDict
 
-__all__ = ["ClusterSize", "Incident", "PrefixRow", "Snapshot", "StageMemoryRow", "StageScheduler",
-           "StageSpill", "TransferRow", "WorkerAggregate", "WorkerLifetime"]
+__all__ = ["ChunksVsBlocks", "ClusterSize", "Incident", "PrefixRow", "SketchData", "Snapshot",
+           "StageMemoryRow", "StageScheduler", "StageSpill", "TransferLog", "TransferRow",
+           "WorkerAggregate", "WorkerLifetime"]
+
+
+class SketchData(TypedDict):
+    """A :class:`~prefect_dask_profiling.timing.sketch.QuantileSketch` as plain data.
+
+    ``counts`` are ``[bucket index, count]`` pairs.
+    """
+
+    alpha: float
+    zeros: int
+    n: int
+    counts: list[list[int]]
 
 
 class PrefixRow(TypedDict, total=False):
@@ -33,7 +46,7 @@ class PrefixRow(TypedDict, total=False):
     disk_write_s: float
     first_start: float | None
     last_stop: float | None
-    sketch: dict[str, Any]
+    sketch: SketchData
 
 
 class TransferRow(TypedDict):
@@ -153,6 +166,29 @@ class ClusterSize(TypedDict):
     threads: int
 
 
+class TransferLog(TypedDict):
+    """One worker's incoming transfers since the run started (from its transfer log).
+
+    ``entries`` are ``(source, bytes, seconds)``; ``overflowed`` says the worker's log
+    (a bounded deque) had already dropped some of them.
+    """
+
+    entries: list[tuple[str | None, int, float]]
+    overflowed: bool
+
+
+class ChunksVsBlocks(TypedDict):
+    """Dask chunks read against the files' internal blocks (``timing.storage_io.
+    chunks_against_blocks``): the most common ``[rows, cols]`` of each, whether they align,
+    the finding in words and, when not aligned, the fix."""
+
+    chunk: list[int]
+    block: list[int]
+    aligned: bool
+    text: str
+    fix: str | None
+
+
 class Snapshot(TypedDict, total=False):
     """Everything the plugin recorded so far.
 
@@ -182,5 +218,5 @@ class Snapshot(TypedDict, total=False):
     warnings: list[str]
     internal_errors: int
     last_error: str | None
-    transfer_bytes: dict[str, Any]
+    transfer_bytes: dict[str, TransferLog]
     incomplete: bool

@@ -78,7 +78,7 @@ def test_stage_is_the_function_however_its_module_was_imported_first():
             "import prefect_dask_profiling as p\n"
             "assert callable(stage) and stage is p.stage, stage\n"
             "assert stage.__module__ == 'prefect_dask_profiling.stage', stage\n"
-            "assert install.__module__ == 'prefect_dask_profiling.timing.plugin', install\n"
+            "assert install.__module__ == 'prefect_dask_profiling.timing.client', install\n"
             "with stage('read') as name:\n"
             "    assert name == 'read', name")
     assert "dask" in imported_after(code)

@@ -140,14 +140,14 @@ def test_two_flows_share_one_cluster_with_separate_complete_summaries(cluster, f
 def _break_plugin(dask_scheduler, name: str, prefix: str) -> None:
     """Make the run's plugin fail on every finished task of ``prefix`` (scheduler side)."""
     plugin = dask_scheduler.plugins[name]
-    original = plugin._finished
+    original = plugin.tasks.finished
 
     def finished(key, kwargs, erred):
         if prefix in str(key):
             raise RuntimeError(f"forced failure on {key}")
         return original(key, kwargs, erred)
 
-    plugin._finished = finished
+    plugin.tasks.finished = finished
 
 
 def test_plugin_internal_error_leaves_the_computation_alone_and_is_counted(cluster, hooks,

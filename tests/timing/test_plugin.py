@@ -4,6 +4,7 @@ errors, shared clusters, worker churn, and the plugin's own robustness and memor
 from __future__ import annotations
 
 import gc
+import importlib
 import os
 import pickle
 import signal
@@ -30,8 +31,7 @@ from distributed import (
 from distributed.worker import thread_state
 from tiers import starts_processes
 
-import prefect_dask_profiling.timing.plugin as timing_plugin
-import prefect_dask_profiling.timing.sketch as timing_sketch
+import prefect_dask_profiling.timing.client as timing_client
 from prefect_dask_profiling import (
     collect,
     install,
@@ -42,13 +42,10 @@ from prefect_dask_profiling import (
 )
 from prefect_dask_profiling.stage import running_task_annotations
 from prefect_dask_profiling.timing import TaskTimings
-from prefect_dask_profiling.timing.plugin import (
-    DEFAULT_STAGE,
-    PARENT_ANNOTATION,
-    WrapperWait,
-    snapshot,
-)
+from prefect_dask_profiling.timing.client import snapshot
+from prefect_dask_profiling.timing.plugin import DEFAULT_STAGE, PARENT_ANNOTATION
 from prefect_dask_profiling.timing.sketch import DEFAULT_ALPHA
+from prefect_dask_profiling.timing.tasks import WrapperWait
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -254,7 +251,7 @@ def test_lazy_graph_belongs_to_the_stage_that_computes_it(client, run) -> None:
 def test_the_cluster_size_comes_with_the_snapshot(client, run) -> None:
     """Workers and threads are read by the plugin with its snapshot (no round trip of
     their own); a snapshot of an earlier plugin without them is completed by asking."""
-    cluster_size, snapshot = timing_plugin.cluster_size, timing_plugin.snapshot
+    cluster_size, snapshot = timing_client.cluster_size, timing_client.snapshot
     nthreads = client.nthreads()
     expected = (len(nthreads), sum(nthreads.values()))
     snap = snapshot(client, run)
@@ -316,7 +313,7 @@ def _interval(row: dict) -> tuple[float, float]:
 
 
 def _live_wrappers(dask_scheduler, name: str) -> int:
-    return len(dask_scheduler.plugins[name].wrappers)
+    return len(dask_scheduler.plugins[name].tasks.wrappers)
 
 
 @pytest.mark.parametrize("mode", ["wait", "secede"])
@@ -442,15 +439,15 @@ def test_a_rerun_does_not_inherit_an_earlier_runs_mark(client, run) -> None:
 # -- robustness -----------------------------------------------------------------------------
 
 
-def _break_prefix(dask_scheduler, name: str) -> None:
-    def broken(key, ts):
-        raise RuntimeError("forced failure in _prefix")
+def _break_stats(dask_scheduler, name: str) -> None:
+    def broken(key, ts, table):
+        raise RuntimeError("forced failure in _stats_for")
 
-    dask_scheduler.plugins[name]._prefix = broken
+    dask_scheduler.plugins[name].tasks._stats_for = broken
 
 
 def test_internal_errors_are_counted_not_raised(client, run) -> None:
-    client.run_on_scheduler(_break_prefix, name=run)
+    client.run_on_scheduler(_break_stats, name=run)
     futures = client.map(slowinc, range(20), pure=False)
     assert client.gather(futures) == list(range(1, 21))
     assert da.ones(100, chunks=10).sum().compute() == 100
@@ -509,7 +506,8 @@ def test_pickling_and_uninstall(cluster, client) -> None:
     live = cluster.scheduler.plugins[name]  # the scheduler runs in this process
     client.gather(client.map(slowinc, range(3), pure=False))
     copy = cloudpickle.loads(cloudpickle.dumps(live))
-    assert copy.scheduler is None and copy._pc is None and copy.stats.keys() == live.stats.keys()
+    assert copy.scheduler is None and copy.scope.scheduler is None and copy._pc is None
+    assert copy.tasks.stats.keys() == live.tasks.stats.keys()
     pc = live._pc
     assert pc is not None and pc.is_running()
     assert uninstall(client, name) is True
@@ -660,8 +658,8 @@ def test_memory_does_not_grow_with_task_count() -> None:
     plugin = TaskTimings("mem", sample_interval=0)  # no scheduler: keys it does not know
     # count only what the plugin's own code allocates: other threads of this test process
     # (clusters of session fixtures) allocate too, and are not the plugin's memory
-    ours = [tracemalloc.Filter(True, timing_plugin.__file__),
-            tracemalloc.Filter(True, timing_sketch.__file__)]
+    ours = [tracemalloc.Filter(True, importlib.import_module(name).__file__)
+            for name in timing_client.BY_VALUE]
 
     def held() -> int:
         gc.collect()
@@ -680,8 +678,8 @@ def test_memory_does_not_grow_with_task_count() -> None:
     # the seed's list of dicts costs ~230 B per task: 46 MB for these 200k tasks
     assert second < 4 * 2**20
     assert second - first < 0.1 * first + 64 * 1024
-    assert sum(s.tasks for s in plugin.stats.values()) == 200_000
-    assert len(plugin.stats) == 50
+    assert sum(s.tasks for s in plugin.tasks.stats.values()) == 200_000
+    assert len(plugin.tasks.stats) == 50
     assert plugin.internal_errors == 0
 
 

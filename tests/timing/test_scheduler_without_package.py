@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import json
 import operator
+import pickle
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import cloudpickle
 import dask.array as da
 import pytest
 from distributed import Client
 from tiers import starts_processes
 
 from prefect_dask_profiling import collect, install, stage, summarise, uninstall, utilisation
+from prefect_dask_profiling.timing import client as timing_client
+from prefect_dask_profiling.timing.plugin import TaskTimings
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -40,6 +44,41 @@ from dask.__main__ import main
 sys.argv = ["dask", *sys.argv[1:]]
 sys.exit(main())
 """
+
+
+BLOCKED = LAUNCHER.split("from dask.__main__")[0]
+UNPICKLE = BLOCKED + """
+import json
+import cloudpickle
+
+plugin, read_counts = cloudpickle.loads(sys.stdin.buffer.read())
+plugin.transition("more-1", "processing", "memory", worker="w", startstops=(
+    {"action": "compute", "start": 2.0, "stop": 3.0},))
+snap = plugin.snapshot()
+print(json.dumps({"tasks": sorted((r["prefix"], r["tasks"]) for r in snap["tasks"]),
+                  "transfers": len(snap["transfers"]), "errors": snap["internal_errors"],
+                  "counts": plugin.task_counts(), "modules": sorted(
+                      m for m in sys.modules if m.startswith("prefect_dask_profiling"))}))
+"""
+
+
+def test_every_module_the_plugin_uses_is_sent_by_value() -> None:
+    """A plugin with state in its streams, pickled as install() sends it, loads and runs in
+    a process that cannot import the package (no cluster: the pickle alone)."""
+    timing_client._register_by_value()
+    plugin = TaskTimings("p", sample_interval=0)
+    plugin.transition("inc-1", "processing", "memory", worker="w", nbytes=8, startstops=(
+        {"action": "transfer", "start": 0.5, "stop": 1.0, "source": "v"},
+        {"action": "compute", "start": 1.0, "stop": 2.0}))
+    data = cloudpickle.dumps((plugin, timing_client._task_counts),
+                             protocol=pickle.HIGHEST_PROTOCOL)
+    done = subprocess.run([sys.executable, "-c", UNPICKLE], input=data, capture_output=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr.decode()
+    out = json.loads(done.stdout)
+    assert out == {"tasks": [["inc", 1], ["more", 1]], "transfers": 1, "errors": 0,
+                   "counts": {"default": {"inc": 1, "more": 1}}, "modules": []}
+    assert set(timing_client.BY_VALUE) <= set(cloudpickle.list_registry_pickle_by_value())
 
 
 def _spawn(args: list[str], cwd: Path, log: Path) -> subprocess.Popen:
