@@ -13,11 +13,6 @@ from prefect_dask_profiling.errors import InvalidInput
 
 MAX_LENGTH = 128
 
-JsonDict = dict[str, Any]
-"""A JSON object whose keys are not fixed by this package: a table's rows as records
-(``DataFrame.to_dict(orient="records")``), a document read back before it is checked, an
-option bag passed through to another library. Records with known keys have a
-``TypedDict`` of their own."""
 _ARTIFACT_KEY = re.compile(r"[^a-z0-9]+")
 
 

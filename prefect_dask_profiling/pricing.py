@@ -59,6 +59,18 @@ class RatesDoc(TypedDict, total=False):
     gib_hour: float
 
 
+class CostSpec(RatesDoc, total=False):
+    """The ``cost=`` option (:func:`parse_cost`): rates for every worker
+    (:class:`RatesDoc`), or rates by worker attribute (``workers``: name patterns,
+    ``resources``: Dask resource tags, ``clusters``: cluster class names), and the
+    ``currency``."""
+
+    currency: str
+    workers: dict[str, RatesDoc]
+    resources: dict[str, RatesDoc]
+    clusters: dict[str, RatesDoc]
+
+
 class CostRatesDoc(TypedDict):
     """:meth:`CostRates.to_dict`: the rates stored with a priced run (its allocation's
     ``rates``); each rule is ``[pattern, rates]``."""

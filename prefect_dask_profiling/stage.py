@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict, cast
 
 import dask
 from dask.callbacks import Callback
@@ -76,7 +76,17 @@ def running_task_key() -> Any:
     return getattr(thread_state, "key", None)
 
 
-def running_task_annotations() -> dict[str, Any]:
+class StageAnnotations(TypedDict, total=False):
+    """The annotations this package puts on Dask work: the ``stage`` a task belongs to
+    (:data:`~.timing.plugin.STAGE_ANNOTATION`) and the ``profiling_run`` that submitted it
+    (:data:`~.timing.plugin.RUN_ANNOTATION`). Read back from a running task, Dask's other
+    annotations (``retries``, ``priority``...) ride along unread."""
+
+    stage: str
+    profiling_run: str
+
+
+def running_task_annotations() -> StageAnnotations:
     """Annotations of the Dask task running in this thread (``{}`` outside a worker task)."""
     key = running_task_key()
     if key is None:
@@ -85,7 +95,7 @@ def running_task_annotations() -> dict[str, Any]:
         from distributed.worker import get_worker
 
         ts = get_worker().state.tasks.get(key)
-        return dict(ts.annotations or {}) if ts is not None else {}
+        return cast(StageAnnotations, dict(ts.annotations or {})) if ts is not None else {}
     except (ValueError, AttributeError):
         return {}
 
@@ -131,11 +141,11 @@ def stage(name: str) -> Iterator[str]:
     if name == RESERVED_STAGE:
         raise ValueError(f"stage must not be {RESERVED_STAGE!r}: that name is the whole-run row "
                          "of utilisation()")
-    annotations: dict[str, Any] = {STAGE_ANNOTATION: name}
+    annotations: StageAnnotations = {"stage": name}
     run = dask.get_annotations().get(RUN_ANNOTATION) or running_task_annotations().get(
         RUN_ANNOTATION)
     if run:
-        annotations[RUN_ANNOTATION] = run
+        annotations["profiling_run"] = run
     listener = _listener.get()
     current_token = _current.set(name)
     with contextlib.ExitStack() as stack:

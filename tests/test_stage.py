@@ -11,6 +11,7 @@ import dask
 import pytest
 
 from prefect_dask_profiling.stage import (
+    StageAnnotations,
     current_stage,
     reset_listener,
     running_task_annotations,
@@ -136,3 +137,8 @@ def test_listener_sees_the_error_and_it_propagates() -> None:
 def test_no_listener_is_fine() -> None:
     with use_listener(None), stage("quiet"):
         assert current_stage() == "quiet"
+
+
+def test_stage_annotations_keys_are_the_plugin_constants() -> None:
+    """The typed annotation keys are the names the scheduler plugin reads."""
+    assert set(StageAnnotations.__annotations__) == {STAGE_ANNOTATION, RUN_ANNOTATION}

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NotRequired, Required, TypedDict
 
-from prefect_dask_profiling._util import JsonDict
 from prefect_dask_profiling.environment import Fingerprint
 
 if TYPE_CHECKING:
     from prefect_dask_profiling.diagnosis.classify import ClassScore, Evidence, Signals
     from prefect_dask_profiling.diagnosis.signals import Batch
+    from prefect_dask_profiling.summary.tables import PrefixSummary, UtilisationRow
 
 __all__ = [
+    "BenchConfigDoc",
     "BenchConfigSummary",
     "BenchEnvironment",
     "BenchMetrics",
@@ -31,6 +32,7 @@ __all__ = [
     "PreflightVersions",
     "PreflightWorker",
     "SideVerdict",
+    "WorkerCalibrationDoc",
 ]
 
 KeyVersions = dict[str, str | None]
@@ -91,11 +93,26 @@ class Preflight(TypedDict):
     warnings: list[str]
 
 
+class WorkerCalibrationDoc(TypedDict):
+    """``bench.calibrate.WorkerCalibration`` as plain data: the worker, its threads, the
+    timed repeats and their median, its score and spread, its raw and clipped index."""
+
+    worker: str
+    nthreads: int
+    seconds: list[float]
+    median_s: float
+    score: float
+    spread: float
+    index_raw: float
+    index: float
+    unstable: bool
+
+
 class CalibrationDoc(TypedDict):
     """``bench.calibrate.Calibration.to_dict``: its fields, ``workers`` as the
     ``WorkerCalibration`` fields of each, and the smallest unclipped index."""
 
-    workers: list[JsonDict]
+    workers: list[WorkerCalibrationDoc]
     total_threads: int
     effective_threads: float
     repeats: int
@@ -171,8 +188,8 @@ class BenchSummary(TypedDict):
     batches: list[Batch]
     signals: Signals
     bottleneck: Bottleneck
-    prefixes: list[JsonDict]
-    utilisation: list[JsonDict]
+    prefixes: list[PrefixSummary]
+    utilisation: list[UtilisationRow]
     warnings: list[str]
     artifacts: dict[str, str]
 
@@ -195,10 +212,29 @@ class SideVerdict(TypedDict):
     note: str
 
 
+class BenchConfigDoc(TypedDict):
+    """``bench.config.BenchConfig`` as plain data (``dataclasses.asdict``): its fields."""
+
+    workload: str
+    n: list[int]
+    seeds: list[int]
+    warmup: int
+    repeats: int
+    out: str
+    scheduler: str | None
+    local: bool
+    local_workers: int
+    local_threads: int
+    local_memory_limit: str | None
+    calibration_repeats: int
+    connect_timeout: float
+    worker_wait: float
+
+
 class BenchEnvironment(Fingerprint):
     """The client's fingerprint and the session's ``BenchConfig`` (as its fields)."""
 
-    config: JsonDict
+    config: BenchConfigDoc
 
 
 class Comparison(TypedDict):

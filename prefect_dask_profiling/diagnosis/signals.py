@@ -60,6 +60,26 @@ class Batch(TypedDict):
     errors: list[str]
 
 
+
+class StartStop(TypedDict):
+    """One phase of a task in Dask's task stream: its ``action`` (``compute``,
+    ``transfer``, ``disk-read``, ``disk-write``) and its start and stop (epoch seconds)."""
+
+    action: str
+    start: float
+    stop: float
+
+
+class StreamRecord(TypedDict, total=False):
+    """One record of ``Client.get_task_stream``: the task's Dask ``key`` (a name or a
+    tuple), the ``worker`` that ran it and its phases (the keys read here; Dask's records
+    carry more)."""
+
+    key: str | tuple
+    worker: str
+    startstops: list[StartStop]
+
+
 def _delta(after: dict, before: dict) -> dict:
     return {k: v - before.get(k, 0.0) for k, v in after.items()}
 
@@ -106,7 +126,7 @@ def _quantile(values: list[float], q: float) -> float | None:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-def task_signals(stream: list[dict[str, Any]], batches: list[Batch], threads: int,
+def task_signals(stream: list[StreamRecord], batches: list[Batch], threads: int,
                  workers: list[str]) -> Signals:
     """Signals from task start/stop records (the task stream) and the batch windows."""
     from dask.utils import key_split

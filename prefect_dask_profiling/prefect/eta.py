@@ -34,11 +34,12 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from prefect_dask_profiling._util import json_clean
 from prefect_dask_profiling.regression.eta import (
     Eta,
+    EtaDoc,
     HistoryStats,
     RiskTracker,
     RunProgress,
@@ -71,6 +72,32 @@ RECOVERY_HOLD_S = 60.0
 # an estimate older than this is stale anyway, and the background service has other work.
 LIVE_TIMEOUT_S = 5.0
 _ETA_EVENT_NAMESPACE = uuid.UUID("5d0f3a8e-7b21-4c6e-9a43-2f81c7e0b9d4")
+
+
+class StageBehind(TypedDict):
+    """The stage an ETA event blames: how far behind its usual pace, its expected and
+    projected seconds, and its bottleneck in the newest baseline night that diagnosed it."""
+
+    stage: str
+    behind_pct: float
+    expected_s: float
+    projected_s: float
+    bottleneck: str | None
+
+
+class EtaPayload(TypedDict):
+    """The payload of an ETA event (:meth:`LiveEta.payload`): its ``kind`` (at-risk,
+    on-track, late), the run, the estimate, the deadline (ISO text) and its margin, and
+    the stage behind (``None`` when none is)."""
+
+    kind: str
+    run_id: str
+    pipeline: str
+    version: str
+    eta: EtaDoc
+    deadline: str | None
+    deadline_margin_s: float
+    stage_behind: StageBehind | None
 
 
 def event_id(flow_run_id: str, kind: str, occurrence: int = 1) -> uuid.UUID:
@@ -350,11 +377,11 @@ class LiveEta:
                  f"dask-profiling: run {kind} (deadline {self.deadline_at:%Y-%m-%d %H:%M} UTC):"
                  f" {eta.text}")
 
-    def payload(self, kind: str, eta: Eta) -> dict[str, Any]:
+    def payload(self, kind: str, eta: Eta) -> EtaPayload:
         """The event's payload: the ETA range, the deadline, the stage behind."""
         ctx = self.session.ctx
         lag = eta.lag
-        behind = None if lag is None else {
+        behind: StageBehind | None = None if lag is None else {
             "stage": lag.stage, "behind_pct": round(lag.behind_pct, 1),
             "expected_s": round(lag.expected_s, 1), "projected_s": round(lag.projected_s, 1),
             "bottleneck": self._bottleneck(lag.stage)}

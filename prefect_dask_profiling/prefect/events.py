@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import pandas as pd
 
@@ -42,6 +42,49 @@ _RUN_EVENT_NAMESPACE = uuid.UUID("0b7c4a52-1d9e-5f3a-8c61-4e2d9a7f0c15")
 PREFIX_FIELDS = ("stage", "prefix", "metric", "verdict", "ratio", "cumulative_ratio",
                  "baseline_s", "latest_s", "baseline", "latest", "headroom", "cause", "note",
                  "alert", "fails", "start_run", "start_started", "episode")
+
+
+class FlaggedPrefix(TypedDict, total=False):
+    """One flagged row of an event (:data:`PREFIX_FIELDS` that its verdict table has and
+    that are not NaN): per-prefix verdicts carry seconds and ``cause``; memory, requests
+    and cost verdicts a ``metric`` and plain figures; drift rows the night it started."""
+
+    stage: str
+    prefix: str
+    metric: str
+    verdict: str
+    ratio: float
+    cumulative_ratio: float
+    baseline_s: float
+    latest_s: float
+    baseline: float
+    latest: float | None
+    headroom: float | None
+    cause: str
+    note: str
+    alert: str
+    fails: bool
+    start_run: str | None
+    start_started: str | None
+    episode: str | None
+
+
+class EventPayload(TypedDict):
+    """The JSON payload of one detection event (:func:`event_payload`): the run, whether
+    it fails the flow, how many rows were flagged (the first :data:`MAX_PREFIXES` listed),
+    their alert episodes and the links to the reports and the trend page."""
+
+    run_id: str
+    pipeline: str
+    version: str
+    status: str
+    fails: bool
+    flagged: int
+    episodes: list[str]
+    prefixes: list[FlaggedPrefix]
+    report_links: dict[str, str]
+    trend_link: str | None
+    location: str | None
 
 
 def findings(result: FinishResult) -> dict[str, pd.DataFrame]:
@@ -71,9 +114,9 @@ def findings(result: FinishResult) -> dict[str, pd.DataFrame]:
 
 
 def event_payload(result: FinishResult, rows: pd.DataFrame, links: dict[str, str],
-                  trend_link: str | None, fails: bool) -> dict[str, Any]:
+                  trend_link: str | None, fails: bool) -> EventPayload:
     """The JSON payload of one event (pure)."""
-    prefixes = []
+    prefixes: list[FlaggedPrefix] = []
     for record in rows.head(MAX_PREFIXES).to_dict("records"):
         entry = {k: record[k] for k in PREFIX_FIELDS if k in record}
         prefixes.append({k: v for k, v in entry.items()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from prefect_dask_profiling._util import ship_by_value
 
@@ -32,6 +32,19 @@ PROFILE_TIMEOUT = 10.0  # seconds to wait for a worker's profile
 
 # (key, worker, thread, startstops, status): what Dask's task-stream rectangles read
 TaskRecord = tuple[Any, str, int, tuple, str]
+
+
+class ClusterInfo(TypedDict, total=False):
+    """The scheduler's facts on a report's front page: its address, the workers, their
+    threads and memory limits summed (bytes), and the Dask and distributed versions
+    (empty until read)."""
+
+    address: str
+    workers: int
+    threads: int
+    memory: int
+    dask: str
+    distributed: str
 
 
 @dataclass
@@ -72,7 +85,7 @@ class StageData:
     worker_names: dict[str, str] = field(default_factory=dict)
     monitor: dict[str, list] = field(default_factory=dict)
     logs: list[tuple[float, str, str]] = field(default_factory=list)
-    info: dict[str, Any] = field(default_factory=dict)
+    info: ClusterInfo = field(default_factory=dict)
 
 
 # -- scheduler side (shipped by value) ----------------------------------------------------------

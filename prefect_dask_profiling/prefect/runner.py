@@ -40,7 +40,7 @@ from prefect_dask import DaskTaskRunner
 
 from prefect_dask_profiling._util import positive_int, positive_number, validate_name
 from prefect_dask_profiling.prefect.reports import check_renderer
-from prefect_dask_profiling.pricing import CostRates, parse_cost
+from prefect_dask_profiling.pricing import CostRates, CostSpec, parse_cost
 from prefect_dask_profiling.regression.eta import (
     DEFAULT_ETA_INTERVAL_S,
     check_eta_interval,
@@ -281,7 +281,7 @@ class ProfiledDaskTaskRunner(DaskTaskRunner):
                  threshold: float = RegressionRule.threshold,
                  history: int = RegressionRule.history,
                  sample_interval: float = 1.0, check_options: dict | None = None,
-                 store_timeout: float = 10.0, cost: dict[str, Any] | None = None,
+                 store_timeout: float = 10.0, cost: CostSpec | None = None,
                  cost_regression: str = "warn", deadline: str | timedelta | None = None,
                  deadline_margin: float | timedelta = 0.0,
                  eta_interval: float | timedelta = DEFAULT_ETA_INTERVAL_S,

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import distributed
 
-from prefect_dask_profiling.environment import environment
+from prefect_dask_profiling.environment import Environment, environment
 from prefect_dask_profiling.prefect import reports
 from prefect_dask_profiling.prefect.publish import run_log
 from prefect_dask_profiling.prefect.storage_count import Counters, StorageCount
@@ -168,7 +168,7 @@ class StageBook:
         record.io = io_frame(self.io.rows)
         return record
 
-    def environment(self) -> dict[str, Any]:
+    def environment(self) -> Environment:
         """The run's environment fingerprint: the workers' (this process's when the client
         is gone), with their raster stack when storage requests are counted."""
         alive = _alive(self.client)

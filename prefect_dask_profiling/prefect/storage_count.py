@@ -14,6 +14,7 @@ from prefect_dask_profiling.timing import storage_io
 if TYPE_CHECKING:
     from distributed import Client
 
+    from prefect_dask_profiling.store.manifest import ChunksVsBlocks
     from prefect_dask_profiling.timing.storage_io import WorkerCounters
 
 Counters = dict[str, "WorkerCounters"]  # storage counters per worker
@@ -58,7 +59,7 @@ class StorageCount:
 
     def closed(self, name: str, before: Counters | None,
                read: Counters | BaseException | None,
-               still_open: list[str]) -> dict[str, Any] | None:
+               still_open: list[str]) -> ChunksVsBlocks | None:
         """Add the stage's requests (the change per worker since ``before``); its chunks
         against the files' blocks (None when not compared).
 

@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import TypedDict
 
 import numpy as np
 import pandas as pd
@@ -90,6 +91,28 @@ PERSIST = 0.75
 # Statuses whose nights belong to a series: a run flagged regressed or drifting is exactly
 # the evidence of a drift; failed, incomplete and unjudged runs are not comparable.
 SERIES_STATUSES = ("healthy", "regressed", "suspected")
+
+
+class DriftVerdict(TypedDict):
+    """A row of :data:`DRIFT_COLUMNS` without ``series`` (:func:`detect_drift`): one
+    (stage, prefix) of the newest night, whether it drifts and ``fails``, the night the
+    drift started (``None``: no drift), the start and recent levels in seconds, their
+    ``cumulative_ratio``, ``z`` and ``cusum`` over ``n_nights`` (NaN: too few nights)."""
+
+    stage: str
+    prefix: str
+    verdict: str
+    fails: bool
+    start_run: str | None
+    start_started: str | None
+    start_s: float
+    level_s: float
+    latest_s: float
+    cumulative_ratio: float
+    z: float
+    cusum: float
+    n_nights: int
+    share: float
 
 
 def detect_drift(history: pd.DataFrame, rule: Rules | DriftRule | None = None, *,

@@ -32,7 +32,7 @@ from typing import Any, TypedDict, cast
 
 import pandas as pd
 
-from prefect_dask_profiling._util import InvalidInput, JsonDict, finite_number
+from prefect_dask_profiling._util import InvalidInput, finite_number
 from prefect_dask_profiling.regression import drift as drift_rule
 from prefect_dask_profiling.regression.alert_history import load_acks, load_nights
 from prefect_dask_profiling.regression.alerts import (
@@ -63,6 +63,7 @@ from prefect_dask_profiling.regression.confirm import (
 )
 from prefect_dask_profiling.regression.cost import (
     COST_VERDICT_COLUMNS,
+    CostVerdict,
     cost_flagged,
     describe_cost,
     detect_idle,
@@ -70,6 +71,7 @@ from prefect_dask_profiling.regression.cost import (
 from prefect_dask_profiling.regression.explain import Explanation, explain_verdicts
 from prefect_dask_profiling.regression.memory import (
     MEMORY_VERDICT_COLUMNS,
+    MemoryVerdict,
     describe_memory,
     detect_memory,
     history_from_manifests,
@@ -82,7 +84,9 @@ from prefect_dask_profiling.regression.requests import (
     request_rows,
 )
 from prefect_dask_profiling.regression.rule import RegressionRule, Rules, RulesDoc
+from prefect_dask_profiling.regression.stats import MetricVerdict
 from prefect_dask_profiling.regression.verdict import (
+    PrefixVerdict,
     describe,
     detect_regressions,
     regressed,
@@ -157,18 +161,19 @@ class JudgedBaseline(TypedDict):
 
 class JudgementDoc(JudgementManifest):
     """``dask-profiling check --json`` (:meth:`Judgement.to_json`): the manifest part, the
-    run, and each verdict table's rows as records."""
+    run, and each verdict table's rows as records (the confirmed tables, per prefix,
+    memory and requests, also carry :data:`~.confirm.ALERT_COLUMNS`)."""
 
     run_id: str
     pipeline: str
     version: str
     regressed: bool
     baseline: JudgedBaseline
-    verdicts: list[JsonDict]
-    memory_verdicts: list[JsonDict]
-    request_verdicts: list[JsonDict]
-    cost_verdicts: list[JsonDict]
-    drift_verdicts: list[JsonDict]
+    verdicts: list[PrefixVerdict]
+    memory_verdicts: list[MemoryVerdict]
+    request_verdicts: list[MetricVerdict]
+    cost_verdicts: list[CostVerdict]
+    drift_verdicts: list[drift_rule.DriftVerdict]
 
 
 class StoredJudgementDoc(TypedDict):

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Unpack
+from typing import TypedDict, Unpack
 
 import numpy as np
 import pandas as pd
@@ -61,6 +61,29 @@ OUTPUT_COLUMNS = ["stage", "prefix", "baseline_s", "latest_s", "delta_s", "ratio
 # Share of log(ratio) explained by the task count above which "more tasks" is the cause,
 # below (1 - this) "slower tasks", in between "both".
 CAUSE_SPLIT = 0.75
+
+
+class PrefixVerdict(TypedDict):
+    """A row of :data:`OUTPUT_COLUMNS` (:func:`detect_regressions`): one (stage, prefix),
+    tonight's seconds and tasks against the baseline medians of ``n_history`` runs, the
+    ``verdict``, its ``cause`` and a ``note`` on values ignored (NaN: not measured)."""
+
+    stage: str
+    prefix: str
+    baseline_s: float
+    latest_s: float
+    delta_s: float
+    ratio: float
+    robust_z: float
+    baseline_tasks: float
+    latest_tasks: float
+    tasks_ratio: float
+    per_task_ratio: float
+    share: float
+    n_history: int
+    verdict: str
+    cause: str
+    note: str
 
 
 class RegressionDetected(VerdictFailed):

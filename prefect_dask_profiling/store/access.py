@@ -19,8 +19,9 @@ import logging
 import math
 import os
 import time
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Required, TypedDict
 
 from prefect_dask_profiling._util import validate_name
 from prefect_dask_profiling.store import layout, s3
@@ -46,6 +47,32 @@ _UNREACHABLE = {"ConnectionError", "ReadTimeoutError", "ConnectionClosedError",
                 "ClientConnectorError", "ServerDisconnectedError", "EndpointConnectionError",
                 "ConnectTimeoutError"}
 _DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled"}
+
+
+class FileInfo(TypedDict, total=False):
+    """One entry of a store listing: fsspec's ``info`` of a local file, or an S3
+    ``ListObjectsV2`` item with fsspec's ``name``, ``size`` and ``type`` added; which time
+    keys it has depends on the filesystem (``retention.mtime`` reads the first present)."""
+
+    name: str
+    size: int
+    type: Required[str]
+    LastModified: datetime
+    last_modified: datetime | float
+    mtime: datetime | float
+    modified: datetime | float
+    created: datetime | float
+
+
+class ListRequest(TypedDict, total=False):
+    """The arguments of one S3 ``ListObjectsV2`` call: the bucket and key prefix, ``/`` as
+    the ``Delimiter`` to list folders, where to start and the next page's token."""
+
+    Bucket: Required[str]
+    Prefix: Required[str]
+    Delimiter: str
+    StartAfter: str
+    ContinuationToken: str
 
 
 class Breaker:
@@ -310,7 +337,7 @@ class StoreAccess:
                 names.append(path[len(base):])
         return [n for n in names if n and "/" not in n]
 
-    def _listing(self, rel: str) -> dict[str, dict]:
+    def _listing(self, rel: str) -> dict[str, FileInfo]:
         """Entries directly below folder ``rel`` with their info (``type`` is ``directory``
         or ``file``); ``{}`` when there is none."""
         if self.kind == "s3":
@@ -334,7 +361,7 @@ class StoreAccess:
                 out[name] = info
         return out
 
-    def _find(self, rel: str) -> dict[str, dict]:
+    def _find(self, rel: str) -> dict[str, FileInfo]:
         """Files below ``rel`` as ``{path relative to the root: info}``."""
         if self.kind == "s3":
             return self._s3_list(rel, folders=False)[0]
@@ -357,7 +384,7 @@ class StoreAccess:
 
 
     def _s3_list(self, rel: str, *, folders: bool, start_after: str | None = None,
-                 stop: str | None = None) -> tuple[dict[str, dict], list[str]]:
+                 stop: str | None = None) -> tuple[dict[str, FileInfo], list[str]]:
         """One paged S3 listing below folder ``rel``: ``({path relative to the root: info},
         [folder names])``, in key order; ``({}, [])`` when there is nothing (or no bucket).
 
@@ -381,12 +408,12 @@ class StoreAccess:
         self._check_reachable()
         bucket, _, key = self._path(rel).partition("/")
         prefix = f"{key}/" if key else ""
-        kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+        kwargs: ListRequest = {"Bucket": bucket, "Prefix": prefix}
         if folders:
             kwargs["Delimiter"] = "/"
         if start_after is not None:
             kwargs["StartAfter"] = prefix + start_after
-        files: dict[str, dict] = {}
+        files: dict[str, FileInfo] = {}
         names: list[str] = []
         below = f"{rel}/" if rel else ""
         try:

@@ -8,10 +8,9 @@ from __future__ import annotations
 import logging
 import math
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from prefect_dask_profiling.store import layout, s3
-from prefect_dask_profiling.store.access import StoreAccess
+from prefect_dask_profiling.store.access import FileInfo, StoreAccess
 from prefect_dask_profiling.store.tables import first_line
 
 logger = logging.getLogger(__name__)
@@ -99,7 +98,7 @@ class Retention(StoreAccess):
             return None
 
 
-def mtime(info: dict[str, Any]) -> datetime | None:
+def mtime(info: FileInfo) -> datetime | None:
     """A file's modification time from a listing's ``info`` (s3fs or local), if it has one."""
     for key in ("LastModified", "last_modified", "mtime", "modified", "created"):
         value = info.get(key)

@@ -11,13 +11,39 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
-from typing import Any
+from typing import Any, Required, TypedDict
 from urllib.parse import parse_qs, urlsplit
 
 from prefect_dask_profiling.store import layout
 
 MAX_PRESIGN_S = 7 * 24 * 3600  # SigV4 links are valid for at most 7 days on AWS
 RULE_ID_PREFIX = "dask-profiling"
+
+
+class RuleFilter(TypedDict):
+    """The objects an S3 lifecycle rule applies to: those under ``Prefix``."""
+
+    Prefix: str
+
+
+class RuleDays(TypedDict, total=False):
+    """An S3 lifecycle action's delay: ``Days`` (expiration) or ``DaysAfterInitiation``
+    (aborting a multipart upload)."""
+
+    Days: int
+    DaysAfterInitiation: int
+
+
+class LifecycleRule(TypedDict, total=False):
+    """One S3 lifecycle rule, keys as the S3 API spells them: the ones this package writes
+    (:func:`lifecycle_rules`). Rules read back from a bucket may carry others (other
+    filters, transitions), which :func:`merge_lifecycle` keeps as they are."""
+
+    ID: Required[str]
+    Status: Required[str]
+    Filter: RuleFilter
+    Expiration: RuleDays
+    AbortIncompleteMultipartUpload: RuleDays
 
 
 def make_s3fs(storage_options: dict[str, Any] | None, timeout: float) -> Any:
@@ -86,7 +112,7 @@ def is_exists_error(exc: BaseException) -> bool:
             and "condition" in str(exc).lower())
 
 
-def lifecycle_rules(root_prefix: str, retention_days: int) -> list[dict[str, Any]]:
+def lifecycle_rules(root_prefix: str, retention_days: int) -> list[LifecycleRule]:
     """The two rules for a store rooted at ``root_prefix`` inside its bucket.
 
     One expires ``<root>/reports/`` after ``retention_days``; the other aborts multipart
@@ -106,7 +132,7 @@ def lifecycle_rules(root_prefix: str, retention_days: int) -> list[dict[str, Any
     ]
 
 
-def merge_lifecycle(fs: Any, bucket: str, rules: list[dict[str, Any]],
+def merge_lifecycle(fs: Any, bucket: str, rules: list[LifecycleRule],
                     timeout: float | None = None) -> bool:
     """Add or update ``rules`` by ID, keeping every other rule; return whether a PUT was made.
 
@@ -129,7 +155,7 @@ def merge_lifecycle(fs: Any, bucket: str, rules: list[dict[str, Any]],
     return True
 
 
-def _canonical(rules: list[dict[str, Any]]) -> list[str]:
+def _canonical(rules: list[LifecycleRule]) -> list[str]:
     return sorted(json.dumps(rule, sort_keys=True, default=str) for rule in rules)
 
 

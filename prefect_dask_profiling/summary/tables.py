@@ -7,6 +7,8 @@ divides task seconds by the thread-seconds that were available, per run and per 
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 import pandas as pd
 
 from prefect_dask_profiling.summary.record import RunRecord
@@ -16,6 +18,39 @@ SUMMARY_COLUMNS = ["tasks", "total_s", "p50_s", "p95_s", "gb_out", "max_s", "err
                    "reruns", "transfer_s", "disk_read_s", "disk_write_s", "share"]
 UTILISATION_HIGH = 1.05
 UTILISATION_LOW = 0.40
+
+
+class PrefixSummary(TypedDict):
+    """A row of ``summarise(record, by="prefix")`` (``prefix`` and :data:`SUMMARY_COLUMNS`):
+    task runs, their total, median, 95th-percentile and longest seconds, GB returned,
+    failed runs, reruns, transfer and disk seconds, and the share of the run's task time."""
+
+    prefix: str
+    tasks: int
+    total_s: float
+    p50_s: float
+    p95_s: float
+    gb_out: float
+    max_s: float
+    errors: int
+    reruns: int
+    transfer_s: float
+    disk_read_s: float
+    disk_write_s: float
+    share: float
+
+
+class UtilisationRow(TypedDict):
+    """A row of :func:`utilisation` with its ``scope`` (``"run"`` or a stage name): task
+    seconds over the thread-seconds available in the scope's window (``None``: no window)
+    and its :func:`reading`."""
+
+    scope: str
+    task_s: float
+    wall_s: float
+    thread_s: float
+    utilisation: float | None
+    reading: str
 
 
 def summarise(record: RunRecord, by: str = "stage") -> pd.DataFrame:
