@@ -448,3 +448,15 @@ def test_the_thread_check_sees_a_thread():
             "class Worker(threading.Thread):\n    pass\n"
             "lock = threading.Lock()\n")
     assert len(thread_starts(text)) == 3
+
+
+BENCHMARKS = sorted((Path(__file__).parents[1] / "benchmarks").glob("*.py"))
+
+
+@pytest.mark.parametrize("path", BENCHMARKS, ids=lambda p: p.stem)
+def test_every_benchmark_imports(path):
+    """A benchmark that no longer imports is a figure nobody can re-measure (scale.py
+    imported ``load_baseline`` from a module it had left)."""
+    done = subprocess.run([sys.executable, "-c", f"import benchmarks.{path.stem}"],
+                          cwd=path.parents[1], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
