@@ -84,13 +84,13 @@ from typing import Any
 
 import dask
 import dask.array as da
-import numpy as np
 from distributed import Client, LocalCluster
 from prefect import flow, task
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 from prefect_dask import DaskTaskRunner
 
 from prefect_dask_profiling import stage
+from prefect_dask_profiling.bench.report import paired_ratio
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner, profiled
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -432,21 +432,6 @@ def compare(client: Client, flows: dict[str, Any], repeats: int, phases: Phases,
             print(f"  run {i + 1}/{repeats} {name:<26} {wall:7.2f} s, longest scheduler stall "
                   f"{max(stalls, default=0.0) * 1000:6.1f} ms", flush=True)
     return results
-
-
-def paired_ratio(walls: list[float], plain: list[float], *, resamples: int = 4000,
-                 seed: int = 0) -> tuple[float, float, float]:
-    """The median of the per-repeat ratios ``walls[i] / plain[i]`` and its 90% bootstrap
-    interval (repeats resampled with replacement; a fixed seed, so a rerun prints the same).
-
-    Runs of one repeat are adjacent in time, so their ratio cancels most of the machine's
-    drift, which the ratio of the two medians keeps.
-    """
-    ratios = np.asarray(walls) / np.asarray(plain)
-    rng = np.random.default_rng(seed)
-    medians = np.median(rng.choice(ratios, size=(resamples, len(ratios))), axis=1)
-    low, high = np.quantile(medians, [0.05, 0.95])
-    return float(np.median(ratios)), float(low), float(high)
 
 
 def print_results(results: dict[str, list], plain: str) -> None:

@@ -1,11 +1,15 @@
 """Overhead of the TaskTimings scheduler plugin (printed figures, no asserts).
 
-Two measurements:
+Three measurements:
 
 1. Direct ``transition(key, "processing", "memory", ...)`` calls on a plugin with no scheduler,
    for the seed's list-of-dicts plugin (copied below) and for ours: microseconds per call
    (without tracemalloc) and bytes per task after N finished tasks over 50 prefixes
    (tracemalloc, in a second pass).
+1b. The same calls as **paired repeats**: per repeat, the seed's plugin and ours each drive
+   ``--pair-transitions`` calls, in alternating order, timed in the thread's CPU seconds
+   (a loaded machine moves walls far more than CPU time); the figure to quote is the median
+   of the per-repeat ratios ours / seed with its 90% bootstrap interval.
 2. End to end: tasks/s for many tiny tasks on one LocalCluster with and without the plugin,
    order rotated, repeated; the median of the per-repeat ratios is the figure to quote.
    Task queuing is off (``worker-saturation: inf``) so the scheduler is the bottleneck.
@@ -30,6 +34,7 @@ import dask
 from dask.utils import key_split
 from distributed import Client, LocalCluster, SchedulerPlugin, wait
 
+from prefect_dask_profiling.bench.report import paired_ratio
 from prefect_dask_profiling.summary import collect
 from prefect_dask_profiling.timing.client import install, uninstall
 from prefect_dask_profiling.timing.plugin import TaskTimings
@@ -80,14 +85,34 @@ def _startstops(n: int) -> list[tuple]:
     return out
 
 
-def _drive(plugin, keys: list, pool: list[tuple]) -> float:
+def _drive(plugin, keys: list, pool: list[tuple],
+           clock: Callable[[], float] = time.perf_counter) -> float:
     transition = plugin.transition
     size = len(pool)
-    t0 = time.perf_counter()
+    t0 = clock()
     for i, key in enumerate(keys):
         transition(key, "processing", "memory", startstops=pool[i % size], nbytes=8000,
                    worker=WORKERS[i & 3], stimulus_id="task-finished-1800000000.0")
-    return time.perf_counter() - t0
+    return clock() - t0
+
+
+def paired(n: int, repeats: int) -> list[tuple[float, float]]:
+    """(seed, ours) CPU seconds of ``n`` direct calls per repeat, the order alternating."""
+    keys, pool = _keys(n), _startstops(10_000)
+    plugins: list[tuple[str, Callable[[], object]]] = [
+        ("seed", ListTimings), ("ours", lambda: TaskTimings("bench", sample_interval=0))]
+    out = []
+    for rep in range(repeats):
+        cpu = {}
+        for label, factory in (plugins if rep % 2 == 0 else plugins[::-1]):
+            key_split.cache_clear()
+            gc.collect()
+            cpu[label] = _drive(factory(), keys, pool, clock=time.thread_time)
+        out.append((cpu["seed"], cpu["ours"]))
+        print(f"  pair {rep}: seed {cpu['seed'] / n * 1e6:.2f} us, ours "
+              f"{cpu['ours'] / n * 1e6:.2f} us per call", file=sys.stderr, flush=True)
+    key_split.cache_clear()
+    return out
 
 
 def micro(n: int) -> list[tuple[str, float, float | None]]:
@@ -164,11 +189,14 @@ def main() -> None:
     parser.add_argument("--transitions", type=int, default=1_000_000)
     parser.add_argument("--tasks", type=int, default=20_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--pair-transitions", type=int, default=200_000)
+    parser.add_argument("--pair-repeats", type=int, default=11)
     args = parser.parse_args()
     command = " ".join([".venv/bin/python", "benchmarks/plugin_overhead.py", *sys.argv[1:]])
     started = time.perf_counter()
 
     rows = micro(args.transitions)
+    pairs = paired(args.pair_transitions, args.pair_repeats)
     speeds = end_to_end(args.tasks, args.repeats)
     ratios = [with_ / without for without, with_ in speeds]
 
@@ -182,6 +210,13 @@ def main() -> None:
         else:
             total = per_task * args.transitions / 2**20
             print(f"   {label:<20} {us:>8.2f} {per_task:>11.1f} {total:>10.1f}")
+    ratio, low, high = paired_ratio([o for _, o in pairs], [s for s, _ in pairs])
+    seed_us = statistics.median(s for s, _ in pairs) / args.pair_transitions * 1e6
+    ours_us = statistics.median(o for _, o in pairs) / args.pair_transitions * 1e6
+    print(f"\n1b) paired: {args.pair_repeats} repeats of {args.pair_transitions:,} calls each, "
+          "order alternating, thread CPU seconds")
+    print(f"   seed {seed_us:.2f} us/call, ours {ours_us:.2f} us/call (medians); ratio ours / "
+          f"seed {ratio:.3f} (90% CI {low:.3f}-{high:.3f})")
     print(f"\n2) end to end: {args.tasks:,} tiny tasks (client.map), LocalCluster 2 workers x 1 "
           f"thread, worker-saturation=inf, {args.repeats} repeats, order rotated")
     print(f"   {'repeat':<8} {'without/s':>10} {'with/s':>10} {'ratio':>7}")

@@ -4,13 +4,16 @@
 task statistics, busy fraction and success rate; :func:`compare` builds
 ``comparison.json`` (metric table, verdicts, warnings) with the interpretation
 :func:`rubric` (which differences between the sides mean what); :func:`notes_markdown`
-renders ``notes.md``, the session's write-up. All pure.
+renders ``notes.md``, the session's write-up; :func:`paired_ratio` is the figure every
+benchmark in ``benchmarks/`` quotes for one variant against another. All pure.
 """
 
 from __future__ import annotations
 
 import statistics
 from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
 
 from prefect_dask_profiling.diagnosis.signals import ratio
 
@@ -206,3 +209,18 @@ def notes_markdown(summaries: dict[str, BenchSummary], comparison: Comparison,
         lines.append(f"{i}. {action}")
     lines.append("")
     return "\n".join(lines)
+
+
+def paired_ratio(walls: list[float], plain: list[float], *, resamples: int = 4000,
+                 seed: int = 0) -> tuple[float, float, float]:
+    """The median of the per-repeat ratios ``walls[i] / plain[i]`` and its 90% bootstrap
+    interval (repeats resampled with replacement; a fixed seed, so a rerun prints the same).
+
+    Runs of one repeat are adjacent in time, so their ratio cancels most of the machine's
+    drift, which the ratio of the two medians keeps.
+    """
+    ratios = np.asarray(walls) / np.asarray(plain)
+    rng = np.random.default_rng(seed)
+    medians = np.median(rng.choice(ratios, size=(resamples, len(ratios))), axis=1)
+    low, high = np.quantile(medians, [0.05, 0.95])
+    return float(np.median(ratios)), float(low), float(high)
