@@ -74,7 +74,11 @@ def read_beside_compute(archive, order: str) -> dict:
         base = da.ones((SPEC.size, SPEC.size), chunks=(SPEC.size // 2, SPEC.size)).persist()
         wait(base)
         started, go = Event(f"started-{order}"), Event(f"go-{order}")
-        work = base.map_blocks(gated, started.name, go.name, dtype=base.dtype)
+        # meta given: without it Dask calls ``gated`` on an empty block in this process to
+        # infer the output, which would set ``started`` before any task ran and wait for
+        # ``go`` until its timeout
+        work = base.map_blocks(gated, started.name, go.name,
+                               meta=np.empty((0, 0), dtype=base.dtype))
         before = storage_io.io_counters(client)
         if order == "apart":
             go.set()
