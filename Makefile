@@ -5,6 +5,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+# pytest processes (pytest-xdist); every test file runs whole in one of them, so module
+# fixtures are set up once, and session fixtures (the Prefect server) once per process
+PYTEST_WORKERS ?= 3
+XDIST := -n $(PYTEST_WORKERS) --dist loadfile
 
 .PHONY: install test test-fast lint docs demo stop bench clean
 
@@ -20,13 +24,13 @@ test: $(STAMP)
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 	$(PY) -m ruff check prefect_dask_profiling flows tasks tests benchmarks
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
-	$(PY) -m pytest -q -ra --durations=40 $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q -ra --durations=40 $(XDIST) $(PYTEST_ARGS) tests
 
 # the fast tier while developing: no Prefect server, no process clusters, no SeaweedFS or
 # netns (pytest -m "not slow", tests/tiers.py); make test (CI) runs everything
 test-fast: $(STAMP)
 	$(PY) -m ruff check prefect_dask_profiling flows tasks tests benchmarks
-	$(PY) -m pytest -q -ra -m "not slow" --durations=20 $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q -ra -m "not slow" --durations=20 $(XDIST) $(PYTEST_ARGS) tests
 
 lint: $(STAMP)
 	$(PY) -m ruff check prefect_dask_profiling flows tasks tests benchmarks

@@ -10,6 +10,7 @@ pid), also when the test fails.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
@@ -117,8 +118,29 @@ def netns_unavailable() -> str | None:
 
 
 @contextlib.contextmanager
+def netns_lock() -> Iterator[None]:
+    """Hold the host's one netns cluster: the tool gives every cluster the same addresses
+    (``10.231.N.1``), so two at once (two pytest processes, ``pytest -n``) would collide.
+    The lock is an ``flock`` on a file in the temporary folder, released when the holder
+    exits, whichever way."""
+    with open(Path(tempfile.gettempdir()) / "netns-cluster.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
 def netns_cluster(workers: int = 2, nthreads: int = 1, rate: str = "100mbit") -> Iterator[str]:
-    """Workers in their own network namespaces behind ``rate`` links; yields the address."""
+    """Workers in their own network namespaces behind ``rate`` links; yields the address.
+
+    One at a time on the host (:func:`netns_lock`)."""
+    with netns_lock():
+        yield from _netns_cluster(workers, nthreads, rate)
+
+
+def _netns_cluster(workers: int, nthreads: int, rate: str) -> Iterator[str]:
     state = tempfile.mkdtemp(prefix="netns-cluster-")
     os.rmdir(state)  # the tool creates it
     args = ["--state", state]

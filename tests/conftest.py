@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
+
 import pytest
 from distributed import Client, LocalCluster
 from prefect_server import PrefectServer, running_server, use_server
@@ -10,6 +15,13 @@ from tiers import mark_slow_by_fixture, starts_processes
 # faults.report: the fault suite's figures line at the end of any run that included it
 # (tests/faults); ndvi_fixtures: the nightly NDVI run history shared by two test files
 pytest_plugins = ["faults.report", "ndvi_fixtures"]
+
+# Prefect's home (its settings, a temporary server's SQLite database) is this process's own:
+# a test never touches the user's ~/.prefect, and the processes of ``pytest -n`` never share
+# one database. Set before anything imports Prefect; the ``prefect_server`` fixture points
+# the session at its server's home instead.
+os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="prefect-home-")
+atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

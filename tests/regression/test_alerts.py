@@ -16,6 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from prefect_dask_profiling.cli import app
+from prefect_dask_profiling.cli._output import out_console
 from prefect_dask_profiling.regression import alert_history
 from prefect_dask_profiling.regression.alerts import (
     Ack,
@@ -254,7 +255,11 @@ def test_cli_lists_acknowledges_and_counts(stored):
     listed = runner.invoke(app, ["alerts", "--store", store.url, "--json"])
     assert listed.exit_code == 0, listed.output
     assert [e["id"] for e in json.loads(listed.stdout)["episodes"]] == [ep.id]
-    table = runner.invoke(app, ["alerts", "--store", store.url], env={"COLUMNS": "200"})
+    out_console.cache_clear()  # the console reads COLUMNS when it is made (on first use)
+    try:
+        table = runner.invoke(app, ["alerts", "--store", store.url], env={"COLUMNS": "200"})
+    finally:
+        out_console.cache_clear()  # the next test's console is its own
     assert ep.id in table.stdout and "confirmed" in table.stdout
     acked = runner.invoke(app, ["ack", ep.id, "--store", store.url])
     assert acked.exit_code == 0 and "acknowledged episode" in acked.stdout, acked.output
