@@ -24,9 +24,46 @@ os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="prefect-home-")
 atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], ignore_errors=True)
 
 
+# Test files that share an expensive session fixture run in one pytest-xdist process (one
+# scope of ``--dist loadfile``), so the fixture is set up once, not once per process: the
+# nightly NDVI history (four flow runs on a Prefect server) and the fault suite's cluster.
+SHARED_SESSION_FIXTURES = {
+    "tests/flows/test_nightly_flow.py": "ndvi_history",
+    "tests/flows/test_raster_flow.py": "ndvi_history",
+    "tests/prefect/test_ui.py": "ndvi_history",
+    "tests/faults/test_cluster_faults.py": "shared_cluster",
+    "tests/faults/test_prefect_api_faults.py": "shared_cluster",
+    "tests/faults/test_security.py": "shared_cluster",
+    "tests/faults/test_store_faults.py": "shared_cluster",
+}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadfile``, with the files of :data:`SHARED_SESSION_FIXTURES` in one scope."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return SHARED_SESSION_FIXTURES.get(path, path)
+
+    return SharedFixtureScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The tiers (tests/tiers.py): a test whose fixtures start processes is ``slow``."""
+    """The tiers (tests/tiers.py): a test whose fixtures start processes is ``slow``; a
+    test file that uses a shared session fixture must be listed with it."""
     mark_slow_by_fixture(items)
+    shared = set(SHARED_SESSION_FIXTURES.values())
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        for name in shared.intersection(getattr(item, "fixturenames", ())):
+            if SHARED_SESSION_FIXTURES.get(path) != name:
+                raise pytest.UsageError(f"{path} uses the session fixture {name!r}: list it "
+                                        "in SHARED_SESSION_FIXTURES (tests/conftest.py)")
 
 
 @pytest.fixture(scope="session")
