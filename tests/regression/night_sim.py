@@ -759,17 +759,18 @@ class Simulation:
         version = run.spec.version
         full, _ = self.driver.episodes(version)
         ids = {e.key: e.id for e in full.open()}
-        recent = [n for n in self.log if n.spec.version == version][-(SMALL_WINDOW + 3):]
-        # a night that overlapped the small window's first night is seen as that night's
-        # judge saw it (it had not ended when that night started): no comparison then
-        if not any(a.spec.started < b.spec.started < a.spec.ended
-                   for a in recent for b in recent if a is not b):
+        mine = [n for n in self.log if n.spec.version == version]
+        window = sorted((n for n in mine if n.judged), key=lambda n: n.run_id)[-SMALL_WINDOW - 1:]
+        # a night still running when the small window's first night started was not folded
+        # by that night's judge (it had not ended): its stored state does not hold it, the
+        # full window's replay does; no comparison then
+        first = window[0].spec
+        if not any(n.spec.started < first.started < n.spec.ended for n in mine):
             small, _ = self.driver.episodes(version, runs=SMALL_WINDOW)
-            self._expect({e.key: (e.id, e.state, e.nights) for e in small.open()}
-                         == {e.key: (e.id, e.state, e.nights) for e in full.open()},
-                         f"alerts --runs {SMALL_WINDOW} holds other open episodes than "
-                         f"the full window: {sorted(e.id for e in small.open())} vs "
-                         f"{sorted(ids.values())}")
+            seen = {e.key: (e.id, e.state, e.nights) for e in small.open()}
+            held = {e.key: (e.id, e.state, e.nights) for e in full.open()}
+            self._expect(seen == held, f"alerts --runs {SMALL_WINDOW} holds other open "
+                                       f"episodes than the full window: {seen} vs {held}")
             previous = self.open_ids.get(version, {})
             changed = {key: (previous[key], ids[key]) for key in previous.keys() & ids.keys()
                        if previous[key] != ids[key]}
@@ -859,7 +860,21 @@ class Simulation:
                 if not watch.failed and not watch.exempt:
                     self._expect(False, f"a {watch.factor:.1f}x step of {watch.stage} (from "
                                         f"{watch.first_run}) failed no run by its second "
-                                        f"night")
+                                        f"night; {self._explain_step(run, watch.stage)}")
+
+    def _explain_step(self, run: NightRun, stage: str) -> str:
+        """What tonight's judge saw of ``stage``'s main prefix: its verdict row, and the
+        baseline nights with the stage's level on each (for a step that failed nothing)."""
+        rows = run.result.verdicts
+        mine = rows[(rows["stage"] == stage) & (rows["prefix"] == MAIN_PREFIX)] \
+            if not rows.empty else rows
+        shown = [c for c in ("verdict", "ratio", "alert", "alert_reason", "share")
+                 if c in mine.columns]
+        by_run = {n.run_id: n for n in self.log}
+        levels = {r: round(float(by_run[r].spec.factors.get(stage, 1.0)), 2)
+                  if r in by_run else None for r in run.baseline_runs}
+        return (f"tonight's row {mine[shown].to_dict(orient='records')}, level "
+                f"{self.level.get(stage)}, baseline levels {levels}")
 
     def _check_chronic(self, run: NightRun) -> None:
         """A chronic near-OOM stage fails once per episode, not every night."""
