@@ -49,8 +49,8 @@ __all__ = ["ACKS", "JUDGED_STATUSES", "LOOKBACK_RUNS", "Stats", "ack_marker", "a
            "episodes_frame", "episodes_of", "load_acks", "load_nights", "stats"]
 
 ACKS = layout.ACKS
-# How many judged runs are replayed by default: an episode open longer than this is seen
-# from the window's first run (a new id); two months of nightly runs.
+# How many judged runs are replayed by default (two months of nightly runs); an episode
+# open longer than this comes in with the state the window's first night stored.
 LOOKBACK_RUNS = 60
 REGRESSION_FILE = "regression.csv"
 
@@ -179,12 +179,20 @@ def night_from_manifest(manifest: Mapping[str, Any], table: pd.DataFrame | None)
         rule = Rules.from_dict(stored).regression if stored is not None else RegressionRule()
     except InvalidInput:  # rules of a newer version: judge its transitions by today's
         rule = RegressionRule()
-    return Night.from_tables(str(manifest["run_id"]), str(manifest["pipeline"]),
+    run_id = str(manifest["run_id"])
+    carried = manifest.get("carried")
+    try:
+        state = Book.from_carried(carried) if carried is not None else None
+    except InvalidInput as exc:
+        raise HistoryUnavailable(f"night {run_id} inside the replay window holds a damaged "
+                                 f"carried state ({exc}); a replay starting there would "
+                                 "lose its open episodes") from exc
+    return Night.from_tables(run_id, str(manifest["pipeline"]),
                              str(manifest["version"]), table,
                              manifest.get("signals") or (), rule=rule,
                              status=str(manifest.get("status") or ""),
                              started=str(manifest.get("started") or ""),
-                             ended=str(manifest.get("ended") or ""))
+                             ended=str(manifest.get("ended") or ""), carried=state)
 
 
 def _readable(found: Any, run_id: str, what: str = "its manifest") -> Any:
@@ -229,9 +237,9 @@ def episodes_of(store: RunStore, pipeline: str, version: str, runs: int = LOOKBA
     each night replayed with the rules it was judged with, as the judge does.
 
     The nights replayed are the newest judged night and the ``runs`` judged nights before
-    it: the window that night's judge replayed (:func:`load_nights` ``before`` it), so the
-    state and the events ``alerts`` derives for the newest night are the ones its judge
-    derived, also for an episode that began at the window's edge.
+    it, starting from the state the first of them stored (:attr:`~.alerts.Night.carried`):
+    the state and the events ``alerts`` derives for the newest night are the ones its judge
+    derived, also for an episode older than the window.
     """
     restart = next(iter(store.accepted(pipeline, version)), None)
     return replay(load_nights(store, pipeline, version, runs + 1),

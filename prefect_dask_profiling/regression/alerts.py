@@ -67,6 +67,14 @@ that was **cleared** gives its night back; confirmed, acknowledged and resolved 
 keep their flagged nights out; an open suspicion keeps its night out until the next night
 decides. A memory-only or near-OOM-only night stays in the time baseline.
 
+**Carried state.** The replay reads a window of stored nights (the newest 60 by default),
+not the whole history. Each judged night stores the state its judge started from — the
+open episodes and the previous night's ratios (:class:`CarriedDoc`, the manifest's
+``carried``) — and a replay starts from the state its first night stored. So an episode
+open longer than the window keeps its id, its ack and its count of nights, and every
+window that ends at the same night derives the same state (``alerts --runs N`` agrees
+with the judge whatever ``N``). A night stored without it starts from an empty state.
+
 Feeding a night that is already folded in changes nothing and emits nothing, and every
 :class:`AlertEvent` id is a deterministic UUID, so a retried emission adds nothing.
 """
@@ -87,8 +95,9 @@ from prefect_dask_profiling._util import InvalidInput, float_or_nan
 from prefect_dask_profiling.regression.confirm import Prior, nearer
 from prefect_dask_profiling.regression.rule import RegressionRule
 
-__all__ = ["ABSOLUTE", "EVENT_KINDS", "EVENT_PREFIX", "FAMILIES", "JUDGED_STATUSES", "METRIC",
-           "OPEN_STATES", "STATES", "Ack", "AlertEvent", "Book", "Episode", "Key", "Night",
+__all__ = ["ABSOLUTE", "CARRIED_RUNS", "EVENT_KINDS", "EVENT_PREFIX", "FAMILIES",
+           "JUDGED_STATUSES", "METRIC", "OPEN_STATES", "STATES", "Ack", "AlertEvent", "Book",
+           "CarriedDoc", "CarriedRatio", "Episode", "Key", "Night",
            "Signal", "advance", "episode_id", "failing", "instant", "overlaps", "priors", "replay",
            "run_status"]
 
@@ -112,6 +121,10 @@ FLAGGED = ("regression", "suspected")
 # Namespace of the deterministic event ids (uuid5 of episode id and kind).
 _EVENT_NAMESPACE = uuid.UUID("6f1d7c8e-3b0a-5d52-9a41-2f5e0c7b9d13")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+# How many of an episode's flagged nights a stored carried state keeps: a replay starting
+# at that night reads none of the earlier ones (they are before its window).
+CARRIED_RUNS = 60
 
 Key = tuple[str, str, str]  # (stage, prefix, metric); prefix "" for per-stage metrics
 
@@ -236,6 +249,69 @@ class Episode:
         out["flagged_runs"] = list(self.flagged_runs)
         return out
 
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Episode:
+        """The episode :meth:`to_json` wrote (a stored night's :class:`CarriedDoc`).
+
+        Raises
+        ------
+        InvalidInput
+            When ``doc`` is not such an episode (a field missing or of the wrong kind).
+        """
+        if not isinstance(doc, Mapping):
+            raise InvalidInput(f"an episode must be a JSON object, got {type(doc).__name__}")
+        try:
+            fields = {name: doc[name] for name in _EPISODE_REQUIRED}
+        except KeyError as exc:
+            raise InvalidInput(f"episode {doc.get('id')!r} has no {exc.args[0]!r}") from None
+        if any(not isinstance(v, str) for v in fields.values()) \
+                or fields["state"] not in STATES:
+            raise InvalidInput(f"episode {doc.get('id')!r} is not an episode: {fields}")
+        optional = {name: doc.get(name) for name in ("confirmed_run", "ended_run",
+                                                      "detected_run")}
+        ack_left = doc.get("ack_left")
+        return cls(**fields, **{k: str(v) if v is not None else None
+                                for k, v in optional.items()},
+                   acknowledged=bool(doc.get("acknowledged")),
+                   ack_left=int(ack_left) if ack_left is not None else None,
+                   acks=tuple(str(a) for a in doc.get("acks") or ()),
+                   rounds=int(doc.get("rounds") or 0), rearmed=bool(doc.get("rearmed")),
+                   calm_runs=int(doc.get("calm_runs") or 0),
+                   nights=int(doc.get("nights") or 1),
+                   flagged_runs=tuple(str(r) for r in doc.get("flagged_runs") or ()),
+                   peak_ratio=float_or_nan(doc.get("peak_ratio")),
+                   last_ratio=float_or_nan(doc.get("last_ratio")))
+
+
+# The fields an episode's JSON must have (the rest have defaults).
+_EPISODE_REQUIRED = ("id", "pipeline", "version", "stage", "prefix", "metric", "state",
+                     "start_run", "last_run")
+
+
+class CarriedRatio(TypedDict):
+    """One key's ratio on the newest night folded in (``None``: not finite)."""
+
+    stage: str
+    prefix: str
+    metric: str
+    ratio: float | None
+
+
+class CarriedDoc(TypedDict):
+    """The state a night's judge started from, as stored in its manifest (``carried``).
+
+    ``after`` is the newest night folded in before it (``None``: none), ``episodes`` the
+    open episodes then (:meth:`Episode.to_json`; each episode's ``flagged_runs`` cut to the
+    newest :data:`CARRIED_RUNS`), ``ratios`` that night's ratios (the symmetric
+    confirmation reads them). A replay whose first night stored it starts from it
+    (:func:`replay`), so an episode older than the replay window keeps its id, its ack and
+    its count of nights.
+    """
+
+    after: str | None
+    episodes: list[dict[str, Any]]
+    ratios: list[CarriedRatio]
+
 
 class AlertEventDoc(TypedDict):
     """An :class:`AlertEvent` as plain JSON (the Prefect event's payload, the manifest's
@@ -341,6 +417,10 @@ class Night:
     ended
         When it ended (ISO; ``""`` when unknown): a night that ended after another started
         overlaps it and is not part of that night's history.
+    carried
+        The state its judge started from (its manifest's ``carried``, :class:`CarriedDoc`;
+        ``None`` for nights stored before it was): a replay that begins with this night
+        starts from it.
     """
 
     run_id: str
@@ -351,6 +431,7 @@ class Night:
     status: str = "healthy"
     started: str = ""
     ended: str = ""
+    carried: Book | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.rule, RegressionRule):
@@ -367,7 +448,8 @@ class Night:
                     time_rows: pd.DataFrame | None = None,
                     other: Iterable[Mapping[str, Any]] = (), *,
                     rule: RegressionRule | None = None, status: str = "healthy",
-                    started: str = "", ended: str = "") -> Night:
+                    started: str = "", ended: str = "", carried: Book | None = None
+                    ) -> Night:
         """A night from its stored verdict table and its other signals.
 
         Parameters
@@ -391,7 +473,8 @@ class Night:
             signals[key] = Signal(str(row.get("alert") or ""), float_or_nan(row.get("ratio")),
                                   str(row.get("verdict") or ""))
         return cls(run_id, pipeline, version, signals,
-                   RegressionRule() if rule is None else rule, status, started, ended)
+                   RegressionRule() if rule is None else rule, status, started, ended,
+                   carried)
 
 
 @dataclass(frozen=True)
@@ -427,6 +510,42 @@ class Book:
 
     def open(self) -> list[Episode]:
         return [e for e in self.episodes if e.open]
+
+    def carried(self) -> CarriedDoc:
+        """What the next night's state needs of this one (:class:`CarriedDoc`): stored
+        with that night, it is where a later replay whose window begins there starts."""
+        return {"after": self.last_run,
+                "episodes": [replace(e, flagged_runs=e.flagged_runs[-CARRIED_RUNS:]).to_json()
+                             for e in self.open()],
+                "ratios": [{"stage": k[0], "prefix": k[1], "metric": k[2],
+                            "ratio": r if math.isfinite(r) else None}
+                           for k, r in self.ratios.items()]}
+
+    @classmethod
+    def from_carried(cls, doc: Mapping[str, Any]) -> Book:
+        """The state :meth:`carried` stored: its open episodes and ratios, no folded nights
+        (the replay folds them).
+
+        Raises
+        ------
+        InvalidInput
+            When ``doc`` is not a :class:`CarriedDoc`.
+        """
+        if not isinstance(doc, Mapping) or not isinstance(doc.get("episodes"), list) \
+                or not isinstance(doc.get("ratios"), list):
+            raise InvalidInput("the carried state must be an object with 'episodes' and "
+                               f"'ratios' lists, got {str(doc)[:80]!r}")
+        episodes = tuple(Episode.from_json(e) for e in doc["episodes"])
+        if any(not e.open for e in episodes):
+            raise InvalidInput("the carried state holds an episode that is not open")
+        try:
+            ratios = {(str(r["stage"]), str(r["prefix"]), str(r["metric"])):
+                      float_or_nan(r.get("ratio")) for r in doc["ratios"]}
+        except (KeyError, TypeError) as exc:
+            raise InvalidInput(f"a carried ratio is not stage/prefix/metric/ratio: {exc!r}"
+                               ) from None
+        after = doc.get("after")
+        return cls(episodes, str(after) if after else None, ratios)
 
     def excluded(self) -> dict[str, frozenset[str]]:
         """``{run_id: families}`` each folded night is kept out of (standing's negative)."""
@@ -581,7 +700,8 @@ def replay(nights: Iterable[Night], acks: Iterable[Ack] = (), *, restart: str | 
         The newest accepted run: nights before it are not folded, it is folded as the new
         normal.
     book
-        A state to continue from (default: empty).
+        A state to continue from (default: the state the first night folded stored,
+        :attr:`Night.carried`, else empty).
 
     Returns
     -------
@@ -591,13 +711,13 @@ def replay(nights: Iterable[Night], acks: Iterable[Ack] = (), *, restart: str | 
         (:func:`overlaps`), so ``alerts`` and the judge agree on overlapping nights too.
     """
     acks = list(acks)
-    start = book if book is not None else Book(restart=restart)
+    ordered = [n for n in sorted(nights, key=lambda n: n.order)
+               if restart is None or n.run_id >= restart]
+    start = book if book is not None else _start(ordered[0] if ordered else None, restart)
     if restart is not None and start.restart != restart:
         start = replace(start, restart=restart)
     book, events, folded = start, [], []
-    for night in sorted(nights, key=lambda n: n.order):
-        if restart is not None and night.run_id < restart:
-            continue
+    for night in ordered:
         overlapped = {m.run_id for m in folded if overlaps(m, night)}
         if overlapped:
             # tonight's judge saw only the nights that had ended when it started: its
@@ -611,6 +731,17 @@ def replay(nights: Iterable[Night], acks: Iterable[Ack] = (), *, restart: str | 
         events.extend(new)
         folded.append(night)
     return book, events
+
+
+def _start(first: Night | None, restart: str | None) -> Book:
+    """Where a replay begins: the state the first night's judge started from (so an episode
+    that opened before the window keeps its id), less the episodes an accepted run after
+    them ended; empty for a night stored without it."""
+    if first is None or first.carried is None:
+        return Book(restart=restart)
+    episodes = tuple(e for e in first.carried.episodes
+                     if restart is None or e.start_run > restart)
+    return replace(first.carried, episodes=episodes, restart=restart)
 
 
 def overlaps(earlier: Night, night: Night) -> bool:

@@ -41,6 +41,7 @@ from prefect_dask_profiling.regression.alerts import (
     AlertEvent,
     AlertEventDoc,
     Book,
+    CarriedDoc,
     Key,
     Night,
     Signal,
@@ -145,6 +146,7 @@ class JudgementManifest(TypedDict):
     rules: RulesDoc
     outcome: OutcomeDoc
     signals: list[SignalRow]
+    carried: CarriedDoc
     drift: DriftFlags
     memory: Flagged
     requests: Flagged
@@ -348,6 +350,9 @@ class Judgement:
         baseline runs (:func:`~.explain.explain_verdicts`).
     baseline_runs, baseline_note, series_note
         Which runs the night was compared with, and notes on them.
+    carried
+        The state the judgement started from (the history's :class:`~.alerts.Book`),
+        stored with the night: a later replay whose window begins here starts from it.
     """
 
     run_id: str
@@ -367,6 +372,7 @@ class Judgement:
     baseline_runs: tuple[str, ...] = ()
     baseline_note: str = ""
     series_note: str = ""
+    carried: Book = field(default_factory=Book)
 
     @property
     def regressed(self) -> bool:
@@ -444,6 +450,7 @@ class Judgement:
                         "events": [e.to_json() for e in self.outcome.events]},
             "signals": signal_rows(self.drift, self.memory, self.requests,
                                    _judged_cost(self.cost, self.rules.regression)),
+            "carried": self.carried.carried(),
             "drift": {"note": self.series_note,
                       "failing": _names(self.drifting(failing_only=True)),
                       "drifting": _names(self.drifting())},
@@ -580,7 +587,8 @@ def judge(tonight: Tonight, history: History, rules: Rules | None = None) -> Jud
                      rules=rules, verdicts=verdicts, drift=drift, outcome=outcome,
                      memory=memory, requests=requests, cost=cost,
                      explanations=explanations, baseline_runs=tuple(history.baseline.runs),
-                     baseline_note=history.baseline.note, series_note=history.series_note)
+                     baseline_note=history.baseline.note, series_note=history.series_note,
+                     carried=history.alerts)
 
 
 @dataclass(frozen=True)

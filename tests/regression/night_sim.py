@@ -66,6 +66,7 @@ CHUNKS = 50  # chunks read per stage on a night
 EPOCH = datetime(2025, 1, 1, tzinfo=UTC)
 JUDGED = ("healthy", "suspected", "regressed")
 SECONDS = 200.0  # as run_records.SECONDS: the recorded milliseconds made nightly seconds
+SMALL_WINDOW = 5  # ``alerts --runs 5``: must derive the state the full window does
 
 
 # ---------------------------------------------------------------------- nights
@@ -304,9 +305,9 @@ class Driver:
         """``dask-profiling check --run RUN``'s judgement (:func:`judge_stored`)."""
         return judge_stored(self.store, self.pipeline, run_id)
 
-    def episodes(self, version: str):
-        """``dask-profiling alerts``' replay (:func:`alert_history.episodes_of`)."""
-        return alert_history.episodes_of(self.store, self.pipeline, version)
+    def episodes(self, version: str, runs: int = alert_history.LOOKBACK_RUNS):
+        """``dask-profiling alerts [--runs N]``' replay (:func:`alert_history.episodes_of`)."""
+        return alert_history.episodes_of(self.store, self.pipeline, version, runs=runs)
 
 
 def copy_local_store(store: RunStore, where: Path) -> RunStore:
@@ -394,6 +395,7 @@ class Simulation:
     counts: dict[str, int] = field(default_factory=dict)
     accepted: str | None = None
     chronic_regressed: int = 0
+    open_ids: dict[str, dict[tuple[str, str, str], str]] = field(default_factory=dict)
     calm_streak: int = 0
 
     def __post_init__(self) -> None:
@@ -556,6 +558,7 @@ class Simulation:
         self.notes.append(f"day {self.day}: accepted {last.run_id} ({last.status})")
         self.watches.clear()
         self.chronic_regressed = 0  # the accepted night ends every episode: a new one
+        self.open_ids.pop(self.v, None)  # (a condition still there opens under a new id)
         self._do_plain()
 
     def _do_ack(self) -> None:
@@ -695,6 +698,7 @@ class Simulation:
             self.episode_keys.setdefault(ep_id, episode_key(event))
         self.log.append(run)
         self._check_agreement(run)
+        self._check_windows(run)
         self._check_events(run)
         if plain and run.judged:
             self._check_baseline(run)
@@ -745,6 +749,33 @@ class Simulation:
             renewed = overlapped and self.episode_keys.get(ep_id) in open_keys
             self._expect((ep is not None and ep.open) or renewed,
                          f"alerts does not hold the failing episode {ep_id} open")
+
+    def _check_windows(self, run: NightRun) -> None:
+        """Every replay window that ends tonight derives the same open episodes (each night
+        stores the state its judge started from, and a replay starts from its first
+        night's), and an episode open last night and tonight keeps its id."""
+        if not run.judged:
+            return
+        version = run.spec.version
+        full, _ = self.driver.episodes(version)
+        ids = {e.key: e.id for e in full.open()}
+        mine = [n for n in self.log if n.spec.version == version]
+        window = sorted((n for n in mine if n.judged), key=lambda n: n.run_id)[-SMALL_WINDOW - 1:]
+        # a night still running when the small window's first night started was not folded
+        # by that night's judge (it had not ended): its stored state does not hold it, the
+        # full window's replay does; no comparison then
+        first = window[0].spec
+        if not any(n.spec.started < first.started < n.spec.ended for n in mine):
+            small, _ = self.driver.episodes(version, runs=SMALL_WINDOW)
+            seen = {e.key: (e.id, e.state, e.nights) for e in small.open()}
+            held = {e.key: (e.id, e.state, e.nights) for e in full.open()}
+            self._expect(seen == held, f"alerts --runs {SMALL_WINDOW} holds other open "
+                                       f"episodes than the full window: {seen} vs {held}")
+            previous = self.open_ids.get(version, {})
+            changed = {key: (previous[key], ids[key]) for key in previous.keys() & ids.keys()
+                       if previous[key] != ids[key]}
+            self._expect(not changed, f"open episodes changed their ids overnight: {changed}")
+        self.open_ids[version] = ids
 
     def _check_events(self, run: NightRun) -> None:
         """Acknowledged episodes emit no ``detected`` and fail nothing; every event carries
@@ -829,7 +860,21 @@ class Simulation:
                 if not watch.failed and not watch.exempt:
                     self._expect(False, f"a {watch.factor:.1f}x step of {watch.stage} (from "
                                         f"{watch.first_run}) failed no run by its second "
-                                        f"night")
+                                        f"night; {self._explain_step(run, watch.stage)}")
+
+    def _explain_step(self, run: NightRun, stage: str) -> str:
+        """What tonight's judge saw of ``stage``'s main prefix: its verdict row, and the
+        baseline nights with the stage's level on each (for a step that failed nothing)."""
+        rows = run.result.verdicts
+        mine = rows[(rows["stage"] == stage) & (rows["prefix"] == MAIN_PREFIX)] \
+            if not rows.empty else rows
+        shown = [c for c in ("verdict", "ratio", "alert", "alert_reason", "share")
+                 if c in mine.columns]
+        by_run = {n.run_id: n for n in self.log}
+        levels = {r: round(float(by_run[r].spec.factors.get(stage, 1.0)), 2)
+                  if r in by_run else None for r in run.baseline_runs}
+        return (f"tonight's row {mine[shown].to_dict(orient='records')}, level "
+                f"{self.level.get(stage)}, baseline levels {levels}")
 
     def _check_chronic(self, run: NightRun) -> None:
         """A chronic near-OOM stage fails once per episode, not every night."""

@@ -8,6 +8,7 @@ trip writes real runs to a local :class:`RunStore` and reads them back with the 
 from __future__ import annotations
 
 import json
+import math
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
@@ -17,6 +18,7 @@ from typer.testing import CliRunner
 
 from prefect_dask_profiling.cli import app
 from prefect_dask_profiling.cli._output import out_console
+from prefect_dask_profiling.errors import HistoryUnavailable
 from prefect_dask_profiling.regression import alert_history
 from prefect_dask_profiling.regression.alerts import (
     Ack,
@@ -271,3 +273,16 @@ def test_cli_lists_acknowledges_and_counts(stored):
     assert unknown.exit_code == 2 and "no alert episode ep-0000000000" in unknown.stderr
     by_run = runner.invoke(app, ["ack", p.runs[-1][0], "--store", store.url, "--json"])
     assert by_run.exit_code == 0 and json.loads(by_run.stdout)["version"] == "v1"
+
+
+def test_a_night_with_a_damaged_carried_state_is_an_unreadable_night():
+    """A replay that started from a damaged carried state would lose its open episodes:
+    the night is unreadable (tonight ``unjudged``), named."""
+    manifest = {"run_id": "20261101T020000Z-000001", "pipeline": "nightly", "version": "v1",
+                "status": "healthy", "carried": {"episodes": [{"id": "ep-1"}], "ratios": []}}
+    with pytest.raises(HistoryUnavailable, match="20261101T020000Z-000001 .*damaged carried"):
+        alert_history.night_from_manifest(manifest, None)
+    night = alert_history.night_from_manifest({**manifest, "carried": {
+        "after": None, "episodes": [], "ratios": [
+            {"stage": "s", "prefix": "p", "metric": "total_s", "ratio": None}]}}, None)
+    assert night.carried is not None and math.isnan(night.carried.ratios[("s", "p", "total_s")])

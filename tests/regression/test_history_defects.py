@@ -17,6 +17,7 @@ from run_records import record_stages
 
 from prefect_dask_profiling.finishing import FinishSettings
 from prefect_dask_profiling.prefect.events import REGRESSION_EVENT, findings
+from prefect_dask_profiling.regression import alert_history
 from prefect_dask_profiling.store.runs import RunStore
 
 pytestmark = pytest.mark.slow  # generated nights through finish_run: > 10 s a test
@@ -180,3 +181,30 @@ def test_an_unreadable_verdict_table_leaves_the_next_night_unjudged(record, tmp_
     runs += [first, second]
     assert first.status == "suspected", lines(runs)
     assert second.status == "unjudged", lines(runs)
+
+
+# ---------------------------------------------------------------------- the window's edge
+def test_an_episode_older_than_the_replay_window_keeps_its_id_and_its_ack(record, tmp_path):
+    """A chronic near-OOM open for more nights than the replay window (60): every night's
+    judge, ``alerts`` and a small ``alerts --runs 3`` see the episode that opened on the
+    first night, with the ack given to its id, and it failed one night in all.
+
+    Before each night stored the state its judge started from, the window's first night
+    re-opened the condition under a new id, and the ack no longer applied to it."""
+    drive = driver(record, tmp_path)
+    first = drive.run(quiet(0, peak={"read": 0.93}, kind="chronic"))
+    [episode] = first.failing_episodes
+    drive.ack("1", episode, first.spec.ended + timedelta(hours=1))
+    runs = [first, *[drive.run(quiet(d, peak={"read": 0.93}, kind="chronic, acked"))
+                     for d in range(1, 64)]]
+    assert [r.spec.day for r in runs if r.status == "regressed"] == [0], lines(runs)
+    assert not [e for r in runs[1:] for e in r.events if e["episode"]["id"] != episode], \
+        lines(runs)
+    stored = runs[-1].manifest["carried"]
+    assert [e["id"] for e in stored["episodes"]] == [episode]
+    assert stored["episodes"][0]["nights"] == 63  # every earlier night, not the window's
+    for window in (alert_history.LOOKBACK_RUNS, 3):
+        book, _ = alert_history.episodes_of(drive.store, "sim", "1", runs=window)
+        [open_episode] = book.open()
+        assert (open_episode.id, open_episode.state, open_episode.nights) == \
+            (episode, "acknowledged", 64), window

@@ -6,11 +6,15 @@ the real judge and store is tests/regression/test_history_simulation.py.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from prefect_dask_profiling._util import InvalidInput, json_clean
 from prefect_dask_profiling.regression.alerts import (
     Ack,
     Book,
@@ -206,3 +210,53 @@ def test_each_night_transitions_with_its_own_rule():
 def test_bad_ack_nights_are_refused():
     with pytest.raises(ValueError, match="ack nights"):
         Ack("ep-1", nights=0)
+
+
+# ---------------------------------------------------------------------- carried state
+SIGNALS = {"calm": calm(), "reg": reg(), "sus": sus(), "back": calm(1.05), "gone": None}
+
+
+def _stored(book: Book) -> Book:
+    """``book`` as a later replay reads it: through the manifest's JSON and back."""
+    return Book.from_carried(json.loads(json.dumps(json_clean(book.carried()))))
+
+
+def _open_state(book: Book) -> list:
+    return json_clean(sorted((e.to_json() for e in book.open()), key=lambda e: e["id"]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(plan=st.lists(st.tuples(st.sampled_from(sorted(SIGNALS)), st.sampled_from(sorted(SIGNALS)),
+                               st.sampled_from(sorted(SIGNALS)), st.booleans()),
+                     min_size=1, max_size=30))
+def test_every_window_replays_to_the_state_of_the_whole_history(plan):
+    """Each night stores the state its judge started from; a replay of any number of the
+    newest nights, starting from what its first night stored, ends in the state of the
+    whole history (the same open episodes: ids, acks, counts) with the same events for the
+    newest night — an episode older than the window is not re-opened under a new id."""
+    nights, acks, book, last_events = [], [], Book(), []
+    for day, (read, oom, peak, ack) in enumerate(plan, start=1):
+        signals = {key: SIGNALS[name] for key, name in ((READ, read), (OOM, oom), (PEAK, peak))
+                   if SIGNALS[name] is not None}
+        tonight = replace(night(day, signals), carried=_stored(book))
+        if ack:  # ``ack RUN`` of the previous night, made before tonight started
+            acks.append(Ack(f"r{day - 1:03d}", at=f"2026-11-{day:02d}T01:00:00+00:00"))
+        book, last_events = advance(book, tonight, acks)
+        nights.append(tonight)
+    for window in range(1, len(nights) + 1):
+        replayed, events = replay(nights[-window:], acks)
+        assert _open_state(replayed) == _open_state(book), window
+        assert [e.id for e in events if e.run_id == nights[-1].run_id] == \
+            [e.id for e in last_events], window
+
+
+def test_a_damaged_carried_state_is_refused_by_name():
+    with pytest.raises(InvalidInput, match="'episodes' and 'ratios'"):
+        Book.from_carried({"episodes": "none"})
+    with pytest.raises(InvalidInput, match="has no 'pipeline'"):
+        Book.from_carried({"episodes": [{"id": "ep-1"}], "ratios": []})
+    book, _ = advance(Book(), night(1, {READ: reg()}))
+    doc = json_clean(book.carried())
+    doc["episodes"][0]["state"] = "resolved"
+    with pytest.raises(InvalidInput, match="not open"):
+        Book.from_carried(doc)
