@@ -60,10 +60,16 @@ def timed_store(monkeypatch) -> Stopwatch:
     return watch
 
 
-def run_flow(cluster, url: str, endpoint: str, name: str):
+# The timeout of a run whose store answers (it is what the run delivers, not how fast a
+# dead store fails): a loaded machine can keep moto's answer past TIMEOUT, and the breaker
+# would then spool the whole run.
+ANSWERING_TIMEOUT = 30.0
+
+
+def run_flow(cluster, url: str, endpoint: str, name: str, timeout: float = TIMEOUT):
     runner = ProfiledDaskTaskRunner(address=cluster.address, store=url,
                                     storage_options=s3_options(endpoint),
-                                    store_timeout=TIMEOUT,
+                                    store_timeout=timeout,
                                     stage_reports=True)  # the faults hit report uploads too
     start = time.monotonic()
     state = make_fault_flow(runner, name)(delay=0.05, blocks=4, return_state=True)
@@ -212,7 +218,8 @@ def test_next_flow_run_delivers_what_the_last_one_spooled(cluster, spool, fault)
     first = check_spooled_run(files, "fault-next-run", {"load.html", "compute.html"})
     with moto_server(dead.release()) as endpoint:  # the same endpoint, back for the next run
         boto_client(endpoint).create_bucket(Bucket=bucket)
-        state, elapsed = run_flow(cluster, url, endpoint, "fault-next-run")
+        state, elapsed = run_flow(cluster, url, endpoint, "fault-next-run",
+                                  timeout=ANSWERING_TIMEOUT)
         assert state.is_completed(), state.message
         assert state.result() == expected(4)
         assert_uploaded_identical(files, endpoint, bucket, "nightly")
