@@ -17,12 +17,18 @@ from prefect_dask_profiling.summary import RunRecord
 
 
 def record_stages(client: Client, sizes: dict[str, int]) -> RunRecord:
-    """Run one small array job per stage (``{stage: n}`` for an n × 200 array) and collect it."""
+    """Run one small array job per stage (``{stage: n}`` for an n × 200 array) and collect it.
+
+    Each stage's array has a name of its own: two stages of the same size would otherwise
+    build the same keys, and where the first stage's results were still held when the second
+    was submitted, the scheduler reused them — the second stage then recorded only its
+    aggregate (no ``sum`` prefix), and a night built from it could not show a step there."""
     name = install(client)
     try:
         for stage_name, n in sizes.items():
             with client.as_current(), stage(stage_name):
-                (da.ones((n, 200), chunks=(50, 50)) * 2).sum().compute()
+                (da.ones((n, 200), chunks=(50, 50), name=f"ones-{stage_name}") * 2
+                 ).sum().compute()
         return collect(client, name)
     finally:
         uninstall(client, name)

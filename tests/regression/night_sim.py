@@ -401,6 +401,11 @@ class Simulation:
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.seed)
         self.regime = CALM if self.rng.random() < 0.5 else ROUGH
+        missing = [s for s in STAGES if MAIN_PREFIX not in self.prefixes(s)]
+        if missing:  # a step of such a stage could not show in the judged prefix
+            pairs = self.driver.base.tasks[["stage", "prefix"]].drop_duplicates()
+            raise ValueError(f"the base record has no {MAIN_PREFIX!r} prefix in {missing}: "
+                             f"{pairs.values.tolist()}")
 
     # ------------------------------------------------------------ generating nights
     @property
