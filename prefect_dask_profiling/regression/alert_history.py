@@ -132,7 +132,8 @@ def load_nights(store: RunStore, pipeline: str, version: str,
     store, pipeline, version
         Whose nights.
     runs
-        The replay window: the newest ``runs`` judged nights, and before them any of the
+        The replay window: the newest ``runs`` judged nights of tonight's history (a night
+        that overlaps tonight takes no place in it), and before them any of the
         :data:`STRADDLE_LOOKBACK` older ones still running when the first of them started
         (with the nights between): the first night's stored state (``carried``) does not
         hold a night that had not ended when it started, so the replay folds it.
@@ -162,9 +163,14 @@ def load_nights(store: RunStore, pipeline: str, version: str,
     except StoreError as exc:
         raise HistoryUnavailable(f"the history of {pipeline} {version} could not be "
                                  f"listed: {exc}") from exc
-    ids = _window(listed_ids, runs, manifests)
+    # the window counts tonight's history only: a night that overlaps tonight, or another
+    # attempt of its flow run, takes no place in it (else which of two overlapping runs
+    # finished first would move the window's edge); an unreadable night keeps its place
+    readable = {r: d for r, d in manifests.items() if isinstance(d, Mapping)}
+    history = _history_of(readable, started, flow_run_id, attempt)
+    candidates = [r for r in listed_ids if r in history or r not in readable]
+    ids = _window(candidates, runs, manifests)
     docs = {run_id: _readable(manifests.get(run_id), run_id) for run_id in ids}
-    docs = _history_of(docs, started, flow_run_id, attempt)
     listed = [r for r in sorted(docs) if REGRESSION_FILE in (docs[r].get("files") or {})]
     try:
         tables = store.read_tables(pipeline, listed, "regression")
