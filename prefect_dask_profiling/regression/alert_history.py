@@ -53,6 +53,9 @@ ACKS = layout.ACKS
 # open longer than this comes in with the state the window's first night stored.
 LOOKBACK_RUNS = 60
 REGRESSION_FILE = "regression.csv"
+# Older judged nights read besides the replay window, to find one still running when the
+# window's first night started (overlapping runs: its stored state does not hold them).
+STRADDLE_LOOKBACK = 3
 
 
 def ack_marker(pipeline: str, version: str, target: str) -> str:
@@ -129,7 +132,11 @@ def load_nights(store: RunStore, pipeline: str, version: str,
     store, pipeline, version
         Whose nights.
     runs
-        The replay window: the newest ``runs`` judged nights.
+        The replay window: the newest ``runs`` judged nights of tonight's history (a night
+        that overlaps tonight takes no place in it), and before them any of the
+        :data:`STRADDLE_LOOKBACK` older ones still running when the first of them started
+        (with the nights between): the first night's stored state (``carried``) does not
+        hold a night that had not ended when it started, so the replay folds it.
     before
         Only nights with a smaller run id (tonight's history: nights before tonight).
     started
@@ -146,17 +153,24 @@ def load_nights(store: RunStore, pipeline: str, version: str,
         When the nights cannot be listed, or a night inside the window cannot be read: a
         judgement against a lighter history than the stored one would be silently wrong.
     """
+    wanted = runs + STRADDLE_LOOKBACK
     try:
-        entries = [e for e in store.list_runs(pipeline, version, newest=runs, before=before,
+        entries = [e for e in store.list_runs(pipeline, version, newest=wanted, before=before,
                                               counting=JUDGED_STATUSES)
-                   if e["status"] in JUDGED_STATUSES][:runs]
-        ids = sorted(e["run_id"] for e in entries)
-        manifests = store.read_manifests(pipeline, ids)
+                   if e["status"] in JUDGED_STATUSES][:wanted]
+        listed_ids = sorted(e["run_id"] for e in entries)
+        manifests = store.read_manifests(pipeline, listed_ids)
     except StoreError as exc:
         raise HistoryUnavailable(f"the history of {pipeline} {version} could not be "
                                  f"listed: {exc}") from exc
-    docs = {run_id: _readable(doc, run_id) for run_id, doc in manifests.items()}
-    docs = _history_of(docs, started, flow_run_id, attempt)
+    # the window counts tonight's history only: a night that overlaps tonight, or another
+    # attempt of its flow run, takes no place in it (else which of two overlapping runs
+    # finished first would move the window's edge); an unreadable night keeps its place
+    readable = {r: d for r, d in manifests.items() if isinstance(d, Mapping)}
+    history = _history_of(readable, started, flow_run_id, attempt)
+    candidates = [r for r in listed_ids if r in history or r not in readable]
+    ids = _window(candidates, runs, manifests)
+    docs = {run_id: _readable(manifests.get(run_id), run_id) for run_id in ids}
     listed = [r for r in sorted(docs) if REGRESSION_FILE in (docs[r].get("files") or {})]
     try:
         tables = store.read_tables(pipeline, listed, "regression")
@@ -169,6 +183,29 @@ def load_nights(store: RunStore, pipeline: str, version: str,
             if run_id in tables or run_id in listed else None  # judged with no prefixes
         nights.append(night_from_manifest(docs[run_id], table))
     return nights
+
+
+def _window(listed: list[str], runs: int, manifests: Mapping[str, Any]) -> list[str]:
+    """The run ids to replay, oldest first: the newest ``runs`` of ``listed``, and from the
+    older ones every night since the oldest that was still running when the window's first
+    night started. An older night whose manifest cannot be read is taken as ended."""
+    window, older = listed[-runs:] if runs else [], listed[:-runs] if runs else listed
+    if not window:
+        return window
+    first = _start_of(manifests.get(window[0]))
+    oldest = None
+    for run_id in reversed(older):
+        doc = manifests.get(run_id)
+        ended = doc.get("ended") if isinstance(doc, Mapping) else None
+        if first is not None and ended and instant(str(ended)) > first:
+            oldest = run_id
+            first = min(first, _start_of(doc) or first)
+    return [r for r in older if oldest is not None and r >= oldest] + window
+
+
+def _start_of(doc: Any) -> datetime | None:
+    started = doc.get("started") if isinstance(doc, Mapping) else None
+    return instant(str(started)) if started else None
 
 
 def night_from_manifest(manifest: Mapping[str, Any], table: pd.DataFrame | None) -> Night:

@@ -35,7 +35,7 @@ from prefect_dask_profiling.regression.alerts import (
 from prefect_dask_profiling.regression.confirm import confirm_verdicts, noise_reach
 from prefect_dask_profiling.regression.rule import RegressionRule
 from prefect_dask_profiling.regression.verdict import detect_regressions
-from prefect_dask_profiling.store.runs import RunStore, new_run_id
+from prefect_dask_profiling.store.runs import RunStore, StoreError, new_run_id
 
 LEVELS = {"a": 50.0, "b": 40.0, "c": 30.0, "d": 20.0, "e": 60.0}
 T0 = datetime(2026, 11, 1, 2, 0, tzinfo=UTC)
@@ -286,3 +286,22 @@ def test_a_night_with_a_damaged_carried_state_is_an_unreadable_night():
         "after": None, "episodes": [], "ratios": [
             {"stage": "s", "prefix": "p", "metric": "total_s", "ratio": None}]}}, None)
     assert night.carried is not None and math.isnan(night.carried.ratios[("s", "p", "total_s")])
+
+
+def test_the_window_reaches_back_for_a_night_still_running_when_it_began():
+    """The window's first night stored the state its judge started from, which cannot hold
+    a night that had not ended then: the replay folds that night (and those between)."""
+    def doc(day: int, start_h: int, end_h: int) -> dict:
+        return {"started": f"2026-11-{day:02d}T{start_h:02d}:00:00+00:00",
+                "ended": f"2026-11-{day:02d}T{end_h:02d}:00:00+00:00"}
+
+    listed = ["r1", "r2", "r3", "r4", "r5"]
+    manifests = {"r1": doc(1, 2, 3), "r2": doc(2, 2, 9), "r3": doc(2, 3, 4),
+                 "r4": doc(2, 5, 6), "r5": doc(3, 2, 3)}
+    # r4 starts the window of 2; r2 ran until 09:00, past r4's start: r2 and r3 come along
+    assert alert_history._window(listed, 2, manifests) == ["r2", "r3", "r4", "r5"]
+    manifests["r2"] = doc(2, 2, 4)  # ended before r4 started: the window is the newest 2
+    assert alert_history._window(listed, 2, manifests) == ["r4", "r5"]
+    manifests["r2"] = StoreError("unreadable")  # outside the window: taken as ended
+    assert alert_history._window(listed, 2, manifests) == ["r4", "r5"]
+    assert alert_history._window(listed, 9, manifests) == listed
