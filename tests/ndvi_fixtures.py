@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 
 HISTORY_RUNS = 3
-# the catalogue search returns five times the scenes: the read stage runs 5x the chunks
-SLOWED = {"slowdown": "more-tasks", "slowdown_stage": "read", "slowdown_factor": 5}
+# the catalogue search returns ten times the scenes: the read stage runs 10x the chunks. The
+# judge fails a first night only when it is conclusive (>= 4x, regression/confirm.py); with 5x
+# the chunks the read stage measured 5.3x on a quiet machine and under 4x once on CI.
+SLOWED = {"slowdown": "more-tasks", "slowdown_stage": "read", "slowdown_factor": 10}
 # GDAL range merging off: more requests per chunk, whole objects (run after the history)
 MERGE_OFF = {"slowdown": "slower-tasks", "slowdown_stage": "read", "slowdown_factor": 3}
 BUCKET = "ndvi"

@@ -129,8 +129,11 @@ class Spool:
         """Spooled paths (relative to the store root) in delivery order."""
         if not self.dir.is_dir():
             return []
-        rels = [p.relative_to(self.dir).as_posix() for p in self.dir.rglob("*")
-                if p.is_file() and p.name != META and not p.name.endswith(PARTIAL)]
+        # os.walk skips a folder that vanishes while it is listed (another process delivering
+        # the same spool prunes emptied folders); Path.rglob raises FileNotFoundError there.
+        rels = [(Path(top) / name).relative_to(self.dir).as_posix()
+                for top, _, names in os.walk(self.dir) for name in names
+                if name != META and not name.endswith(PARTIAL)]
         return sorted(rels, key=lambda rel: (layout.write_rank(rel), rel))
 
     @contextlib.contextmanager

@@ -146,7 +146,8 @@ def test_two_runs_delivering_at_once(tmp_path):
         t.start()
     for t in threads:
         t.join(60)
-    done = [r for r in reports if r is not None]
+    assert all(r is not None for r in reports), "a deliverer raised (see the thread warning)"
+    done = reports
     assert sum(r["delivered"] for r in done) == len(waiting)
     assert all("different content" not in " ".join(r["warnings"]) for r in done)
     assert stored(stores[0], waiting) == waiting
