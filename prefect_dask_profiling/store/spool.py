@@ -162,9 +162,11 @@ class Spool:
         """Remove empty folders, and the spool folder once only ``store.json`` is left."""
         if not self.dir.is_dir():
             return
-        for folder in sorted((p for p in self.dir.rglob("*") if p.is_dir()), reverse=True):
-            with contextlib.suppress(OSError):
-                folder.rmdir()
+        # deepest first; os.walk skips folders another deliverer removed meanwhile
+        for top, folders, _ in os.walk(self.dir, topdown=False):
+            for name in folders:
+                with contextlib.suppress(OSError):
+                    os.rmdir(os.path.join(top, name))
         with contextlib.suppress(OSError):
             if [p.name for p in self.dir.iterdir()] == [META]:
                 (self.dir / META).unlink(missing_ok=True)
