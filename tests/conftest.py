@@ -38,9 +38,30 @@ SHARED_SESSION_FIXTURES = {
 }
 
 
+# The scopes that take longest, longest first (each 70-330 s of wall beside a 2-process CPU
+# hog, `make test` on 2 cores, 4 December 2026): they are handed out before the others, so
+# none of them starts last and runs alone while the other processes have finished.
+RUN_FIRST = (
+    "ndvi_history",
+    "shared_cluster",
+    "tests/bench/test_bench.py",
+    "tests/diagnosis/test_stage_workloads.py",
+    "tests/summary/test_memory.py",
+    "tests/bench/test_bench_holdout.py",
+    "tests/regression/test_history_defects.py",
+    "tests/regression/test_history_simulation.py",
+    "tests/timing/test_storage_requests.py",
+    "tests/flows/test_raster_netns.py",
+    "tests/bench/test_bench_netns.py",
+    "tests/timing/test_plugin.py",
+    "tests/prefect/test_runner.py",
+)
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """``--dist loadfile``, with the files of :data:`SHARED_SESSION_FIXTURES` in one scope."""
+    """``--dist loadfile``, with the files of :data:`SHARED_SESSION_FIXTURES` in one scope,
+    and the scopes of :data:`RUN_FIRST` handed out first."""
     if config.getoption("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -50,6 +71,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             path = nodeid.split("::", 1)[0]
             return SHARED_SESSION_FIXTURES.get(path, path)
 
+        def _assign_work_unit(self, node) -> None:
+            def rank(scope: str) -> int:
+                return RUN_FIRST.index(scope) if scope in RUN_FIRST else len(RUN_FIRST)
+
+            self.workqueue.move_to_end(min(self.workqueue, key=rank), last=False)
+            super()._assign_work_unit(node)
+
     return SharedFixtureScheduling(config, log)
 
 
@@ -58,6 +86,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     test file that uses a shared session fixture must be listed with it."""
     mark_slow_by_fixture(items)
     shared = set(SHARED_SESSION_FIXTURES.values())
+    for scope in RUN_FIRST:  # a renamed file would silently lose its place
+        if scope not in shared and not (config.rootpath / scope).is_file():
+            raise pytest.UsageError(f"RUN_FIRST (tests/conftest.py) names {scope!r}, which is "
+                                    "neither a test file nor a shared session fixture")
     for item in items:
         path = item.nodeid.split("::", 1)[0]
         for name in shared.intersection(getattr(item, "fixturenames", ())):

@@ -122,7 +122,7 @@ def acknowledge(store: RunStore, pipeline: str, version: str, target: str,
 
 
 def load_nights(store: RunStore, pipeline: str, version: str,
-                runs: int = LOOKBACK_RUNS, *, before: str | None = None,
+                runs: int | None = None, *, before: str | None = None,
                 started: str | None = None, flow_run_id: str | None = None,
                 attempt: int | None = None) -> list[Night]:
     """The judged nights of ``pipeline``/``version`` the state machine replays, oldest first.
@@ -132,11 +132,12 @@ def load_nights(store: RunStore, pipeline: str, version: str,
     store, pipeline, version
         Whose nights.
     runs
-        The replay window: the newest ``runs`` judged nights of tonight's history (a night
-        that overlaps tonight takes no place in it), and before them any of the
-        :data:`STRADDLE_LOOKBACK` older ones still running when the first of them started
-        (with the nights between): the first night's stored state (``carried``) does not
-        hold a night that had not ended when it started, so the replay folds it.
+        The replay window (default :data:`LOOKBACK_RUNS`, read when called): the newest
+        ``runs`` judged nights of tonight's history (a night that overlaps tonight takes no
+        place in it), and before them any of the :data:`STRADDLE_LOOKBACK` older ones
+        still running when the first of them started (with the nights between): the first
+        night's stored state (``carried``) does not hold a night that had not ended when it
+        started, so the replay folds it.
     before
         Only nights with a smaller run id (tonight's history: nights before tonight).
     started
@@ -153,6 +154,7 @@ def load_nights(store: RunStore, pipeline: str, version: str,
         When the nights cannot be listed, or a night inside the window cannot be read: a
         judgement against a lighter history than the stored one would be silently wrong.
     """
+    runs = LOOKBACK_RUNS if runs is None else runs
     wanted = runs + STRADDLE_LOOKBACK
     try:
         entries = [e for e in store.list_runs(pipeline, version, newest=wanted, before=before,
@@ -268,16 +270,18 @@ def _history_of(docs: dict[str, Mapping[str, Any]], started: str | None,
     return out
 
 
-def episodes_of(store: RunStore, pipeline: str, version: str, runs: int = LOOKBACK_RUNS
+def episodes_of(store: RunStore, pipeline: str, version: str, runs: int | None = None
                 ) -> tuple[Book, list[AlertEvent]]:
     """The state of ``pipeline``/``version`` after its stored nights, and every event:
     each night replayed with the rules it was judged with, as the judge does.
 
-    The nights replayed are the newest judged night and the ``runs`` judged nights before
-    it, starting from the state the first of them stored (:attr:`~.alerts.Night.carried`):
-    the state and the events ``alerts`` derives for the newest night are the ones its judge
-    derived, also for an episode older than the window.
+    The nights replayed are the newest judged night and the ``runs`` (default
+    :data:`LOOKBACK_RUNS`) judged nights before it, starting from the state the first of
+    them stored (:attr:`~.alerts.Night.carried`): the state and the events ``alerts``
+    derives for the newest night are the ones its judge derived, also for an episode older
+    than the window.
     """
+    runs = LOOKBACK_RUNS if runs is None else runs
     restart = next(iter(store.accepted(pipeline, version)), None)
     return replay(load_nights(store, pipeline, version, runs + 1),
                   load_acks(store, pipeline, version), restart=restart)

@@ -1,33 +1,25 @@
-"""``dask-profiling bench`` on real clusters: the protocol's artifacts, the five synthetic
+"""``dask-profiling bench`` on real clusters: the protocol's artifacts, the synthetic
 bottlenecks, bad input, and the Prefect flow.
 
 Clusters: a real ``dask scheduler`` + two ``dask worker`` subprocesses on 127.0.0.1 (shared
-by the module), LocalClusters started by the bench itself, and the netns cluster (workers
-as separate network hosts behind 100 mbit links) for the transfer-bound case.
+by the module, conftest.py) and LocalClusters started by the bench itself. The held-out
+workloads are in test_bench_holdout.py, the cases that need network hosts (the netns
+cluster) in test_bench_netns.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from bench_fixtures import (
-    address_host,
-    netns_cluster,
-    netns_unavailable,
-    print_verdict,
-    subprocess_cluster,
-)
-from tiers import starts_processes
+from bench_fixtures import subprocess_cluster
+from bench_runs import W, assert_verdict, run
 from typer.testing import CliRunner
 
-from prefect_dask_profiling.bench.config import BenchConfig
-from prefect_dask_profiling.bench.protocol import run_bench
 from prefect_dask_profiling.bench.workloads import SlowWorker
 from prefect_dask_profiling.cli import app
 from prefect_dask_profiling.diagnosis.classify import CLASSES, classify
@@ -35,33 +27,6 @@ from prefect_dask_profiling.diagnosis.classify import CLASSES, classify
 pytestmark = pytest.mark.slow
 
 CLI = str(Path(sys.executable).with_name("dask-profiling"))
-W = "prefect_dask_profiling.bench.workloads"
-
-
-@pytest.fixture(scope="module")
-@starts_processes("dask scheduler and worker processes")
-def remote() -> str:
-    with subprocess_cluster(workers=2, nthreads=1) as address:
-        yield address
-
-
-def run(tmp_path: Path, workload: str, **kwargs) -> dict:
-    config = BenchConfig(workload=f"{W}:{workload}", out=str(tmp_path), calibration_repeats=3,
-                         repeats=1, **kwargs)
-    return run_bench(config, progress=print).summaries
-
-
-def assert_verdict(summary: dict, klass: str, min_sources: int = 3,
-                   confidences: tuple[str, ...] = ("high", "medium")) -> None:
-    b = summary["bottleneck"]
-    print_verdict(f"{summary['config']['workload']} ({summary['side']})", b)
-    print("  ALL " + ", ".join(f"{k}={v:.3g}" for k, v in sorted(summary["signals"].items())
-                              if isinstance(v, float)))
-    assert b["primary"] == klass, b["note"]
-    supporting = [e for e in b["signals"] if e["supports"]]
-    assert len({e["source"] for e in supporting}) >= min_sources, b["signals"]
-    assert b["confidence"] in confidences
-    assert b["actions"]
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -189,7 +154,7 @@ def test_an_undetermined_verdict_is_a_well_formed_bench_outcome():
         assert_well_formed_verdict({**determined, "signals": []})  # a class without evidence
 
 
-# -- five synthetic bottlenecks ------------------------------------------------------------
+# -- synthetic bottlenecks ------------------------------------------------------------
 
 
 def test_compute_bound(remote, tmp_path):
@@ -234,97 +199,10 @@ def test_spill_bound(tmp_path):
         assert any("is also supported" in d for d in b["disagreements"])
 
 
-@pytest.mark.skipif(netns_unavailable() is not None, reason=str(netns_unavailable()))
-def test_transfer_bound_between_network_hosts(tmp_path):
-    with netns_cluster(workers=2, nthreads=1, rate="100mbit") as address:
-        s = run(tmp_path, "synthetic_transfer", n=[4000], seeds=[1], scheduler=address,
-                local=False)
-    assert_verdict(s["remote"], "transfer")
-    warnings = s["remote"]["warnings"]
-    # honest: separate network hosts, not loopback — but the same machine
-    assert not any("loopback" in w for w in warnings)
-    assert any("same host" in w or "hostname" in w for w in warnings)
 
 
-# -- io-bound and a straggler by one task --------------------------------------------------
 
 
-def test_io_bound_waiting_on_a_latency_service(remote, tmp_path):
-    s = run(tmp_path, "synthetic_io_latency", n=[20], seeds=[1, 2], scheduler=remote,
-            local=False)
-    assert_verdict(s["remote"], "io")
-    assert s["remote"]["signals"]["fine.cpu_fraction"] < 0.4
-    assert "threads per worker" in s["remote"]["bottleneck"]["actions"][0]
-
-
-def test_straggler_by_one_long_task(remote, tmp_path):
-    s = run(tmp_path, "synthetic_skewed_task", n=[100_000], seeds=[1], scheduler=remote,
-            local=False)
-    assert_verdict(s["remote"], "straggler", min_sources=2)
-    assert s["remote"]["signals"]["tasks.task_skew"] >= 5
-    assert s["remote"]["signals"]["context.straggler"].startswith("task prefix spin")
-
-
-@pytest.mark.skipif(netns_unavailable() is not None, reason=str(netns_unavailable()))
-def test_io_bound_reading_real_s3_across_slow_links(tmp_path, monkeypatch):
-    from bench_fixtures import moto_on
-
-    from prefect_dask_profiling.bench.workloads import S3_ENDPOINT_ENV
-
-    with netns_cluster(workers=2, nthreads=1, rate="20mbit") as address, \
-            moto_on(address_host(address), size=4 * 1024 * 1024) as spec:
-        monkeypatch.setenv(S3_ENDPOINT_ENV, spec)
-        s = run(tmp_path, "s3_read_ranges", n=[6], seeds=[1], scheduler=address, local=False)
-    assert_verdict(s["remote"], "io")
-    signals = s["remote"]["signals"]
-    assert signals["host.external_mb"] >= 4  # the object's bytes came from outside Dask
-    assert signals["transfer.mb_moved"] < 1  # and not between workers
-    assert s["remote"]["bottleneck"]["scores"]["transfer"]["gate"]
-
-
-# -- holdout: not used to set any threshold ---------------------------------------------------
-
-
-HOLDOUT_RUNS = {"holdout_sort": {"n": [400_000], "seeds": [1]},
-                "holdout_slow_files": {"n": [12], "seeds": [1, 2]},
-                "holdout_hot_partition": {"n": [50_000], "seeds": [1]},
-                "holdout_slow_object": {"n": [50], "seeds": [1]},
-                "holdout_jittered_waits": {"n": [16], "seeds": [1, 2]},
-                "holdout_stuck_request": {"n": [20_000], "seeds": [1]},
-                "holdout_tree_of_spins": {"n": [1_000_000], "seeds": [1]}}
-# a straggler is measured by the task records alone (and a waiting one by nothing else: its
-# process is idle): one source, named with the class that fits what the task did
-MIN_HOLDOUT_SOURCES = {"straggler": 1}
-
-
-# holdout_stuck_request read io-bound in a loaded fresh-clone `make test` (issue 35 item 3
-# stays open for it): run it with DASK_PROFILING_MEASUREMENTS=1.
-_UNDER_LOAD = pytest.mark.skipif(not os.environ.get("DASK_PROFILING_MEASUREMENTS"),
-                                 reason="misread under load: DASK_PROFILING_MEASUREMENTS=1")
-
-
-@pytest.mark.parametrize("workload", [
-    pytest.param(w, marks=_UNDER_LOAD) if w == "holdout_stuck_request" else w
-    for w in sorted(HOLDOUT_RUNS)])
-def test_holdout(remote, tmp_path, workload):
-    from prefect_dask_profiling.bench.workloads import HOLDOUT
-
-    s = run(tmp_path, workload, scheduler=remote, local=False, **HOLDOUT_RUNS[workload])
-    expected = HOLDOUT[workload]
-    b = s["remote"]["bottleneck"]
-    print(f"HOLDOUT {workload}: expected {expected}, got {b['primary']} / {b['secondary']} / "
-          f"{b['confidence']} (sources {', '.join(b['sources'])})")
-    assert_verdict(s["remote"], expected, min_sources=MIN_HOLDOUT_SOURCES.get(expected, 2))
-
-
-def test_one_3_s_wait_among_50_ms_waits_is_a_straggler_with_io_beside_it(remote, tmp_path):
-    """Issue 35: every task sleeps, so io fits, but the stage's wall is the one 3 s task."""
-    s = run(tmp_path, "holdout_slow_object", n=[50], seeds=[1], scheduler=remote,
-            local=False)
-    b = s["remote"]["bottleneck"]
-    assert b["primary"] == "straggler", b["note"]
-    assert b["secondary"] == "io", b["note"]
-    assert s["remote"]["signals"]["tasks.longest_share"] >= 0.5
 
 
 # -- the Prefect flow -------------------------------------------------------------------------

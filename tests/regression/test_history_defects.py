@@ -184,27 +184,34 @@ def test_an_unreadable_verdict_table_leaves_the_next_night_unjudged(record, tmp_
 
 
 # ---------------------------------------------------------------------- the window's edge
-def test_an_episode_older_than_the_replay_window_keeps_its_id_and_its_ack(record, tmp_path):
-    """A chronic near-OOM open for more nights than the replay window (60): every night's
-    judge, ``alerts`` and a small ``alerts --runs 3`` see the episode that opened on the
-    first night, with the ack given to its id, and it failed one night in all.
+def test_an_episode_older_than_the_replay_window_keeps_its_id_and_its_ack(record, tmp_path,
+                                                                          monkeypatch):
+    """A chronic near-OOM open for more nights than the replay window: every night's judge,
+    ``alerts`` and a small ``alerts --runs 3`` see the episode that opened on the first
+    night, with the ack given to its id, and it failed one night in all.
 
-    Before each night stored the state its judge started from, the window's first night
-    re-opened the condition under a new id, and the ack no longer applied to it."""
+    The window is 8 nights here, not 60 (``LOOKBACK_RUNS``, read when the replay is): the
+    edge is the same code for every length (test_history_model.py checks all of them), and
+    each night replays its whole window. Before each night stored the state its judge
+    started from, the window's first night re-opened the condition under a new id, and the
+    ack no longer applied to it."""
+    window = 8
+    monkeypatch.setattr(alert_history, "LOOKBACK_RUNS", window)
     drive = driver(record, tmp_path)
     first = drive.run(quiet(0, peak={"read": 0.93}, kind="chronic"))
     [episode] = first.failing_episodes
     drive.ack("1", episode, first.spec.ended + timedelta(hours=1))
+    nights = window + 4
     runs = [first, *[drive.run(quiet(d, peak={"read": 0.93}, kind="chronic, acked"))
-                     for d in range(1, 64)]]
+                     for d in range(1, nights)]]
     assert [r.spec.day for r in runs if r.status == "regressed"] == [0], lines(runs)
     assert not [e for r in runs[1:] for e in r.events if e["episode"]["id"] != episode], \
         lines(runs)
     stored = runs[-1].manifest["carried"]
     assert [e["id"] for e in stored["episodes"]] == [episode]
-    assert stored["episodes"][0]["nights"] == 63  # every earlier night, not the window's
-    for window in (alert_history.LOOKBACK_RUNS, 3):
-        book, _ = alert_history.episodes_of(drive.store, "sim", "1", runs=window)
+    assert stored["episodes"][0]["nights"] == nights - 1  # every earlier night, not the window's
+    for runs_back in (None, 3):  # alerts, alerts --runs 3
+        book, _ = alert_history.episodes_of(drive.store, "sim", "1", runs=runs_back)
         [open_episode] = book.open()
         assert (open_episode.id, open_episode.state, open_episode.nights) == \
-            (episode, "acknowledged", 64), window
+            (episode, "acknowledged", nights), runs_back
