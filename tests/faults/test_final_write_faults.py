@@ -127,6 +127,9 @@ def test_a_store_that_breaks_before_the_final_write_loses_nothing(bucket, tmp_pa
         # before the faulty listing reached the proxy (then nothing was injected)
         timeout = TIMEOUT if "never answer" in fault else SETUP_TIMEOUT
         store = RunStore(URL, s3_options(proxy.endpoint), spool_dir=spool, timeout=timeout)
+        # its S3 client is made before the fault, outside the store's timeout: beside a CPU
+        # hog making it took longer than 5 s once, and the listing never left the process
+        store.fs.ls(f"{BUCKET}/{ROOT}/runs/{PIPE}")
         proxy.rule = FAULTS[fault]  # the store breaks between the two writes
         result = store.complete_run(PIPE, run_id, {"tasks": tasks()}, final(),
                                     extra_files=EXTRA)
