@@ -7,9 +7,9 @@ STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 # pytest processes (pytest-xdist); every test file runs whole in one of them, so module
 # fixtures are set up once, and session fixtures (the Prefect server) once per process.
-# 4 on 2 cores: the tests wait on servers, clusters and links much of the time (under a
-# 2-process CPU hog, 3 processes took 19-25 min, 4 took 15; docs/measured-figures.md)
-PYTEST_WORKERS ?= 4
+# 3 on 2 cores: 4 were faster beside a 2-process CPU hog (14-16 min instead of 19-21), but
+# there the load made classifier tests misread (docs/measured-figures.md)
+PYTEST_WORKERS ?= 3
 XDIST := -n $(PYTEST_WORKERS) --dist loadfile
 
 .PHONY: install test test-fast lint docs demo stop bench clean
