@@ -14,10 +14,11 @@ XDIST := -n $(PYTEST_WORKERS) --dist loadfile
 
 .PHONY: install test test-fast lint docs demo stop bench clean
 
+# uv installs the same pinned set as pip would, in seconds rather than a minute or more
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[test,dev,docs,raster]'
+	$(PY) -m pip install -q -c constraints.txt uv
+	$(PY) -m uv pip install --python $(PY) -q -c constraints.txt -e '.[test,dev,docs,raster]'
 	touch $(STAMP)
 
 install: $(STAMP)

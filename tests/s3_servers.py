@@ -208,12 +208,13 @@ class TcpRelay:
     Bytes pass unchanged in both directions, unless a subclass changes that
     (:meth:`_relay`). Bound to another local address, it makes a service that listens on
     127.0.0.1 reachable from clients with loopbacks of their own (the netns workers).
-    Every connection is closed when the relay stops.
+    Every connection is closed when the relay stops; a new relay on the same ``port`` is
+    the service coming back (clients see connections refused in between).
     """
 
-    def __init__(self, target: tuple[str, int], host: str = "127.0.0.1") -> None:
+    def __init__(self, target: tuple[str, int], host: str = "127.0.0.1", port: int = 0) -> None:
         self.target = target
-        self._listener = socket.create_server((host, 0))
+        self._listener = socket.create_server((host, port))
         self._listener.settimeout(0.2)
         self.port = int(self._listener.getsockname()[1])
         self.endpoint = f"http://{host}:{self.port}"
