@@ -15,7 +15,6 @@ from distributed import Client
 from prefect_dask_profiling import collect, install, stage, uninstall
 from prefect_dask_profiling.summary import RunRecord
 
-
 TIMES = ["compute_s", "p50_s", "p95_s", "max_s"]
 
 
