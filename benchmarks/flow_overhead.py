@@ -12,10 +12,12 @@ real Prefect server on 127.0.0.1, runs alternated so drift hits both sides alike
   its 90% bootstrap interval, and how long the scheduler's event loop was blocked: a
   probe coroutine on the scheduler wakes every 5 ms and records each late wake-up (a
   stall) — the longest per run, and the stalls over 20 ms.
-* **stack** — the ndvi flow with a chunk per time step (``1 × Y/4 × X/4``, as a stack of
-  COGs read one time step per chunk gives): 1,154 tasks per stage at the default shape
-  instead of 69, the shape issue 20 measured (~3,500 tasks per run); ``--chunks`` sets
-  other chunks for either part.
+* **stack** — the shape issue 34 measured: each stage computes the cube with a chunk per
+  time step (``1 × Y/4 × X/4``, as a stack of COGs read one time step per chunk gives;
+  1,154 tasks per stage at the default shape instead of 69) **from the flow body** through
+  ``get_dask_client()`` (``client.compute(x).result()``), beside 8 Prefect tasks mapped over
+  the stage's tiles (:func:`tile_check`, each a small NumPy statistic on a worker: the per-tile
+  writes and checks of a nightly flow); ``--chunks`` sets other chunks for either part.
 * **tiny** — four stages, each a Prefect task summing a 400 × 400 array, on a long-lived
   2 × 1 cluster, many runs: the fixed cost per run and per stage (least squares over the
   runs' stage counts is not needed: all runs have four stages, so per stage = extra / 4 is
@@ -84,10 +86,11 @@ from typing import Any
 
 import dask
 import dask.array as da
+import numpy as np
 from distributed import Client, LocalCluster
 from prefect import flow, task
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
-from prefect_dask import DaskTaskRunner
+from prefect_dask import DaskTaskRunner, get_dask_client
 
 from prefect_dask_profiling import stage
 from prefect_dask_profiling.bench.report import paired_ratio
@@ -154,6 +157,17 @@ def tasks_per_stage(shape: tuple[int, int, int], chunks: tuple[int, int, int] | 
 
 
 @task
+def tile_check(seed: int, tile: int) -> float:
+    """One of a stack stage's mapped Prefect tasks: the mean of a 256 x 256 tile (NumPy, on
+    the worker the task runs on; no Dask graph of its own)."""
+    rng = np.random.default_rng(seed * TILES + tile)
+    return float(rng.random((256, 256), dtype="float32").mean())
+
+
+TILES = 8  # mapped Prefect tasks per stack stage
+
+
+@task
 def array_sum(n: int) -> float:
     """Sum of an ``n × n`` array of ones (16 chunks) on the Dask cluster."""
     return float(da.ones((n, n), chunks=max(n // 4, 1)).sum().compute())
@@ -161,7 +175,7 @@ def array_sum(n: int) -> float:
 
 def make_flow(runner: DaskTaskRunner, kind: str, name: str, shape: tuple[int, int, int],
               chunks: tuple[int, int, int] | None = None):
-    """The ndvi or tiny flow on ``runner``; profiled runners get ``@profiled``."""
+    """The ndvi, stack or tiny flow on ``runner``; profiled runners get ``@profiled``."""
 
     def body() -> float:
         total = 0.0
@@ -169,6 +183,15 @@ def make_flow(runner: DaskTaskRunner, kind: str, name: str, shape: tuple[int, in
             for seed, stage_name in enumerate(NDVI_STAGES):
                 with stage(stage_name):
                     total += ndvi_median.submit(shape, seed, chunks).result()
+        elif kind == "stack":
+            for seed, stage_name in enumerate(NDVI_STAGES):
+                with stage(stage_name):
+                    # mapped first: prefect-dask 0.3.7's get_dask_client() in a flow body
+                    # needs the runner's client, which its first submission creates
+                    tiles = tile_check.map(seed, range(TILES))
+                    with get_dask_client() as client:
+                        total += float(client.compute(ndvi_graph(shape, seed, chunks)).result())
+                    total += sum(f.result() for f in tiles)
         else:
             for stage_name in TINY_STAGES:
                 with stage(stage_name):
@@ -612,14 +635,15 @@ def run_ndvi(args: argparse.Namespace, store_dir: str, part: str = "ndvi") -> No
             options = NDVI_VARIANTS[name]
             runner = (DaskTaskRunner(address=address) if options is None else
                       ProfiledDaskTaskRunner(address=address, store=store_dir, **options))
-            flows[name] = make_flow(runner, "ndvi", f"bench-{part}-{name.replace(' ', '-')}",
+            flows[name] = make_flow(runner, part, f"bench-{part}-{name.replace(' ', '-')}",
                                     shape, chunks)
         client.run_on_scheduler(_probe_start)
         phases = Phases()
         where = "separate processes" if args.scheduler_process else "in-process LocalCluster"
+        mapped = f" + {TILES} mapped Prefect tasks" if part == "stack" else ""
         print(f"{part} flow: 3 stages of a {shape} cube in chunks of "
               f"{chunks or 'T x Y/4 x X/4'} ({tasks_per_stage(shape, chunks):,} tasks per "
-              f"stage), 2 workers x 2 threads ({where}), "
+              f"stage{mapped}), 2 workers x 2 threads ({where}), "
               f"{args.repeats} alternated runs each")
         try:
             results = compare(client, flows, args.repeats, phases, store_dir,

@@ -29,7 +29,7 @@ import dataclasses
 import functools
 import inspect
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -455,63 +455,73 @@ def profiled(fn=None, *, store_parameter: str = "store"):
     """
     if fn is None:
         return functools.partial(profiled, store_parameter=store_parameter)
-    signature = inspect.signature(fn)
-
-    def store_from(args: tuple, kwargs: dict) -> str | None:
-        if store_parameter not in signature.parameters:
-            return None
-        bound = signature.bind_partial(*args, **kwargs)
-        return bound.arguments.get(store_parameter)
-
-    def begin(args: tuple, kwargs: dict) -> ProfiledDaskTaskRunner | None:
-        runner = _live_runner()
-        if runner is None:
-            logger.warning("@profiled: the flow's task runner is not ProfiledDaskTaskRunner; "
-                           "nothing is recorded")
-            return None
-        runner.session.use_store(store_from(args, kwargs))
-        runner.session.preflight()
-        return runner
-
-    @contextlib.contextmanager
-    def failing(runner: ProfiledDaskTaskRunner | None) -> Iterator[None]:
-        """Store what ran when the flow body raises; never masks its error."""
-        try:
-            yield
-        except BaseException as exc:
-            if runner is not None:
-                runner.session.finish(error=exc)
-            raise
-
-    def ending(runner: ProfiledDaskTaskRunner | None, value: Any) -> Any:
-        if runner is None:
-            return value
-        from prefect_dask_profiling.regression.verdict import RegressionDetected
-
-        try:
-            runner.session.finish()
-        except RegressionDetected as exc:  # "fail" mode: the flow run ends Failed
-            return regression_state(exc)
-        return value
-
+    # The wrapper is the one closure: the flow is pickled with every task Prefect sends to
+    # Dask (scheduler and worker unpickle it), and nested functions travel by value.
     if asyncio.iscoroutinefunction(fn):
         @functools.wraps(fn)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-            runner = begin(args, kwargs)
-            with failing(runner):
+            runner = _begin(fn, store_parameter, args, kwargs)
+            with _failing(runner):
                 value = await fn(*args, **kwargs)
-            return ending(runner, value)
+            return _ending(runner, value)
 
         return async_wrapper
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        runner = begin(args, kwargs)
-        with failing(runner):
+        runner = _begin(fn, store_parameter, args, kwargs)
+        with _failing(runner):
             value = fn(*args, **kwargs)
-        return ending(runner, value)
+        return _ending(runner, value)
 
     return wrapper
+
+
+def _store_from(fn: Callable[..., Any], store_parameter: str, args: tuple,
+                kwargs: dict) -> str | None:
+    """The store URL the flow call passed as ``store_parameter``, if the flow has one."""
+    signature = inspect.signature(fn)
+    if store_parameter not in signature.parameters:
+        return None
+    return signature.bind_partial(*args, **kwargs).arguments.get(store_parameter)
+
+
+def _begin(fn: Callable[..., Any], store_parameter: str, args: tuple,
+           kwargs: dict) -> ProfiledDaskTaskRunner | None:
+    """The live profiled runner, its store chosen and its workers checked; ``None`` (with
+    a warning) when the flow runs on another task runner."""
+    runner = _live_runner()
+    if runner is None:
+        logger.warning("@profiled: the flow's task runner is not ProfiledDaskTaskRunner; "
+                       "nothing is recorded")
+        return None
+    runner.session.use_store(_store_from(fn, store_parameter, args, kwargs))
+    runner.session.preflight()
+    return runner
+
+
+@contextlib.contextmanager
+def _failing(runner: ProfiledDaskTaskRunner | None) -> Iterator[None]:
+    """Store what ran when the flow body raises; never masks its error."""
+    try:
+        yield
+    except BaseException as exc:
+        if runner is not None:
+            runner.session.finish(error=exc)
+        raise
+
+
+def _ending(runner: ProfiledDaskTaskRunner | None, value: Any) -> Any:
+    """Finish the run: the body's value, or the Failed state of a regression."""
+    if runner is None:
+        return value
+    from prefect_dask_profiling.regression.verdict import RegressionDetected
+
+    try:
+        runner.session.finish()
+    except RegressionDetected as exc:  # "fail" mode: the flow run ends Failed
+        return regression_state(exc)
+    return value
 
 
 def regression_state(exc: RegressionDetected):

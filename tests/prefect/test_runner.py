@@ -298,3 +298,28 @@ def test_pickled_runner_leaves_store_credentials_behind():
     assert b"s3cr3t" not in blob and b"AKIAEXAMPLE" not in blob
     assert pickle.loads(blob).profiling.store == "s3://bucket/x"
     assert runner.profiling.storage_options == {"key": "AKIAEXAMPLE", "secret": "s3cr3t"}
+
+
+@pytest.mark.parametrize("is_async", [False, True])
+def test_profiled_function_carries_only_the_flow_function(is_async, caplog):
+    """Prefect pickles the flow with every task it sends to Dask and nested functions
+    travel by value: the decorated function closes over the flow function and the
+    parameter name only, and keeps the flow function's name, signature and kind."""
+    import asyncio
+    import inspect
+
+    if is_async:
+        async def body(store: str | None = None) -> int:
+            return 7
+    else:
+        def body(store: str | None = None) -> int:
+            return 7
+    wrapped = profiled(body)
+    assert {id(c.cell_contents) for c in wrapped.__closure__} == {id(body), id("store")}
+    assert inspect.iscoroutinefunction(wrapped) is is_async
+    assert wrapped.__name__ == "body"
+    assert inspect.signature(wrapped) == inspect.signature(body)
+    # outside a profiled flow run: the value, and a warning that nothing is recorded
+    value = asyncio.run(wrapped()) if is_async else wrapped()
+    assert value == 7
+    assert "nothing is recorded" in caplog.text
