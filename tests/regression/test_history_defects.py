@@ -132,15 +132,19 @@ def test_an_acknowledged_episode_emits_no_detected_and_stays_out_of_baselines(re
                                                                              tmp_path):
     drive = driver(record, tmp_path)
     runs = history(drive, range(6))
-    step = drive.run(quiet(6, factors={"read": 10.0}, kind="10x read"))
-    # one episode per flagged prefix of the read stage (sum, and sum-partial when its
-    # share passes the rule's minimum)
+    # the step is read/sum's alone: with the whole stage 10x, whether sum-partial also
+    # passed the rule's min_share depended on the recorded shares (a real cluster's, which
+    # move with the load) and the night's +-5 %, so it could pass on the night after the
+    # ack and not on the step night — a new episode, rightly detected, that this test is
+    # not about (beside a CPU hog, 5 December 2026)
+    step_factors = {("read", "sum"): 10.0}
+    step = drive.run(quiet(6, factors=step_factors, kind="10x read/sum"))
     detected = {e["episode"]["prefix"]: e for e in step.events_of("detected")}
-    assert "sum" in detected, lines([*runs, step])
+    assert set(detected) == {"sum"}, lines([*runs, step])
     episode = detected["sum"]["episode"]["id"]
     # an ack by run id: every episode open at the step night
     drive.ack("1", step.run_id, step.spec.ended + timedelta(hours=6))
-    acked = [drive.run(quiet(d, factors={"read": 10.0}, kind="10x read, acked"))
+    acked = [drive.run(quiet(d, factors=step_factors, kind="10x read/sum, acked"))
              for d in (7, 8)]
     back = drive.run(quiet(9, kind="revert"))
     runs += [step, *acked, back]
