@@ -579,6 +579,10 @@ def test_remembered_reads_list_once_copy_out_and_see_writes(s3_store, moto_endpo
         n_gets = len(gets)
         table.loc[0, "total_s"] = -1.0  # a copy: the memory keeps what was read
         assert s3_store.read_table("ndvi", first)["total_s"].iloc[0] == 12.5
+        manifest = s3_store.read_manifest("ndvi", first)
+        files = dict(manifest["files"])
+        manifest["files"].clear()  # a deep copy too: nested values are the caller's own
+        assert s3_store.read_manifest("ndvi", first)["files"] == files and files
         assert len(gets) == n_gets
         late = new_run_id(day + timedelta(days=2))
         with pytest.raises(StoreError):
