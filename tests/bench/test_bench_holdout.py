@@ -27,7 +27,13 @@ def test_io_bound_waiting_on_a_latency_service(remote, tmp_path):
 def test_straggler_by_one_long_task(remote, tmp_path):
     s = run(tmp_path, "synthetic_skewed_task", n=[100_000], seeds=[1], scheduler=remote,
             local=False)
-    assert_verdict(s["remote"], "straggler", min_sources=2)
+    # the task records say it twice (one task vs its prefix, one worker's execute seconds
+    # per task vs the other's); the process CPU's imbalance supports it on a quiet machine,
+    # but beside a 2-process CPU hog it read 1.43 (threshold 1.5: the idle worker's own
+    # overhead grows with the stretched wall), so it is not required (make test, 5 December)
+    assert_verdict(s["remote"], "straggler", min_sources=1)
+    supporting = {e["signal"] for e in s["remote"]["bottleneck"]["signals"] if e["supports"]}
+    assert {"tasks.task_skew", "worker.seconds_per_task_skew"} <= supporting, supporting
     assert s["remote"]["signals"]["tasks.task_skew"] >= 5
     assert s["remote"]["signals"]["context.straggler"].startswith("task prefix spin")
 
