@@ -1,0 +1,116 @@
+"""Where a profiled run's flow-process CPU goes: py-spy on the tiny flow, per function.
+
+Runs the ``tiny`` flow of :mod:`benchmarks.flow_overhead` (4 stages, each a Prefect task
+summing a 400 × 400 array; the scheduler in this process, 2 worker processes × 1 thread, one
+Prefect server on 127.0.0.1) with the profiled runner's defaults: ``--warmups`` runs, then
+``--runs`` runs while ``py-spy record`` samples this process (on-CPU samples only, every
+thread). Here the scheduler shares the flow process, so what the profiler adds to this
+process's CPU is the flow's added wall.
+
+Prints this process's CPU seconds per run, the samples per thread (the flow body's main
+thread; the background service's), and the package's functions with their inclusive
+milliseconds of CPU per run. Needs ``py-spy`` (``pip install py-spy`` into the venv; not a
+dependency) and the right to attach to this process (root, or ptrace allowed).
+
+    PYTHONPATH=. .venv/bin/python benchmarks/flow_process_spy.py [--runs 10] [--top 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from distributed import Client, LocalCluster
+from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+from benchmarks import flow_overhead
+from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner
+
+RATE = 200  # samples per second
+PACKAGE = "prefect_dask_profiling"
+
+
+def py_spy() -> str:
+    """The ``py-spy`` next to this interpreter, else on the PATH; exits naming the fix."""
+    candidate = Path(sys.executable).parent / "py-spy"
+    found = str(candidate) if candidate.exists() else shutil.which("py-spy")
+    if found is None:
+        sys.exit("py-spy not found: pip install py-spy into the venv")
+    return found
+
+
+def functions(raw: Path, runs: int) -> tuple[collections.Counter, collections.Counter, int]:
+    """(inclusive samples per package function, samples per thread, all samples) of a
+    ``py-spy record -f raw`` file: one line per stack, ``frame;frame;... count``."""
+    inclusive: collections.Counter = collections.Counter()
+    threads: collections.Counter = collections.Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        if not line.strip():
+            continue
+        stack, count = line.rsplit(" ", 1)
+        frames, n = stack.split(";"), int(count)
+        total += n
+        threads[frames[0].split(" (")[0]] += n
+        seen = set()
+        for frame in frames:
+            if PACKAGE not in frame:
+                continue
+            name, _, where = frame.partition(" (")
+            key = f"{name} ({where.split('/')[-1].split(':')[0]})"
+            if key not in seen:
+                seen.add(key)
+                inclusive[key] += n
+    return inclusive, threads, total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--warmups", type=int, default=3)
+    parser.add_argument("--top", type=int, default=40)
+    args = parser.parse_args()
+    if args.runs < 1 or args.warmups < 1 or args.top < 1:
+        parser.error("--runs, --warmups and --top must be >= 1")
+    spy = py_spy()
+    flow_overhead.SCHEDULER_IN_FLOW[0] = True
+    with tempfile.TemporaryDirectory() as tmp, flow_overhead.prefect_server(), \
+            temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}), \
+            LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0",
+                         host="127.0.0.1") as cluster, Client(cluster):
+        runner = ProfiledDaskTaskRunner(address=cluster.scheduler_address,
+                                        store=f"{tmp}/store")
+        tiny = flow_overhead.make_flow(runner, "tiny", "bench-tiny-spy", (0, 0, 0))
+        for _ in range(args.warmups):
+            tiny(return_state=True)
+        raw = Path(tmp) / "spy.raw"
+        recorder = subprocess.Popen(
+            [spy, "record", "-p", str(os.getpid()), "-r", str(RATE), "-f", "raw",
+             "-o", str(raw), "--nonblocking"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(1.0)  # attached
+        cpu = time.process_time()
+        for _ in range(args.runs):
+            tiny(return_state=True)
+        cpu = (time.process_time() - cpu) / args.runs
+        recorder.send_signal(2)  # SIGINT: py-spy writes what it sampled
+        recorder.wait(timeout=60)
+        inclusive, threads, total = functions(raw, args.runs)
+    per_run = 1000.0 / RATE / args.runs
+    print(f"tiny flow, profiled (defaults), {args.runs} runs: this process's CPU "
+          f"{cpu:.3f} s per run; py-spy saw {total * per_run / 1000:.3f} s per run")
+    for thread, n in threads.most_common(4):
+        print(f"  {n * per_run:7.1f} ms/run  thread {thread}")
+    for name, n in inclusive.most_common(args.top):
+        print(f"  {n * per_run:7.1f} ms/run  {name}")
+
+
+if __name__ == "__main__":
+    main()
