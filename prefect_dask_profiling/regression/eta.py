@@ -303,12 +303,28 @@ def _entries(manifest: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 
 def _stage_order(nights: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The newest night's stage order, then stages only older nights ran (newest first)."""
+    """The newest night's stage order, with each stage only older nights ran (newest night
+    first) put where that night ran it: before the first of its successors already placed,
+    else after the last of its predecessors.
+
+    An optional stage keeps its place: a ``prepare`` that runs first on the nights the data
+    is missing must not sort after ``write``, or the night it runs again every stage still to
+    come reads as "not run tonight (a later stage has started)".
+    """
     order: list[str] = []
     for night in reversed(nights):
-        for entry in _entries(night):
-            if str(entry["name"]) not in order:
-                order.append(str(entry["name"]))
+        names = list(dict.fromkeys(str(entry["name"]) for entry in _entries(night)))
+        for i, name in enumerate(names):
+            if name in order:
+                continue
+            after = next((n for n in names[i + 1:] if n in order), None)
+            before = next((n for n in reversed(names[:i]) if n in order), None)
+            if after is not None:
+                order.insert(order.index(after), name)
+            elif before is not None:
+                order.insert(order.index(before) + 1, name)
+            else:
+                order.append(name)
     return order
 
 

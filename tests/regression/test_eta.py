@@ -142,6 +142,21 @@ def test_a_stage_not_run_tonight_is_assumed_skipped():
     assert eta.remaining_s == pytest.approx(50.0)
 
 
+def test_an_optional_first_stage_keeps_its_place_in_the_order():
+    # "prepare" ran first on the oldest night only (the data was missing): the night it
+    # runs again, the stages after it are still to come, not skipped
+    nights = [night(i)[0] for i in range(5)]
+    nights[0]["stages"].insert(0, {"name": "prepare", "wall_s": 40.0, "windows": 1})
+    nights[1]["stages"].append({"name": "publish", "wall_s": 5.0, "windows": 1})
+    stats = history_stats("p", "v1", nights)
+    assert [s.name for s in stats.stages] == ["prepare", "read", "ndvi", "write", "publish"]
+    progress = RunProgress(now=NOW, elapsed_s=40.0, completed={"prepare": 40.0},
+                           windows={"prepare": 1})
+    eta = estimate(stats, progress)
+    assert not any("not run tonight" in reason for _, reason in eta.unknown), eta.unknown
+    assert eta.remaining_s == pytest.approx(350.0, rel=0.05)
+
+
 def test_a_stage_with_zero_tasks_uses_time_only():
     plan = {"setup": (10.0, {}), **PLAN}
     stats = stats_of(plan=plan)
