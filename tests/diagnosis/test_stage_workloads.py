@@ -69,7 +69,7 @@ def diagnoses(tmp_path_factory) -> dict[str, dict]:
         def workloads() -> None:
             with get_dask_client() as client:
                 with stage("tiny-tasks"):
-                    client.compute(da.random.default_rng(1).random(6000, chunks=1).sum()
+                    client.compute(da.random.default_rng(1).random(3000, chunks=1).sum()
                                    ).result()
                 with stage("waiting-straggler"):
                     waited(client, [0.05] * 32 + [4.0])

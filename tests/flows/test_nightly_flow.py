@@ -7,11 +7,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from ndvi_fixtures import HISTORY_RUNS, SLOWED, artifacts_by_key, flow_run_id
+from ndvi_fixtures import HISTORY_RUNS, artifacts_by_key, flow_run_id
 from prefect.client.orchestration import get_client
 
-from flows.nightly_ndvi import CLUSTER_KWARGS, nightly_ndvi
-from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner
 from prefect_dask_profiling.store import layout
 from prefect_dask_profiling.store.runs import RunStore
 
@@ -129,18 +127,3 @@ def test_the_regressed_stage_has_its_report_linked(ndvi_history):
     link = artifacts_by_key(ndvi_history.slowed)[f"{PIPELINE}-report-read"].data
     assert f"{run_id}/read.html" in link
 
-
-def test_warn_mode_completes_and_reports_the_regression(ndvi_history):
-    warn = nightly_ndvi.with_options(task_runner=ProfiledDaskTaskRunner(
-        cluster_kwargs=CLUSTER_KWARGS, on_regression="warn"))
-    before = len(ndvi_history.notifications())
-    state = warn(size="tiny", store=ndvi_history.store, data_url=ndvi_history.data,
-                 data_storage_options=ndvi_history.data_options,
-                 notify_url=f"file://{ndvi_history.notify}", **SLOWED, return_state=True)
-    assert state.is_completed()
-    assert len(ndvi_history.notifications()) == before, "no failure, no notification"
-    verdicts = pd.DataFrame(json.loads(artifacts_by_key(state)[f"{PIPELINE}-regression"].data))
-    flagged = verdicts[(verdicts["verdict"] == "regression") & (verdicts["stage"] == "read")]
-    assert set(flagged["prefix"]) & OPERATIONS["read"], verdicts
-    latest = stored_runs(ndvi_history.store)[-1]
-    assert latest["status"] == "regressed"

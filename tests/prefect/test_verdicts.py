@@ -100,12 +100,15 @@ def test_regressed_run_stays_out_of_the_baseline(cluster, history):
     assert len(latest_manifest(store, "verdicts")["baseline"]["runs"]) == 3
 
 
-def test_warn_mode_completes_and_reports(cluster, history):
+def test_warn_mode_completes_and_reports(cluster, history, tmp_path):
     store, _ = history
-    state = run(cluster, store, SLOW, on_regression="warn")
+    hook_file = tmp_path / "hook.txt"
+    state = run(cluster, store, SLOW, on_regression="warn", hook_file=hook_file)
     assert state.is_completed()
+    assert not hook_file.exists(), "warn mode: no failure, so no on_failure hook"
     verdicts = regression_artifact(state)
-    assert "regression" in {row["verdict"] for row in verdicts}
+    flagged = {row["prefix"] for row in verdicts if row["verdict"] == "regression"}
+    assert any("slow_block" in prefix for prefix in flagged), verdicts
     assert latest_manifest(store, "verdicts")["status"] == "regressed"
 
 
