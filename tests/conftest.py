@@ -38,23 +38,33 @@ SHARED_SESSION_FIXTURES = {
 }
 
 
-# The scopes that take longest, longest first (each 70-330 s of wall beside a 2-process CPU
-# hog, `make test` on 2 cores, 4 December 2026): they are handed out before the others, so
-# none of them starts last and runs alone while the other processes have finished.
+# The scopes that take longest, longest first (each 40-280 s of wall beside a 2-process CPU
+# hog, `make test` on 2 cores, tests/timeline.py's summary of 5 December 2026): they are
+# handed out before the others (longest processing time first), so none of them starts last
+# and runs alone while the other processes have finished; the files under ~40 s fill in.
 RUN_FIRST = (
     "ndvi_history",
-    "shared_cluster",
     "tests/bench/test_bench.py",
-    "tests/diagnosis/test_stage_workloads.py",
+    "shared_cluster",
     "tests/summary/test_memory.py",
     "tests/bench/test_bench_holdout.py",
     "tests/regression/test_history_defects.py",
-    "tests/regression/test_history_simulation.py",
-    "tests/timing/test_storage_requests.py",
     "tests/flows/test_raster_netns.py",
-    "tests/bench/test_bench_netns.py",
+    "tests/timing/test_storage_requests.py",
+    "tests/regression/test_history_simulation.py",
     "tests/timing/test_plugin.py",
+    "tests/diagnosis/test_stage_workloads.py",
     "tests/prefect/test_runner.py",
+    "tests/bench/test_bench_netns.py",
+    "tests/prefect/test_stage_reports.py",
+    "tests/test_docs_examples.py",
+    "tests/faults/test_ack_store_faults.py",
+    "tests/flows/test_deployment.py",
+    "tests/prefect/test_eta_flow.py",
+    "tests/prefect/test_cost_flow.py",
+    "tests/faults/test_final_write_faults.py",
+    "tests/prefect/test_verdicts.py",
+    "tests/store/test_store.py",
 )
 
 
