@@ -14,7 +14,8 @@ so code made of many small calls (a plugin hook per transition) is inflated more
 that spends its time in C (pickling, sockets): read the list as where to look, and measure
 a change with ``flow_overhead.py``.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/scheduler_cprofile.py [--runs 3] [--top 40]
+    PYTHONPATH=. .venv/bin/python benchmarks/scheduler_cprofile.py [--runs 3] [--top 40] \
+        [--sort own]
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def _profile_off(dask_scheduler, name: str) -> dict:
     return {key: (value[1], value[2], value[3]) for key, value in stats.items()}
 
 
-def run(runs: int, top: int) -> None:
+def run(runs: int, top: int, sort: str = "cumulative") -> None:
     kinds: dict[str, list[dict]] = {"plain": [], "profiled": []}
     heartbeats = {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
     with tempfile.TemporaryDirectory() as tmp, flow_overhead.prefect_server(), \
@@ -88,10 +89,10 @@ def run(runs: int, top: int) -> None:
                 kinds[kind].append(stats)
                 print(f"  run {i + 1}/{runs} {kind:9s} {time.perf_counter() - t0:6.2f} s "
                       f"{state.name}", flush=True)
-    report(kinds, top)
+    report(kinds, top, sort)
 
 
-def report(kinds: dict[str, list[dict]], top: int) -> None:
+def report(kinds: dict[str, list[dict]], top: int, sort: str = "cumulative") -> None:
     """The loop thread's CPU per run, and the functions whose CPU grew most."""
     mean: dict[str, dict[Entry, list[float]]] = {}
     for kind, profiles in kinds.items():
@@ -104,12 +105,13 @@ def report(kinds: dict[str, list[dict]], top: int) -> None:
         own = sum(v[1] for v in acc.values())
         print(f"{kind}: event-loop thread {own:.3f} s of CPU per run (under cProfile)")
     plain, profiled = mean["plain"], mean["profiled"]
+    column = 1 if sort == "own" else 2
     rows = []
     for key in set(plain) | set(profiled):
-        calls_a, _, cum_a = plain.get(key, (0.0, 0.0, 0.0))
-        calls_b, _, cum_b = profiled.get(key, (0.0, 0.0, 0.0))
-        rows.append((cum_b - cum_a, calls_a, calls_b, key))
-    print(f"cumulative CPU per run, profiled minus plain (top {top}):")
+        a = plain.get(key, (0.0, 0.0, 0.0))
+        b = profiled.get(key, (0.0, 0.0, 0.0))
+        rows.append((b[column] - a[column], a[0], b[0], key))
+    print(f"{sort} CPU per run, profiled minus plain (top {top}):")
     print(f"  {'ms':>8} {'calls plain':>12} {'profiled':>9}  function")
     for diff, calls_a, calls_b, (file, line, func) in sorted(rows, reverse=True)[:top]:
         where = file.split("site-packages/")[-1]
@@ -120,10 +122,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="profiled runs of each kind")
     parser.add_argument("--top", type=int, default=40, help="functions listed")
+    parser.add_argument("--sort", choices=("cumulative", "own"), default="cumulative",
+                        help="list by the growth of cumulative CPU (callees included) or of "
+                             "the function's own CPU")
     args = parser.parse_args()
     if args.runs < 1 or args.top < 1:
         parser.error("--runs and --top must be >= 1")
-    run(args.runs, args.top)
+    run(args.runs, args.top, args.sort)
 
 
 if __name__ == "__main__":

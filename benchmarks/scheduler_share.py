@@ -1,0 +1,219 @@
+"""The scheduler's CPU for profiling, by its parts, against a plain stage's (printed figures).
+
+The end-to-end benchmark (``flow_overhead.py --part stack --scheduler-process``) pairs whole
+flow runs; on 2 noisy cores the scheduler's plain CPU per run moves by more than the
+profiler's part of it, so its paired ratio moves between runs (0.96-1.12 on the same code).
+This benchmark measures the scheduler's part *by its parts*, each with an instrument finer
+than the noise, on the same stack stage (a 24 x 1024 x 1024 cube in 1 x 256 x 256 chunks,
+1,154 tasks, computed on a ``dask scheduler`` and two ``dask worker`` processes of 2 threads):
+
+1. **plain stage**: the scheduler's event-loop CPU (``time.thread_time`` on the loop, read
+   through ``run_on_scheduler``) for one stage computed without profiling, median of
+   ``--stages`` stages;
+2. **per-task hooks**: one such stage's transitions recorded on the scheduler, then replayed
+   there through a fresh ``TaskTimings`` and Dask's ``TaskStreamPlugin`` (the recorder the
+   stage reports read) in the scheduler's own call form, ``--replays`` alternated times each,
+   in thread CPU seconds: what the two hooks add to each stage;
+3. **per-stage and per-run calls**: each scheduler round trip a profiled stage makes (the
+   report window's two marks, the plugin's snapshot, the ETA's task counts, the workers'
+   storage counters, the report's data copy) and each the run makes once (registering and
+   removing the plugin), repeated ``--calls`` times, the loop's CPU over them less the idle
+   loop's over the same wall; and the plugin's worker sampler, one tick a second (its
+   default ``sample_interval``) for as long as a plain stage runs.
+
+The share printed is (hooks + calls per stage + per-run calls / 3 stages) / plain stage:
+the scheduler's added CPU per stage of the stack flow, also against the plain stages'
+fastest and slowest.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/scheduler_share.py [--stages 12] [--replays 9]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import dask
+from distributed import Client
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # dask_processes
+import dask_processes  # noqa: E402
+
+from benchmarks.flow_overhead import ndvi_graph  # noqa: E402
+from prefect_dask_profiling.prefect import report_data, reports  # noqa: E402
+from prefect_dask_profiling.stage import stage  # noqa: E402
+from prefect_dask_profiling.timing import client as timing_client  # noqa: E402
+from prefect_dask_profiling.timing import storage_io  # noqa: E402
+from prefect_dask_profiling.timing.scope import RUN_ANNOTATION  # noqa: E402
+
+SHAPE, CHUNKS = (24, 1024, 1024), (1, 256, 256)
+STAGES_PER_RUN = 3  # the stack flow's stages: the per-run calls are shared out over them
+RECORDER = "bench-transition-recorder"
+
+
+class TransitionRecorder(SchedulerPlugin):
+    """Keeps every transition's arguments as the scheduler passes them (the replay's input)."""
+
+    name = RECORDER
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def transition(self, key, start, finish, *args, **kwargs) -> None:
+        self.calls.append((key, start, finish, kwargs))
+
+
+def _loop_cpu(dask_scheduler=None) -> float:
+    return time.thread_time()
+
+
+def _replay(dask_scheduler, name: str, repeats: int) -> dict[str, list[float]]:
+    """Replay the recorded transitions through a fresh TaskTimings (run ``name``'s tasks)
+    and a fresh TaskStreamPlugin, alternated; thread CPU seconds of each pass."""
+    from distributed.diagnostics.task_stream import TaskStreamPlugin
+
+    from prefect_dask_profiling.timing.plugin import TaskTimings
+
+    calls = dask_scheduler.plugins[RECORDER].calls
+    out: dict[str, list[float]] = {"TaskTimings": [], "TaskStreamPlugin": []}
+
+    def one(plugin) -> float:
+        t0 = time.thread_time()
+        for key, start, finish, kwargs in calls:
+            plugin.transition(key, start, finish, **kwargs)
+        return time.thread_time() - t0
+
+    for i in range(repeats):
+        timings = TaskTimings(name, None, 0.0)
+        timings.scheduler = timings.scope.scheduler = dask_scheduler
+        stream = TaskStreamPlugin(dask_scheduler)
+        pair = [("TaskTimings", timings), ("TaskStreamPlugin", stream)]
+        for label, plugin in (pair if i % 2 == 0 else pair[::-1]):
+            out[label].append(one(plugin))
+    return out
+
+
+def _ticks(dask_scheduler, name: str, n: int) -> float:
+    """Thread CPU seconds of one tick of plugin ``name``'s periodic worker sampler."""
+    plugin = dask_scheduler.plugins[name]
+    t0 = time.thread_time()
+    for _ in range(n):
+        plugin._sample_workers()
+    return (time.thread_time() - t0) / n
+
+
+def plain_stages(client: Client, n: int) -> tuple[list[float], list[float]]:
+    """The loop's CPU seconds and the wall seconds of each of ``n`` plain stages."""
+    cpu, walls = [], []
+    for seed in range(n):
+        c0, w0 = client.run_on_scheduler(_loop_cpu), time.perf_counter()
+        with stage(f"plain-{seed}"):
+            client.compute(ndvi_graph(SHAPE, seed, CHUNKS)).result()
+        walls.append(time.perf_counter() - w0)
+        cpu.append(client.run_on_scheduler(_loop_cpu) - c0)
+    return cpu, walls
+
+
+def hooks(client: Client, replays: int) -> dict[str, list[float]]:
+    """Record one stage's transitions (its result kept, so its tasks stay known), replay."""
+    client.register_plugin(TransitionRecorder(), name=RECORDER)
+    with dask.annotate(**{RUN_ANNOTATION: "bench-run"}), stage("replayed"):
+        kept = client.persist(ndvi_graph(SHAPE, 99, CHUNKS))
+        kept.compute()
+    try:
+        return client.run_on_scheduler(_replay, name="bench-run", repeats=replays)
+    finally:
+        client.unregister_scheduler_plugin(RECORDER)
+        del kept
+
+
+def per_call(client: Client, fn: Callable[[], object], n: int) -> float:
+    """The loop's CPU seconds per call of ``fn``, less the idle loop's over the same wall."""
+    fn()
+    c0, w0 = client.run_on_scheduler(_loop_cpu), time.perf_counter()
+    for _ in range(n):
+        fn()
+    c1, wall = client.run_on_scheduler(_loop_cpu), time.perf_counter() - w0
+    time.sleep(wall)
+    idle = client.run_on_scheduler(_loop_cpu) - c1
+    return max(c1 - c0 - idle, 0.0) / n
+
+
+def calls(client: Client, n: int, wall: float) -> tuple[dict[str, float], dict[str, float]]:
+    """Loop CPU seconds of each per-stage and each per-run scheduler call of a profiled run
+    (the worker sampler's ticks: as many as a stage of ``wall`` seconds gets)."""
+    name = timing_client.install(client, scope="run")
+    storage_io.install(client)
+    with dask.annotate(**{RUN_ANNOTATION: name}), stage("calls"):
+        window = reports.open_window(client)
+        client.compute(ndvi_graph(SHAPE, 7, CHUNKS)).result()
+        end = reports.close_window(client)
+    stage_calls = {
+        "report window marks (2)": per_call(client, lambda: (reports.open_window(client),
+                                                             reports.close_window(client)), n),
+        "snapshot": per_call(client, lambda: timing_client.snapshot(client, name), n),
+        "ETA task counts": per_call(client, lambda: timing_client.task_counts(client, name),
+                                    n),
+        "storage counters (2)": per_call(client, lambda: (storage_io.io_counters(client),
+                                                          storage_io.io_counters(client)),
+                                         n),
+        "report data copy": per_call(client, lambda: report_data.fetch(
+            client, start=window.start, stop=end.stop, first=window.index, last=end.index,
+            last_count=window.last_count, end_count=end.count or window.last_count,
+            limit=window.stream_limit), max(n // 4, 1)),
+        f"worker sampler ({wall:.1f} ticks)": wall * client.run_on_scheduler(
+            _ticks, name=name, n=n * 10),
+    }
+    timing_client.uninstall(client, name)
+    run_calls = {"plugin registered and removed": per_call(
+        client, lambda: timing_client.uninstall(client, timing_client.install(client,
+                                                                              scope="run")),
+        max(n // 4, 1))}
+    reports.release_task_stream(client)
+    return stage_calls, run_calls
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--stages", type=int, default=12, help="plain stages measured")
+    parser.add_argument("--replays", type=int, default=9, help="replays of each hook")
+    parser.add_argument("--calls", type=int, default=20, help="repeats of each call")
+    args = parser.parse_args()
+    if min(args.stages, args.replays, args.calls) < 3:
+        parser.error("--stages, --replays and --calls must be >= 3")
+    with tempfile.TemporaryDirectory() as tmp, \
+            dask_processes.external_cluster(tmp, n_workers=2, nthreads=2) as cluster, \
+            cluster.client() as client:
+        plain_stages(client, 2)  # warm-up: imports, first connections
+        plain, walls = plain_stages(client, args.stages)
+        replayed = hooks(client, args.replays)
+        stage_calls, run_calls = calls(client, args.calls, statistics.median(walls))
+    base = statistics.median(plain)
+    print(f"plain stage ({len(plain)} stages, 1,154 tasks): loop CPU median {base:.3f} s "
+          f"(min {min(plain):.3f}, max {max(plain):.3f})")
+    total = 0.0
+    for label, seconds in replayed.items():
+        med = statistics.median(seconds)
+        total += med
+        print(f"  hook {label:<38} {med * 1000:7.1f} ms per stage "
+              f"(min {min(seconds) * 1000:.1f}, max {max(seconds) * 1000:.1f})")
+    for label, seconds in stage_calls.items():
+        total += seconds
+        print(f"  per stage: {label:<32} {seconds * 1000:7.1f} ms")
+    for label, seconds in run_calls.items():
+        total += seconds / STAGES_PER_RUN
+        print(f"  per run:   {label:<32} {seconds * 1000:7.1f} ms "
+              f"({seconds / STAGES_PER_RUN * 1000:.1f} ms per stage of {STAGES_PER_RUN})")
+    low, high = 1 + total / max(plain), 1 + total / min(plain)
+    print(f"added per stage {total * 1000:.1f} ms: scheduler CPU {1 + total / base:.3f}x a plain "
+          f"stage's (against the plain stages' spread: {low:.3f}-{high:.3f})")
+
+
+if __name__ == "__main__":
+    main()
