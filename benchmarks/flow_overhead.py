@@ -435,7 +435,7 @@ def compare(client: Client, flows: dict[str, Any], repeats: int, phases: Phases,
     """Run every flow ``repeats`` times, rotating the order; collect the breakdown of one."""
     results: dict[str, list] = {name: [] for name in flows}
     names = list(flows)
-    for name in names:  # warm-up: imports, first connections, task-stream recorder
+    for name in names:  # warm-up: imports, first connections
         options = NDVI_VARIANTS.get(name) or {}
         for _ in range(ETA_WARMUPS if "eta_interval" in options else 1):
             timed_run(flows[name], client)

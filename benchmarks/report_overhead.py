@@ -22,16 +22,18 @@ from distributed import Client, LocalCluster
 
 from prefect_dask_profiling.prefect import reports
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
+from prefect_dask_profiling.timing.client import install
 
 
-def stage_once(client: Client, tasks: int, with_report: bool,
+def stage_once(client: Client, plugin: str, tasks: int, with_report: bool,
                renderer: str = "flow") -> tuple[float, float, str | None]:
-    """Run a stage of ``tasks`` tiny tasks; render its report when asked.
+    """Run a stage of ``tasks`` tiny tasks; render its report (from the task records of
+    ``plugin``) when asked.
 
     Returns the stage's wall seconds, the seconds spent rendering, and the HTML.
     """
     t0 = time.perf_counter()
-    window = reports.open_window(client) if with_report else None
+    window = reports.open_window(client, plugin) if with_report else None
     x = da.ones(tasks, chunks=1)
     client.compute((x + 1).sum()).result()
     t1 = time.perf_counter()
@@ -55,12 +57,13 @@ def main() -> None:
     args = parser.parse_args()
     with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster, \
             Client(cluster) as client:
-        stage_once(client, 1000, True, args.renderer)  # warm-up: imports, task-stream recorder
+        plugin = install(client, task_records=True)  # in both: the report's cost is measured
+        stage_once(client, plugin, 1000, True, args.renderer)  # warm-up: imports
         plain, reported, renders, html = [], [], [], ""
         for i in range(args.repeats):
             order = (False, True) if i % 2 == 0 else (True, False)
             for with_report in order:
-                wall, render_s, out = stage_once(client, args.tasks, with_report,
+                wall, render_s, out = stage_once(client, plugin, args.tasks, with_report,
                                                  args.renderer)
                 (reported if with_report else plain).append(wall)
                 if with_report:

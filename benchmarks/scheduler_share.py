@@ -10,10 +10,12 @@ than the noise, on the same stack stage (a 24 x 1024 x 1024 cube in 1 x 256 x 25
 1. **plain stage**: the scheduler's event-loop CPU (``time.thread_time`` on the loop, read
    through ``run_on_scheduler``) for one stage computed without profiling, median of
    ``--stages`` stages;
-2. **per-task hooks**: one such stage's transitions recorded on the scheduler, then replayed
-   there through a fresh ``TaskTimings`` and Dask's ``TaskStreamPlugin`` (the recorder the
-   stage reports read) in the scheduler's own call form, ``--replays`` alternated times each,
-   in thread CPU seconds: what the two hooks add to each stage;
+2. **the per-task hook**: one such stage's transitions recorded on the scheduler, then
+   replayed there through a fresh ``TaskTimings`` keeping the task records the stage
+   reports draw, in the scheduler's own call form, ``--replays`` times, in thread CPU
+   seconds: what the hook adds to each stage. For reference (not counted), the same replay
+   through ``TaskTimings`` without task records and through Dask's ``TaskStreamPlugin``,
+   the recorder the reports read before the plugin kept its own, alternated with it;
 3. **per-stage and per-run calls**: each scheduler round trip a profiled stage makes (the
    report window's two marks, the plugin's snapshot, the ETA's task counts, the workers'
    storage counters, the report's data copy) and each the run makes once (registering and
@@ -55,6 +57,7 @@ from prefect_dask_profiling.timing.scope import RUN_ANNOTATION  # noqa: E402
 SHAPE, CHUNKS = (24, 1024, 1024), (1, 256, 256)
 STAGES_PER_RUN = 3  # the stack flow's stages: the per-run calls are shared out over them
 RECORDER = "bench-transition-recorder"
+COUNTED = "TaskTimings with task records"  # the hook a profiled run adds
 
 
 class TransitionRecorder(SchedulerPlugin):
@@ -75,13 +78,16 @@ def _loop_cpu(dask_scheduler=None) -> float:
 
 def _replay(dask_scheduler, name: str, repeats: int) -> dict[str, list[float]]:
     """Replay the recorded transitions through a fresh TaskTimings (run ``name``'s tasks)
-    and a fresh TaskStreamPlugin, alternated; thread CPU seconds of each pass."""
+    with and without task records, and a fresh TaskStreamPlugin, alternated; thread CPU
+    seconds of each pass."""
     from distributed.diagnostics.task_stream import TaskStreamPlugin
 
-    from prefect_dask_profiling.timing.plugin import TaskTimings
+    from prefect_dask_profiling.timing.plugin import TaskTimings, task_stream_length
+    from prefect_dask_profiling.timing.tasks import TaskRecords
 
     calls = dask_scheduler.plugins[RECORDER].calls
-    out: dict[str, list[float]] = {"TaskTimings": [], "TaskStreamPlugin": []}
+    out: dict[str, list[float]] = {COUNTED: [], "TaskTimings without task records": [],
+                                   "Dask's TaskStreamPlugin": []}
 
     def one(plugin) -> float:
         t0 = time.thread_time()
@@ -90,11 +96,16 @@ def _replay(dask_scheduler, name: str, repeats: int) -> dict[str, list[float]]:
         return time.thread_time() - t0
 
     for i in range(repeats):
-        timings = TaskTimings(name, None, 0.0)
-        timings.scheduler = timings.scope.scheduler = dask_scheduler
-        stream = TaskStreamPlugin(dask_scheduler)
-        pair = [("TaskTimings", timings), ("TaskStreamPlugin", stream)]
-        for label, plugin in (pair if i % 2 == 0 else pair[::-1]):
+        plugins = []
+        for records in (True, False):
+            timings = TaskTimings(name, None, 0.0)
+            timings.scheduler = timings.scope.scheduler = dask_scheduler
+            if records:  # what start() does with task_records=True
+                timings.tasks.records = TaskRecords(task_stream_length())
+            plugins.append(timings)
+        plugins.append(TaskStreamPlugin(dask_scheduler))
+        order = list(zip(out, plugins, strict=True))
+        for label, plugin in (order if i % 2 == 0 else order[::-1]):
             out[label].append(one(plugin))
     return out
 
@@ -148,15 +159,15 @@ def per_call(client: Client, fn: Callable[[], object], n: int) -> float:
 def calls(client: Client, n: int, wall: float) -> tuple[dict[str, float], dict[str, float]]:
     """Loop CPU seconds of each per-stage and each per-run scheduler call of a profiled run
     (the worker sampler's ticks: as many as a stage of ``wall`` seconds gets)."""
-    name = timing_client.install(client, scope="run")
+    name = timing_client.install(client, scope="run", task_records=True)
     storage_io.install(client)
     with dask.annotate(**{RUN_ANNOTATION: name}), stage("calls"):
-        window = reports.open_window(client)
+        window = reports.open_window(client, name)
         client.compute(ndvi_graph(SHAPE, 7, CHUNKS)).result()
-        end = reports.close_window(client)
+        end = reports.close_window(client, window)
     stage_calls = {
-        "report window marks (2)": per_call(client, lambda: (reports.open_window(client),
-                                                             reports.close_window(client)), n),
+        "report window marks (2)": per_call(client, lambda: reports.close_window(
+            client, reports.open_window(client, name)), n),
         "snapshot": per_call(client, lambda: timing_client.snapshot(client, name), n),
         "ETA task counts": per_call(client, lambda: timing_client.task_counts(client, name),
                                     n),
@@ -164,7 +175,8 @@ def calls(client: Client, n: int, wall: float) -> tuple[dict[str, float], dict[s
                                                           storage_io.io_counters(client)),
                                          n),
         "report data copy": per_call(client, lambda: report_data.fetch(
-            client, start=window.start, stop=end.stop, first=window.index, last=end.index,
+            client, plugin=name, start=window.start, stop=end.stop, first=window.index,
+            last=end.index,
             last_count=window.last_count, end_count=end.count or window.last_count,
             limit=window.stream_limit), max(n // 4, 1)),
         f"worker sampler ({wall:.1f} ticks)": wall * client.run_on_scheduler(
@@ -172,10 +184,8 @@ def calls(client: Client, n: int, wall: float) -> tuple[dict[str, float], dict[s
     }
     timing_client.uninstall(client, name)
     run_calls = {"plugin registered and removed": per_call(
-        client, lambda: timing_client.uninstall(client, timing_client.install(client,
-                                                                              scope="run")),
-        max(n // 4, 1))}
-    reports.release_task_stream(client)
+        client, lambda: timing_client.uninstall(client, timing_client.install(
+            client, scope="run", task_records=True)), max(n // 4, 1))}
     return stage_calls, run_calls
 
 
@@ -200,9 +210,10 @@ def main() -> None:
     total = 0.0
     for label, seconds in replayed.items():
         med = statistics.median(seconds)
-        total += med
+        total += med if label == COUNTED else 0.0
         print(f"  hook {label:<38} {med * 1000:7.1f} ms per stage "
-              f"(min {min(seconds) * 1000:.1f}, max {max(seconds) * 1000:.1f})")
+              f"(min {min(seconds) * 1000:.1f}, max {max(seconds) * 1000:.1f})"
+              + ("" if label == COUNTED else " [reference, not counted]"))
     for label, seconds in stage_calls.items():
         total += seconds
         print(f"  per stage: {label:<32} {seconds * 1000:7.1f} ms")

@@ -1,8 +1,9 @@
 """What a stage's performance report shows, copied from the scheduler as plain data.
 
 The flow-process renderer (:mod:`~prefect_dask_profiling.prefect.report_html`) draws Dask's
-report from this data, so the scheduler only copies: the stage's task-stream records (by
-the recorder's append counter, so exactly the stage's tasks), its own profile, bandwidths,
+report from this data, so the scheduler only copies: the stage's task records (kept by the
+run's plugin, :class:`~prefect_dask_profiling.timing.tasks.TaskRecords`, and read by their
+append counter, so exactly the stage's tasks), its own profile, bandwidths,
 system-monitor samples and log lines of the window. The records are copied in pages of
 :data:`PAGE` so no single call holds the scheduler's event loop long. Worker profiles are
 asked of the workers directly (the scheduler neither merges nor forwards them) and only
@@ -26,11 +27,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("prefect_dask_profiling")
 
-TASK_STREAM_PLUGIN = "task-stream"
 PAGE = 2000  # task records per scheduler call (~2-4 ms of event loop on 2 slow cores)
 PROFILE_TIMEOUT = 10.0  # seconds to wait for a worker's profile
 
-# (key, worker, thread, startstops, status): what Dask's task-stream rectangles read
+# (key, worker, thread, startstops, status): what Dask's task-stream rectangles read, as
+# timing.tasks.TaskRecords keeps them
 TaskRecord = tuple[Any, str, int, tuple, str]
 
 
@@ -91,41 +92,38 @@ class StageData:
 # -- scheduler side (shipped by value) ----------------------------------------------------------
 
 
-def window_state(dask_scheduler) -> dict:
-    """Cursor of the task-stream recorder (installed if missing) and of the system monitor."""
-    plugin = dask_scheduler.plugins.get("task-stream")
-    installed = plugin is None
-    if installed:
-        dask_scheduler.get_task_stream_index()  # installs the recorder
-        plugin = dask_scheduler.plugins["task-stream"]
-    return {"count": dask_scheduler.monitor.count, "index": plugin.index,
-            "limit": plugin.buffer.maxlen or 0, "installed": installed}
+def _records(dask_scheduler, name: str):
+    """The task records of run ``name``'s plugin (``None`` when it keeps none, or is gone)."""
+    plugin = dask_scheduler.plugins.get(name)
+    return getattr(getattr(plugin, "tasks", None), "records", None)
 
 
-def stream_page(dask_scheduler, first: int, last: int, size: int) -> dict:
+def window_state(dask_scheduler, name: str) -> dict:
+    """Cursor of run ``name``'s task records and of the system monitor."""
+    records = _records(dask_scheduler, name)
+    if records is None:
+        raise RuntimeError(f"the scheduler plugin {name!r} keeps no task records (not "
+                           "installed, removed, or installed without task_records=True)")
+    return {"count": dask_scheduler.monitor.count, "index": records.index,
+            "limit": records.limit}
+
+
+def stream_page(dask_scheduler, name: str, first: int, last: int, size: int) -> dict:
     """Up to ``size`` records of the append-counter range ``[first, last)`` still held.
 
     Returns ``oldest`` (the counter of the oldest record held) and the records from
     ``max(first, oldest)`` on: a record that left the buffer is never replaced by a later
-    one (Dask's own ``collect(start_index=)`` clamps to the buffer's start instead).
+    one. No records when the plugin is gone.
     """
-    import itertools
-
-    plugin = dask_scheduler.plugins.get("task-stream")
-    if plugin is None:
+    records = _records(dask_scheduler, name)
+    if records is None:
         return {"oldest": last, "records": []}
-    buffer = plugin.buffer
-    oldest = plugin.index - len(buffer)
-    lo = max(first, oldest)
-    hi = min(last, lo + size, plugin.index)
-    records = [(m["key"], m.get("worker"), m.get("thread"), m.get("startstops") or (),
-                m.get("status"))
-               for m in itertools.islice(buffer, lo - oldest, max(lo, hi) - oldest)]
-    return {"oldest": oldest, "records": records}
+    oldest, page = records.page(first, last, size)
+    return {"oldest": oldest, "records": page}
 
 
-def stage_facts(dask_scheduler, start: float, stop: float, last_count: int, end_count: int,
-                first: int, last: int, size: int) -> dict:
+def stage_facts(dask_scheduler, name: str, start: float, stop: float, last_count: int,
+                end_count: int, first: int, last: int, size: int) -> dict:
     """One call: the first page of records and every small part of the report."""
     from distributed import profile
 
@@ -139,7 +137,7 @@ def stage_facts(dask_scheduler, start: float, stop: float, last_count: int, end_
     import distributed
 
     return {
-        "page": stream_page(dask_scheduler, first, last, size),
+        "page": stream_page(dask_scheduler, name, first, last, size),
         "scheduler_profile": (profile.get_profile(history, start=start, stop=stop)
                               if history is not None else profile.create()),
         "bandwidth": dask_scheduler.bandwidth,
@@ -157,43 +155,38 @@ def stage_facts(dask_scheduler, start: float, stop: float, last_count: int, end_
     }
 
 
-def drop_task_stream(dask_scheduler, keep_if_prefix: str) -> bool:
-    """Remove the task-stream recorder unless a plugin named ``keep_if_prefix...`` remains."""
-    if any(n.startswith(keep_if_prefix) for n in dask_scheduler.plugins):
-        return False
-    return dask_scheduler.plugins.pop("task-stream", None) is not None
-
-
 ship_by_value(__name__)
 
 
 # -- flow side ----------------------------------------------------------------------------------
 
 
-def fetch(client: Client, *, start: float, stop: float, first: int, last: int,
+def fetch(client: Client, *, plugin: str, start: float, stop: float, first: int, last: int,
           last_count: int, end_count: int, limit: int, timeout: float = 120.0) -> StageData:
     """Copy the data of the stage window from the scheduler and its workers.
 
     Parameters
     ----------
+    plugin
+        The name of the run's ``TaskTimings`` plugin, whose task records the window reads.
     start, stop
         The window's wall times (profiles and log lines between them).
     first, last
-        The task-stream recorder's append counter at the window's start and end: the stage's
-        tasks are exactly the records ``[first, last)``.
+        The task records' append counter at the window's start and end: the stage's tasks
+        are exactly the records ``[first, last)``.
     last_count, end_count
         The system monitor's sample counter at the window's start and end.
     limit
         The recorder's buffer length (to say why a report is cut).
     """
-    facts = client.run_on_scheduler(stage_facts, start=start, stop=stop,
+    facts = client.run_on_scheduler(stage_facts, name=plugin, start=start, stop=stop,
                                     last_count=last_count, end_count=end_count, first=first,
                                     last=last, size=PAGE, callback_timeout=timeout)
     records = list(facts["page"]["records"])
     cursor = max(first, facts["page"]["oldest"]) + len(records)
     while records and cursor < last:  # later pages; a page may find its records gone
-        page = client.run_on_scheduler(stream_page, first=cursor, last=last, size=PAGE,
-                                       callback_timeout=timeout)
+        page = client.run_on_scheduler(stream_page, name=plugin, first=cursor, last=last,
+                                       size=PAGE, callback_timeout=timeout)
         if not page["records"]:
             break
         records.extend(page["records"])

@@ -1,8 +1,8 @@
 """Per-stage Dask performance reports: window marks, and how they are drawn.
 
-A stage's report covers its window: wall times, the task-stream recorder's append counter
-(so exactly the stage's tasks, whatever the clock offsets) and the system monitor's sample
-counter, marked at the stage's entry and exit. The scheduler only copies the window's data
+A stage's report covers its window: wall times, the append counter of the run's task
+records (so exactly the stage's tasks, whatever the clock offsets) and the system monitor's
+sample counter, marked at the stage's entry and exit. The scheduler only copies the window's data
 (:mod:`~prefect_dask_profiling.prefect.report_data`) and the flow process draws Dask's
 report with Bokeh (:mod:`~prefect_dask_profiling.prefect.report_html`) on its background
 service: a few milliseconds of scheduler event loop per report instead of half a second.
@@ -13,11 +13,14 @@ during which it schedules nothing) and bounded it to the window by replacing the
 scheduler's ``get_task_stream`` and ``get_profile`` methods: patching someone else's
 scheduler for a copy of what the flow renderer draws. It is refused by name.
 
-The task-stream recorder Dask relies on stays resident once used (~0.7 KB per
-task, its buffer keeps the last ``distributed.scheduler.dashboard.tasks.task-stream-length``
-tasks): a report drawn after more tasks than that finished shows the stage's records still
-held, never a later stage's, and says it is cut. :func:`release_task_stream` drops the
-recorder after the run.
+The task stream a report draws is kept by the run's own scheduler plugin
+(:class:`~prefect_dask_profiling.timing.tasks.TaskRecords`: the run's finished tasks, the
+last ``distributed.scheduler.dashboard.tasks.task-stream-length`` of them, as Dask's
+recorder keeps them), not by Dask's ``TaskStreamPlugin``: that one is a second hook on every
+transition of every client, and it is the dashboard's, so a run must neither install it
+nor take it away. A report drawn after more of the run's tasks than that finished shows the
+stage's records still held, never a later stage's, and says it is cut; the records go with
+the plugin at the run's end.
 """
 
 from __future__ import annotations
@@ -42,7 +45,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("prefect_dask_profiling")
 
-TASK_STREAM_PLUGIN = report_data.TASK_STREAM_PLUGIN
 #: The longest a presigned link (a report's, the trend page's) stays valid: S3's limit.
 MAX_LINK_SECONDS = 7 * 24 * 3600
 #: The longest :meth:`StageReports.drain` waits for the reports still being drawn and stored
@@ -62,13 +64,14 @@ _REMOVED = {"dask": (
 
 @dataclass
 class ReportWindow:
-    """Where a stage's report starts: wall time, monitor count and task-stream cursor."""
+    """Where a stage's report starts: wall time, monitor count, and the cursor of the task
+    records of ``plugin`` (the run's ``TaskTimings``), which keep the last ``stream_limit``."""
 
     start: float
     last_count: int
     index: int
     stream_limit: int
-    installed_stream: bool
+    plugin: str
 
 
 @dataclass
@@ -99,12 +102,13 @@ def render_now(mode: bool | str, seconds: float, min_seconds: float,
     return bool(mode)
 
 
-def open_window(client: Client) -> ReportWindow:
-    """Mark the start of a report window (installs Dask's task-stream recorder)."""
+def open_window(client: Client, plugin: str) -> ReportWindow:
+    """Mark the start of a report window on the task records of ``plugin``, the run's
+    ``TaskTimings`` (installed with ``task_records=True``; ``RuntimeError`` otherwise)."""
     start = time()
-    state = client.run_on_scheduler(report_data.window_state)
+    state = client.run_on_scheduler(report_data.window_state, name=plugin)
     return ReportWindow(start=start, last_count=state["count"], index=state["index"],
-                        stream_limit=state["limit"], installed_stream=state["installed"])
+                        stream_limit=state["limit"], plugin=plugin)
 
 
 @dataclass(frozen=True)
@@ -116,10 +120,10 @@ class WindowEnd:
     count: int | None = None
 
 
-def close_window(client: Client) -> WindowEnd:
-    """Mark the end of a report window (one cheap round trip; nothing is rendered)."""
+def close_window(client: Client, window: ReportWindow) -> WindowEnd:
+    """Mark the end of ``window`` (one cheap round trip; nothing is rendered)."""
     stop = time()
-    state = client.run_on_scheduler(report_data.window_state)
+    state = client.run_on_scheduler(report_data.window_state, name=window.plugin)
     return WindowEnd(stop=stop, index=state["index"], count=state["count"])
 
 
@@ -139,7 +143,7 @@ def render(client: Client, window: ReportWindow, end: WindowEnd | None = None,
         For an unknown ``renderer``.
     """
     check_renderer(renderer)
-    end = end or close_window(client)
+    end = end or close_window(client, window)
     return _render_in_flow(client, window, end, timeout, stage)
 
 
@@ -157,19 +161,14 @@ def _render_in_flow(client: Client, window: ReportWindow, end: WindowEnd, timeou
     from prefect_dask_profiling.prefect.report_html import render_html
 
     data = report_data.fetch(
-        client, start=window.start, stop=end.stop, first=window.index, last=end.index,
+        client, plugin=window.plugin, start=window.start, stop=end.stop, first=window.index,
+        last=end.index,
         last_count=window.last_count,
         end_count=end.count if end.count is not None else window.last_count,
         limit=window.stream_limit, timeout=timeout)
     stream = data.stream
     return RenderedReport(html=render_html(data, stage), tasks=stream.total,
                           truncated=stream.cut, shown=stream.kept, renderer="flow")
-
-
-def release_task_stream(client: Client, keep_if_prefix: str = "task-timings-") -> bool:
-    """Remove Dask's task-stream recorder unless another profiled run still uses it."""
-    return client.run_on_scheduler(report_data.drop_task_stream,
-                                   keep_if_prefix=keep_if_prefix)
 
 
 def presign(store: RunStore, location: str, retention_days: int) -> str:
@@ -239,6 +238,9 @@ class StageReports:
     ----------
     client
         The run's Dask client.
+    plugin
+        The name of the run's ``TaskTimings`` plugin, installed with ``task_records=True``:
+        its task records are the reports' task stream.
     ctx
         The run's identity (filled in by the session; a report is stored under its pipeline
         and run id).
@@ -253,18 +255,17 @@ class StageReports:
         report is stored (it posts the report's link); ``None``: no link is posted.
     """
 
-    def __init__(self, client: Client, ctx: RunContext, warnings: list[str],
+    def __init__(self, client: Client, plugin: str, ctx: RunContext, warnings: list[str],
                  store: Callable[[], RunStore], settings: ReportSettings,
                  publisher: ReportStored | None = None) -> None:
         check_renderer(settings.renderer)
         self.publisher = publisher
         self.client = client
+        self.plugin = plugin
         self.ctx = ctx
         self.warnings = warnings
         self.settings = settings
         self._store = store
-        #: Whether a window of this run installed Dask's task-stream recorder.
-        self.installed_stream = False
         self._first_window: dict[str, ReportWindow] = {}
         self._opened_since: dict[str, set[str]] = {}  # other stages opened since the first
         self._report_notes: dict[str, str | None] = {}
@@ -285,11 +286,10 @@ class StageReports:
         window = self._first_window.get(name)
         if window is None and self.settings.mode:
             try:
-                window = open_window(self.client)
+                window = open_window(self.client, self.plugin)
             except Exception as exc:
                 self.warnings.append(f"stage {name!r}: report not started: {exc!r}")
                 return None
-            self.installed_stream |= window.installed_stream
             self._first_window[name] = window
         return window
 
@@ -298,7 +298,7 @@ class StageReports:
         if window is None:
             return None
         try:
-            return close_window(self.client)
+            return close_window(self.client, window)
         except Exception as exc:
             return exc
 
@@ -419,6 +419,6 @@ class StageReports:
                        "renderer": rendered.renderer}
         self.note(info, None if not rendered.truncated else (
             f"report truncated: it shows {rendered.shown} of the stage's {rendered.tasks} "
-            f"tasks (Dask's task stream keeps the last {window.stream_limit})"))
+            f"tasks (the run's task records keep the last {window.stream_limit})"))
         if post_link and self.publisher is not None:
             self.publisher.report_stored(info)

@@ -65,7 +65,8 @@ class Session:
                                    self.options.report_retention_days,
                                    self.options.retry_on_regression)
         self.reports = reports.StageReports(
-            client, self.ctx, self.warnings, lambda: self.store, reports.ReportSettings(
+            client, plugin_name, self.ctx, self.warnings, lambda: self.store,
+            reports.ReportSettings(
                 mode=self.options.stage_reports, min_seconds=self.options.report_min_seconds,
                 renderer=self.options.report_renderer,
                 retention_days=self.options.report_retention_days), self.publisher)
@@ -87,7 +88,8 @@ class Session:
         client = runner.client
         scope = "run" if runner.address else "cluster"
         name = timing_client.install(client, scope=scope,
-                              sample_interval=runner.profiling.sample_interval)
+                                     sample_interval=runner.profiling.sample_interval,
+                                     task_records=bool(runner.profiling.stage_reports))
         session = cls(runner, client, name, scope)
         session.io.counted = storage_io.install(client)
         exit_stack.callback(session.close)  # LIFO: runs before the client closes
@@ -98,7 +100,7 @@ class Session:
         return session
 
     def close(self) -> None:
-        """Remove the plugin and the task-stream recorder we caused (before client close);
+        """Remove the plugin (its task records with it; before client close);
         wait for the run's views (trend page, fleet rows) still being stored, last: the
         removals are round trips to the scheduler, during which the background draws."""
         if self.eta is not None:  # no tick may read the plugin once it is removed
@@ -110,8 +112,6 @@ class Session:
                 storage_io.uninstall(self.client)
             try:
                 timing_client.uninstall(self.client, self.plugin_name)
-                if self.reports.installed_stream:
-                    reports.release_task_stream(self.client)
             except Exception:
                 logger.debug("dask-profiling cleanup failed", exc_info=True)
         finally:

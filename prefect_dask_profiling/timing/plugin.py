@@ -36,7 +36,7 @@ from prefect_dask_profiling.timing.scope import (
     STAGE_ANNOTATION,
     RunScope,
 )
-from prefect_dask_profiling.timing.tasks import TaskStream
+from prefect_dask_profiling.timing.tasks import TaskRecords, TaskStream
 from prefect_dask_profiling.timing.workers import Incidents, WorkerLifetimes
 
 if TYPE_CHECKING:
@@ -72,6 +72,10 @@ class TaskTimings(SchedulerPlugin):
         Id of the client that installed the plugin: when it disconnects the plugin stops
         and removes itself. Defaults to ``owner_client``; ``None`` keeps the plugin until
         it is uninstalled or the scheduler closes.
+    task_records
+        Keep the run's finished tasks as Dask's task stream shows them (the stage reports'
+        task stream), the last ``distributed.scheduler.dashboard.tasks.task-stream-length``
+        of them, as Dask's recorder would (:class:`~.tasks.TaskRecords`).
     """
 
     idempotent = False
@@ -80,8 +84,9 @@ class TaskTimings(SchedulerPlugin):
 
     def __init__(self, name: str = "task-timings", owner_client: str | None = None,
                  sample_interval: float = 1.0, max_samples: int = 20_000, *,
-                 installer: str | None = None) -> None:
+                 installer: str | None = None, task_records: bool = False) -> None:
         self.name = name
+        self.task_records = task_records
         self.owner_client = owner_client
         self.installer = installer or owner_client
         self.sample_interval = sample_interval
@@ -119,6 +124,8 @@ class TaskTimings(SchedulerPlugin):
         self.scheduler = self.scope.scheduler = scheduler
         self.started = time.time()
         try:
+            if self.task_records:
+                self.tasks.records = TaskRecords(task_stream_length())
             self.lifetimes.record_threads()
             self.lifetimes.record_present(self.started)
             self._check_late_registration()
@@ -344,6 +351,14 @@ class TaskTimings(SchedulerPlugin):
             "warnings": list(self.warnings),
             "internal_errors": self.internal_errors, "last_error": self.last_error,
         }
+
+
+def task_stream_length() -> int:
+    """How many task records Dask's task-stream recorder would keep on this scheduler."""
+    import dask
+
+    return max(int(dask.config.get("distributed.scheduler.dashboard.status.task-stream-length")),
+               int(dask.config.get("distributed.scheduler.dashboard.tasks.task-stream-length")))
 
 
 def _accepted_long_running(scheduler: Any, key: Hashable, message: Mapping[str, Any]) -> Any:

@@ -27,7 +27,9 @@ those runs failed.
 
 from __future__ import annotations
 
+import itertools
 import time
+from collections import deque
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -44,6 +46,8 @@ _INF = float("inf")
 
 StageKey = tuple[str, str]
 """``(stage, prefix)``, or ``(source, destination)`` for transfers."""
+TaskRecord = tuple[Hashable, Any, Any, Any, Any]
+"""``(key, worker, thread, startstops, status)``: what Dask's task-stream rectangles read."""
 
 
 @dataclass(slots=True)
@@ -150,6 +154,40 @@ class WrapperWait:
         return self.waited + (self.end - self.start if self.pending > 0 else 0.0)
 
 
+class TaskRecords:
+    """The run's finished task runs as Dask's task stream shows them, the last ``limit`` kept.
+
+    What the stage reports draw. Dask's own recorder (``TaskStreamPlugin``) is another
+    scheduler plugin, called on every transition of every client's tasks and shared with
+    the dashboard; these records cost an append per finished task of the run, and the run
+    owns them (removing them never takes a recorder from under the dashboard). ``index``
+    counts every record ever added, so a window read as ``[first, last)`` of it holds
+    exactly the tasks that finished in between, whatever the clocks say.
+    """
+
+    __slots__ = ("limit", "buffer", "index")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(int(limit), 0)
+        self.buffer: deque[TaskRecord] = deque(maxlen=self.limit)
+        self.index = 0
+
+    def add(self, key: Hashable, kwargs: Mapping[str, Any]) -> None:
+        """Record one finished (or erred) task run from its transition's arguments."""
+        self.buffer.append((key, kwargs.get("worker"), kwargs.get("thread"),
+                            kwargs.get("startstops") or (), kwargs.get("status")))
+        self.index += 1
+
+    def page(self, first: int, last: int, size: int) -> tuple[int, list[TaskRecord]]:
+        """The counter of the oldest record held, and up to ``size`` records of
+        ``[first, last)`` still held, from ``max(first, oldest)`` on (a record that left
+        the buffer is never replaced by a later one)."""
+        oldest = self.index - len(self.buffer)
+        lo = max(first, oldest)
+        hi = min(last, lo + size, self.index)
+        return oldest, list(itertools.islice(self.buffer, lo - oldest, max(lo, hi) - oldest))
+
+
 class TaskStream:
     """Per-(stage, prefix) task aggregates, orchestration apart, and transfers.
 
@@ -177,6 +215,8 @@ class TaskStream:
         self.seceded: dict[Hashable, str] = {}
         #: running wrapper key -> its wait on inner work
         self.wrappers: dict[Hashable, WrapperWait] = {}
+        #: the run's finished tasks for the stage reports (``None``: not kept)
+        self.records: TaskRecords | None = None
 
     # -- hooks -----------------------------------------------------------------------------
 
@@ -196,6 +236,9 @@ class TaskStream:
     def finished(self, key: Hashable, kwargs: Mapping[str, Any], erred: bool) -> None:
         """A task run finished (in memory, or erred): add it to its ``(stage, prefix)``."""
         ts = self.scope.task(key)
+        records = self.records
+        if records is not None and self.scope.owner_stage(ts) is not None:
+            records.add(key, kwargs)
         seceded_run = self.seceded.pop(key, None)
         wrappers = self.wrappers
         wait = wrappers.pop(key, None) if wrappers else None

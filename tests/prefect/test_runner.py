@@ -11,7 +11,7 @@ from distributed import Client
 from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
-from prefect_dask import DaskTaskRunner
+from prefect_dask import DaskTaskRunner, get_dask_client
 from profiled_flows import crunch, make_flow
 from tiers import starts_processes
 
@@ -237,7 +237,17 @@ def test_forgetting_finish_is_visible(external_cluster, tmp_path, caplog):
     assert "finish() was never called" in caplog.text
 
 
-def test_no_stage_means_one_default_stage_and_no_recorder_left(external_cluster, tmp_path):
+def _dask_recorder(client: Client) -> tuple[int, int] | None:
+    """(id, append counter) of Dask's task-stream recorder, ``None`` when not installed."""
+
+    def read(dask_scheduler) -> tuple[int, int] | None:  # nested: sent by value
+        plugin = dask_scheduler.plugins.get("task-stream")
+        return None if plugin is None else (id(plugin), plugin.index)
+
+    return client.run_on_scheduler(read)
+
+
+def test_no_stage_means_one_default_stage_and_no_plugin_left(external_cluster, tmp_path):
     runner = ProfiledDaskTaskRunner(address=external_cluster, store=str(tmp_path))
 
     @flow(name="runner-nostage", version="1", task_runner=runner)
@@ -250,8 +260,46 @@ def test_no_stage_means_one_default_stage_and_no_recorder_left(external_cluster,
     assert [s["name"] for s in manifest["stages"]] == ["default"]
     with Client(external_cluster) as client:
         plugins = client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.plugins))
-    assert "task-stream" not in plugins
+    assert "task-stream" not in plugins  # the run never installs Dask's recorder
     assert not [p for p in plugins if p.startswith("task-timings")]
+
+
+def test_a_run_leaves_dask_s_task_stream_recorder_to_the_dashboard(external_cluster,
+                                                                    tmp_path):
+    """The run's reports draw the task records its own plugin keeps: a Dask task-stream
+    recorder the dashboard (or a user's ``get_task_stream``) starts while the run goes on is
+    still there after it, still recording (the runner used to install that recorder for
+    its reports and remove it at the run's end, from under whoever used it since)."""
+    runner = ProfiledDaskTaskRunner(address=external_cluster, store=str(tmp_path))
+
+    @flow(name="runner-dashboard", version="1", task_runner=runner)
+    @profiled
+    def staged() -> float:
+        with stage("crunch"):
+            out = crunch.submit(200, 2).result()
+            with get_dask_client() as client:  # the dashboard is opened mid-run
+                client.run_on_scheduler(
+                    lambda dask_scheduler: dask_scheduler.get_task_stream_index())
+        return out
+
+    with Client(external_cluster) as client:
+        assert _dask_recorder(client) is None
+        try:
+            assert staged(return_state=True).is_completed()
+            after = _dask_recorder(client)
+            client.submit(sum, [1, 2], pure=False).result()
+            later = _dask_recorder(client)
+            plugins = client.run_on_scheduler(
+                lambda dask_scheduler: list(dask_scheduler.plugins))
+        finally:
+            client.run_on_scheduler(
+                lambda dask_scheduler: dask_scheduler.plugins.pop("task-stream", None) and None)
+    assert after is not None and later is not None, "the run removed Dask's recorder"
+    assert later[0] == after[0] and later[1] == after[1] + 1  # the same one, recording
+    assert not [p for p in plugins if p.startswith("task-timings")]
+    [manifest] = manifests(str(tmp_path), "runner-dashboard")
+    [info] = manifest["stages"]
+    assert info["report"]["tasks"] >= 1 and not info["report"]["truncated"]
 
 
 def test_auto_reports_skip_a_short_stage_but_not_one_that_raised(external_cluster, tmp_path):

@@ -16,16 +16,20 @@ from prefect_dask_profiling.prefect.publish import Publisher
 from prefect_dask_profiling.prefect.reports import ReportSettings, StageReports
 from prefect_dask_profiling.store.manifest import RunContext, StageInfo
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
+from prefect_dask_profiling.timing import client as timing_client
 
 
 @pytest.fixture
 def run(inproc_client, tmp_path):
+    plugin = timing_client.install(inproc_client, task_records=True)
+
     def make(**settings) -> tuple[StageReports, RunContext]:
         ctx = RunContext(run_id=new_run_id(), pipeline="nightly", version="1")
         store = RunStore(str(tmp_path))
-        return StageReports(inproc_client, ctx, [], lambda: store,
+        return StageReports(inproc_client, plugin, ctx, [], lambda: store,
                             ReportSettings(**settings)), ctx
-    return make
+    yield make
+    timing_client.uninstall(inproc_client, plugin)
 
 
 def _stage(reports: StageReports, info: StageInfo, client, n: int = 20) -> None:
@@ -78,3 +82,21 @@ def test_no_report_when_reports_are_off(run, inproc_client):
     _stage(reports, info, inproc_client)
     reports.drain()
     assert info.report is None and info.note is None
+
+
+def test_a_plugin_keeping_no_task_records_gives_no_report_and_says_why(inproc_client,
+                                                                       tmp_path):
+    plugin = timing_client.install(inproc_client)  # task_records=False: nothing to draw
+    try:
+        ctx = RunContext(run_id=new_run_id(), pipeline="nightly", version="1")
+        store = RunStore(str(tmp_path))
+        reports = StageReports(inproc_client, plugin, ctx, [], lambda: store,
+                               ReportSettings())
+        info = StageInfo(name="load")
+        _stage(reports, info, inproc_client)
+        reports.drain()
+    finally:
+        timing_client.uninstall(inproc_client, plugin)
+    assert info.report is None
+    assert [w for w in reports.warnings if "report not started" in w
+            and "keeps no task records" in w and plugin in w], reports.warnings

@@ -2,9 +2,9 @@
 
 The task runner renders a stage's report in the background while the next stage runs, so a
 report must stop where its stage stopped, even when other work has run since — also when
-more tasks than Dask's task-stream recorder keeps finished after it: then the report shows
-only what is left of the stage's own tasks and says it is cut. Both renderers (the flow
-process's and Dask's own on the scheduler) are held to that. The last tests run a real flow
+more tasks than the run's task records keep (as many as Dask's task-stream recorder would)
+finished after it: then the report shows only what is left of the stage's own tasks and
+says it is cut. The last tests run a real flow
 on a real cluster, store to S3 (moto) and open a report in headless Chromium.
 """
 
@@ -36,6 +36,7 @@ from prefect_dask_profiling.prefect import reports
 from prefect_dask_profiling.prefect.report_html import TABS
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner, profiled
 from prefect_dask_profiling.store.runs import RunStore
+from prefect_dask_profiling.timing import client as timing_client
 
 RENDERERS = pytest.mark.parametrize("renderer", reports.RENDERERS)
 STREAM_LENGTH = ("distributed.scheduler.dashboard.tasks.task-stream-length",
@@ -48,6 +49,18 @@ def client():
     with LocalCluster(n_workers=1, threads_per_worker=1, host="127.0.0.1",
                       dashboard_address=":0") as cluster, Client(cluster) as c:
         yield c
+
+
+@pytest.fixture
+def plugin(request):
+    """The name of a ``TaskTimings`` keeping task records on the test's client (removed
+    after the test); the client is the ``client`` fixture unless the test asks for
+    ``small_recorder_client``."""
+    name = "small_recorder_client" if "small_recorder_client" in request.fixturenames else "client"
+    client = request.getfixturevalue(name)
+    installed = timing_client.install(client, task_records=True)
+    yield installed
+    timing_client.uninstall(client, installed)
 
 
 def _keys(html: str, prefix: str) -> set[str]:
@@ -66,10 +79,10 @@ def _run(client: Client, prefix: str, n: int) -> None:
 
 
 @RENDERERS
-def test_late_render_stops_at_the_window_end(client, renderer):
-    window = reports.open_window(client)
+def test_late_render_stops_at_the_window_end(client, plugin, renderer):
+    window = reports.open_window(client, plugin)
     client.compute(da.ones(40, chunks=1).sum()).result()
-    end = reports.close_window(client)
+    end = reports.close_window(client, window)
     client.compute(da.ones(200, chunks=1).sum()).result()  # the "next stage"
     late = reports.render(client, window, end, renderer=renderer)
     assert late.tasks == end.index - window.index == late.shown
@@ -82,13 +95,13 @@ def test_late_render_stops_at_the_window_end(client, renderer):
 
 
 @RENDERERS
-def test_concurrent_renders_keep_their_own_end(client, renderer):
-    first = reports.open_window(client)
+def test_concurrent_renders_keep_their_own_end(client, plugin, renderer):
+    first = reports.open_window(client, plugin)
     _run(client, "first-key", 30)
-    first_end = reports.close_window(client)
-    second = reports.open_window(client)
+    first_end = reports.close_window(client, first)
+    second = reports.open_window(client, plugin)
     _run(client, "second-key", 60)
-    second_end = reports.close_window(client)
+    second_end = reports.close_window(client, second)
     with ThreadPoolExecutor(2) as pool:  # as two runs' report threads would
         ra = pool.submit(reports.render, client, first, first_end, renderer=renderer)
         rb = pool.submit(reports.render, client, second, second_end, renderer=renderer)
@@ -110,12 +123,12 @@ def small_recorder_client():
 
 @RENDERERS
 def test_a_report_after_three_times_the_recorder_holds_only_its_own_tasks(
-        small_recorder_client, renderer):
+        small_recorder_client, plugin, renderer):
     client = small_recorder_client
-    window = reports.open_window(client)
+    window = reports.open_window(client, plugin)
     assert window.stream_limit == 50
     _run(client, "early-key", 20)
-    end = reports.close_window(client)
+    end = reports.close_window(client, window)
     _run(client, "late-key", 150)  # 3x the recorder's limit finish after the stage
     cut = reports.render(client, window, end, renderer=renderer)
     assert (cut.tasks, cut.shown, cut.truncated) == (20, 0, True)
@@ -127,11 +140,11 @@ def test_a_report_after_three_times_the_recorder_holds_only_its_own_tasks(
 
 @RENDERERS
 def test_a_partly_overwritten_stage_keeps_exactly_what_is_left_of_it(
-        small_recorder_client, renderer):
+        small_recorder_client, plugin, renderer):
     client = small_recorder_client
-    window = reports.open_window(client)
+    window = reports.open_window(client, plugin)
     _run(client, "early-key", 40)
-    end = reports.close_window(client)
+    end = reports.close_window(client, window)
     _run(client, "late-key", 30)  # the recorder keeps the last 50: 20 of the stage's 40
     cut = reports.render(client, window, end, renderer=renderer)
     assert (cut.tasks, cut.shown, cut.truncated) == (40, 20, True)
@@ -139,8 +152,8 @@ def test_a_partly_overwritten_stage_keeps_exactly_what_is_left_of_it(
     assert not _keys(cut.html, "late-key")
 
 
-def test_an_unknown_renderer_is_refused_by_name(client):
-    window = reports.open_window(client)
+def test_an_unknown_renderer_is_refused_by_name(client, plugin):
+    window = reports.open_window(client, plugin)
     with pytest.raises(ValueError, match="report_renderer must be one of"):
         reports.render(client, window, renderer="bokeh")
     with pytest.raises(ValueError, match="report_renderer"):
@@ -306,7 +319,7 @@ def test_a_stored_report_opens_in_chromium_with_dask_s_tabs(s3_run, chromium, bo
     assert shot.stat().st_size > 10_000
 
 
-def test_a_refilled_report_is_what_bokeh_itself_would_write(client):
+def test_a_refilled_report_is_what_bokeh_itself_would_write(client, plugin):
     """Reports after the first re-encode only what changed; the page must still equal
     Bokeh's own serialization of the same models."""
     from bokeh.embed import file_html
@@ -315,10 +328,10 @@ def test_a_refilled_report_is_what_bokeh_itself_would_write(client):
     from prefect_dask_profiling.prefect import report_data, report_html
 
     def stage_data(prefix: str, n: int) -> report_data.StageData:
-        window = reports.open_window(client)
+        window = reports.open_window(client, plugin)
         _run(client, prefix, n)
-        end = reports.close_window(client)
-        return report_data.fetch(client, start=window.start, stop=end.stop,
+        end = reports.close_window(client, window)
+        return report_data.fetch(client, plugin=plugin, start=window.start, stop=end.stop,
                                  first=window.index, last=end.index,
                                  last_count=window.last_count, end_count=end.count,
                                  limit=window.stream_limit)

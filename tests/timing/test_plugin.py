@@ -538,7 +538,7 @@ def test_two_runs_share_a_cluster(cluster) -> None:
 
     def one_run(label: str, func) -> None:
         with Client(cluster) as own:
-            name = install(own, scope="run", sample_interval=0.2)
+            name = install(own, scope="run", sample_interval=0.2, task_records=True)
             plugin = cluster.scheduler.plugins[name]
             start.wait(timeout=30)
             with stage(f"stage-{label}"):
@@ -547,6 +547,7 @@ def test_two_runs_share_a_cluster(cluster) -> None:
                 da.random.RandomState(seed).random((400, 400), chunks=100).sum().compute()
                 own.submit(wrapper, 4, inner_stage=f"inner-{label}", pure=False).result()
             results[label] = collect(own, name)
+            results[label + "-records"] = [key_split(r[0]) for r in plugin.tasks.records.buffer]
             pc = plugin._pc
         # the owning client disconnected: the plugin removed itself and stopped sampling
         results[label + "-gone"] = _removed(cluster, name) and not pc.is_running()
@@ -566,6 +567,10 @@ def test_two_runs_share_a_cluster(cluster) -> None:
                        for s, p in counts)
         assert _counts(record, "orchestration") == {(f"stage-{label}", "wrapper"): 1}
         assert results[label + "-gone"] is True
+        # the stage reports' task stream: this run's tasks only, as many as it counted
+        records = results[label + "-records"]
+        assert records.count(mine) == 30 and theirs not in records
+        assert len(records) == sum(counts.values()) + 1  # and the wrapper, orchestration
 
 
 # -- worker churn ------------------------------------------------------------------------------
