@@ -13,6 +13,7 @@ milliseconds of CPU per run. Needs ``py-spy`` (``pip install py-spy`` into the v
 dependency) and the right to attach to this process (root, or ptrace allowed).
 
     PYTHONPATH=. .venv/bin/python benchmarks/flow_process_spy.py [--runs 10] [--top 40]
+        [--raw stacks.txt]
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 
 from distributed import Client, LocalCluster
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+from prefect_dask import DaskTaskRunner
 
 from benchmarks import flow_overhead
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner
@@ -76,6 +78,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--warmups", type=int, default=3)
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--plain", action="store_true",
+                        help="sample prefect-dask's plain DaskTaskRunner instead, to compare")
+    parser.add_argument("--raw", type=Path, default=None,
+                        help="also keep py-spy's raw stacks (one line per stack) here")
     args = parser.parse_args()
     if args.runs < 1 or args.warmups < 1 or args.top < 1:
         parser.error("--runs, --warmups and --top must be >= 1")
@@ -85,15 +91,16 @@ def main() -> None:
             temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}), \
             LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0",
                          host="127.0.0.1") as cluster, Client(cluster):
-        runner = ProfiledDaskTaskRunner(address=cluster.scheduler_address,
-                                        store=f"{tmp}/store")
+        runner = (DaskTaskRunner(address=cluster.scheduler_address) if args.plain else
+                  ProfiledDaskTaskRunner(address=cluster.scheduler_address,
+                                         store=f"{tmp}/store"))
         tiny = flow_overhead.make_flow(runner, "tiny", "bench-tiny-spy", (0, 0, 0))
         for _ in range(args.warmups):
             tiny(return_state=True)
         raw = Path(tmp) / "spy.raw"
         recorder = subprocess.Popen(
             [spy, "record", "-p", str(os.getpid()), "-r", str(RATE), "-f", "raw",
-             "-o", str(raw), "--nonblocking"],
+             "-o", str(raw), "--nonblocking", "--gil"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(1.0)  # attached
         cpu = time.process_time()
@@ -103,8 +110,11 @@ def main() -> None:
         recorder.send_signal(2)  # SIGINT: py-spy writes what it sampled
         recorder.wait(timeout=60)
         inclusive, threads, total = functions(raw, args.runs)
+        if args.raw is not None:
+            shutil.copyfile(raw, args.raw)
     per_run = 1000.0 / RATE / args.runs
-    print(f"tiny flow, profiled (defaults), {args.runs} runs: this process's CPU "
+    variant = "plain" if args.plain else "profiled (defaults)"
+    print(f"tiny flow, {variant}, {args.runs} runs: this process's CPU "
           f"{cpu:.3f} s per run; py-spy saw {total * per_run / 1000:.3f} s per run")
     for thread, n in threads.most_common(4):
         print(f"  {n * per_run:7.1f} ms/run  thread {thread}")

@@ -6,9 +6,11 @@ the flow thread); everything else runs as jobs of the process's one background s
 (:class:`~prefect_dask_profiling.prefect.background.Background`):
 
 * at the run's start (once the history the judge reads early is there), at every stage
-  boundary and every ``eta_interval`` seconds: one small read of the plugin's task counts
-  (:func:`~prefect_dask_profiling.timing.client.task_counts`), then
-  :func:`~prefect_dask_profiling.regression.eta.estimate`;
+  boundary and every ``eta_interval`` seconds:
+  :func:`~prefect_dask_profiling.regression.eta.estimate` from the plugin's task counts — at
+  a boundary those of the snapshot the stage's close already read
+  (:func:`~prefect_dask_profiling.timing.client.counts_of`), otherwise one small read
+  (:func:`~prefect_dask_profiling.timing.client.task_counts`);
 * a Prefect progress artifact on the flow run (percent of the expected work done, never
   going back, 100 at the end), its description the ETA line;
 * one flow-run log line per stage boundary;
@@ -178,7 +180,9 @@ class LiveEta:
             self._clock.opened_at = time.monotonic()
             self._clock.windows[name] = self._clock.windows.get(name, 0) + 1
 
-    def stage_closed(self, name: str) -> None:
+    def stage_closed(self, name: str, counts: dict[str, dict[str, int]] | None = None) -> None:
+        """Stage ``name`` closed; ``counts``: the tasks finished per stage and prefix as its
+        close read them (None: the boundary's estimate reads them itself)."""
         with self._lock:
             clock = self._clock
             spent = time.monotonic() - clock.opened_at if clock.current == name else 0.0
@@ -186,7 +190,7 @@ class LiveEta:
             clock.current = None
             clock.closed_at = time.monotonic()
         if self._periodic is not None:
-            self._in_run(self._boundary, name)
+            self._in_run(self._boundary, name, counts)
 
     def stop(self, finished: bool = True) -> None:
         """The run is over: no more ticks; the progress artifact goes to 100 (queued)."""
@@ -229,8 +233,8 @@ class LiveEta:
             return
         _quietly(self._update)
 
-    def _boundary(self, name: str) -> None:
-        eta = self._update()
+    def _boundary(self, name: str, counts: dict[str, dict[str, int]] | None = None) -> None:
+        eta = self._update(counts=counts)
         if eta is None or self.stats is None:
             return
         line = boundary_text(name, self._clock.completed.get(name, 0.0), self.stats, eta,
@@ -238,11 +242,16 @@ class LiveEta:
         self.log.append(line)
         _run_log(logging.INFO, f"dask-profiling: {line}")
 
-    def _update(self, read_counts: bool = True) -> Eta | None:
-        """Estimate now; publish the progress and the deadline's news."""
+    def _update(self, read_counts: bool = True,
+                counts: dict[str, dict[str, int]] | None = None) -> Eta | None:
+        """Estimate now (from ``counts`` when given, else from a fresh read when
+        ``read_counts``, else from the last counts); publish the progress and the deadline's
+        news."""
         if self.stats is None:
             return None
-        if read_counts:
+        if counts is not None:  # jobs run in order: a later tick's read replaces them
+            self._counts = counts
+        elif read_counts:
             self._read_counts()
         progress = self._progress_now()
         eta = estimate(self.stats, progress, self._zone())

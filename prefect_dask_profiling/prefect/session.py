@@ -230,8 +230,8 @@ class Session:
             except Exception:
                 logger.debug("capture failed", exc_info=True)
             self.reports.closed(info, token.window, end, failed=error is not None)
-        if self.eta is not None:
-            self.eta.stage_closed(name)
+        if self.eta is not None:  # the counts the close read: no second round trip
+            self.eta.stage_closed(name, self.book.last_counts)
 
     # -- finish ----------------------------------------------------------------------------
 

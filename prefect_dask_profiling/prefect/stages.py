@@ -66,6 +66,7 @@ class StageBook:
         self._by_name: dict[str, StageInfo] = {}  # a name opened again: its entry
         self.io = StorageCount(client, False, warnings)
         self.last_snapshot: Snapshot | None = None  # the latest stage end's
+        self.last_counts: dict[str, dict[str, int]] | None = None  # of the latest close's read
         self._pricing_checked = False
 
     def track(self, future) -> None:
@@ -94,8 +95,10 @@ class StageBook:
             with self.client.as_current():
                 distributed.wait(token.futures)
         try:
-            snapshot: Snapshot | BaseException = timing_client.snapshot(self.client,
-                                                                        self.plugin_name)
+            # kept in case the final collection fails, and read for the ETA's counts:
+            # the workers' transfer logs are left to the final collection
+            snapshot: Snapshot | BaseException = timing_client.snapshot(
+                self.client, self.plugin_name, transfers=False)
         except Exception as exc:
             snapshot = exc
         io = self.io.read() if token.io_before is not None else None
@@ -113,8 +116,10 @@ class StageBook:
             info.chunks_vs_blocks = alignment
         if isinstance(snapshot, BaseException):
             self.warnings.append(f"stage {name!r}: snapshot failed: {snapshot!r}")
+            self.last_counts = None
         else:
             self.last_snapshot = snapshot
+            self.last_counts = timing_client.counts_of(snapshot)
             self._check_pricing(snapshot)
         return info, end
 
@@ -159,7 +164,8 @@ class StageBook:
             if self.last_snapshot is None:
                 raise
             self.warnings.append(f"final collection failed ({exc!r}): the summary holds what "
-                                 "was collected at the last stage boundary; run incomplete")
+                                 "was collected at the last stage boundary (without the "
+                                 "workers' transfer bytes); run incomplete")
             snap = self.last_snapshot
             snap["incomplete"] = True
         workers, threads = timing_client.cluster_size(self.client, snap)

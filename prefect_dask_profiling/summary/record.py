@@ -172,10 +172,12 @@ class RunRecord:
     def window(self, stage: str | None = None) -> tuple[float, float] | None:
         """First compute start and last compute stop (of one stage, or of the run)."""
         t = self.tasks if stage is None else self.stage_rows("tasks", stage)
-        t = t.dropna(subset=["first_start", "last_stop"])
-        if t.empty:
+        first = t["first_start"].to_numpy(dtype=float, na_value=np.nan)
+        last = t["last_stop"].to_numpy(dtype=float, na_value=np.nan)
+        both = ~(np.isnan(first) | np.isnan(last))  # rows with both ends (no frame copied)
+        if not both.any():
             return None
-        return float(t["first_start"].min()), float(t["last_stop"].max())
+        return float(first[both].min()), float(last[both].max())
 
     def thread_seconds(self, start: float, stop: float) -> float:
         """Thread-seconds available between ``start`` and ``stop``, as workers came and went."""

@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 
     from prefect_dask_profiling.timing.types import Snapshot, TransferLog
 
-__all__ = ["BY_VALUE", "cluster_size", "install", "snapshot", "task_counts", "uninstall"]
+__all__ = ["BY_VALUE", "cluster_size", "counts_of", "install", "snapshot", "task_counts",
+           "uninstall"]
 
 BY_VALUE: tuple[str, ...] = tuple(m.__name__ for m in (
     cpu, sketch, types, scope, tasks, memory, loop, workers, plugin)) + (__name__,)
@@ -112,6 +113,15 @@ def task_counts(client: Client, name: str) -> dict[str, dict[str, int]]:
     return counts
 
 
+def counts_of(snap: Snapshot) -> dict[str, dict[str, int]]:
+    """What :func:`task_counts` would have read when ``snap`` was taken, from its ``tasks``
+    rows: a caller holding a fresh snapshot needs no second round trip."""
+    out: dict[str, dict[str, int]] = {}
+    for row in snap.get("tasks") or []:
+        out.setdefault(str(row["stage"]), {})[str(row["prefix"])] = int(row["tasks"])
+    return out
+
+
 def _incoming_transfers(dask_worker: Any, since: float) -> TransferLog:
     log = dask_worker.transfer_incoming_log
     entries = [(e.get("who"), e.get("total", 0), e.get("duration", 0.0))
@@ -121,13 +131,20 @@ def _incoming_transfers(dask_worker: Any, since: float) -> TransferLog:
     return {"entries": entries, "overflowed": overflowed}
 
 
-def snapshot(client: Client, name: str) -> Snapshot:
-    """The raw snapshot of plugin ``name`` (plain data), with worker-side transfer bytes."""
+def snapshot(client: Client, name: str, *, transfers: bool = True) -> Snapshot:
+    """The raw snapshot of plugin ``name`` (plain data), with worker-side transfer bytes.
+
+    ``transfers=False`` leaves out the transfer bytes (``transfer_bytes`` absent): one read
+    of the scheduler, no call to every worker — for a snapshot kept only in case the
+    final one fails.
+    """
     _register_by_value()
     snap = client.run_on_scheduler(_snapshot, name=name)
     if snap is None:
         raise KeyError(f"no TaskTimings plugin named {name!r} on the scheduler "
                        "(never installed, or removed when its client disconnected)")
+    if not transfers:
+        return snap
     try:
         snap["transfer_bytes"] = client.run(_incoming_transfers, since=snap["started"])
     except Exception as exc:  # a dying worker must not cost the summary

@@ -71,6 +71,20 @@ def test_each_estimate_replaces_the_stored_one_and_the_end_removes_it(tmp_path):
     assert store.live_estimates("ndvi") == {}
 
 
+def test_a_boundary_estimates_from_the_counts_its_close_read(tmp_path):
+    """The stage's close read the plugin's snapshot: its counts serve the boundary's
+    estimate, with no second read (this owner has no client: a read would fail)."""
+    eta = live(RunStore(str(tmp_path / "store")).url)
+    eta.stage_opened("one")
+    counts = {"one": {"load": 3}}
+    eta.stage_closed("one")  # not started: nothing queued
+    eta._boundary("one", counts)
+    assert eta._counts is counts
+    assert eta.log and eta.log[-1].startswith("stage one done")
+    eta._boundary("one")  # without them: the read fails quietly, the last counts stay
+    assert eta._counts is counts
+
+
 def test_a_run_without_history_stores_that_it_has_no_eta(tmp_path):
     store = RunStore(str(tmp_path / "store"))
     eta = live(store.url)

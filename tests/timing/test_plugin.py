@@ -227,6 +227,11 @@ def test_same_function_in_two_stages_with_futures_and_arrays(client, run) -> Non
         wait(second)
         da.ones((400, 800), chunks=100).map_blocks(double).sum().compute()
     del first, second
+    # the ETA takes a stage close's counts from its snapshot: the same as the plugin's read
+    _settle(client)
+    read = timing_client.task_counts(client, run)
+    assert timing_client.counts_of(snapshot(client, run)) == read
+    assert read["first"]["slowinc"] == 8 and read["second"]["slowinc"] == 8
     counts = _counts(collect(client, run))
     assert counts[("first", "slowinc")] == 8
     assert counts[("second", "slowinc")] == 8
