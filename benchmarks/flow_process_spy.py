@@ -3,9 +3,12 @@
 Runs the ``tiny`` flow of :mod:`benchmarks.flow_overhead` (4 stages, each a Prefect task
 summing a 400 × 400 array; the scheduler in this process, 2 worker processes × 1 thread, one
 Prefect server on 127.0.0.1) with the profiled runner's defaults: ``--warmups`` runs, then
-``--runs`` runs while ``py-spy record`` samples this process (on-CPU samples only, every
-thread). Here the scheduler shares the flow process, so what the profiler adds to this
-process's CPU is the flow's added wall.
+``--runs`` runs while ``py-spy record --gil`` samples this process: only the thread holding
+the interpreter lock, so a thread waiting for it is not counted as busy (C code that
+releases the lock — pandas' parsers, zlib, sockets — is not seen; the printed process CPU
+says how much that leaves out). Here the scheduler shares the flow process, so what the
+profiler adds to this process's CPU is the flow's added wall. ``--plain`` samples
+prefect-dask's own runner instead, to compare; ``--raw`` keeps the stacks.
 
 Prints this process's CPU seconds per run, the samples per thread (the flow body's main
 thread; the background service's), and the package's functions with their inclusive
@@ -13,7 +16,7 @@ milliseconds of CPU per run. Needs ``py-spy`` (``pip install py-spy`` into the v
 dependency) and the right to attach to this process (root, or ptrace allowed).
 
     PYTHONPATH=. .venv/bin/python benchmarks/flow_process_spy.py [--runs 10] [--top 40]
-        [--raw stacks.txt]
+        [--plain] [--raw stacks.txt]
 """
 
 from __future__ import annotations
