@@ -684,7 +684,7 @@ def run_tiny(args: argparse.Namespace, store_dir: str) -> None:
         plain = statistics.median(r[0] for r in results["plain"])
         extra = statistics.median(r[0] for r in results["profiled (defaults)"]) - plain
         print(f"  fixed cost per run: {extra:.3f} s (4 stages, 4 reports; <= {extra / 4:.3f} s "
-              "per stage); target <= 0.5 s per run with its 4 reports")
+              "per stage); target <= 0.3 s per run (issue 34)")
         print_breakdown(phases, args.tiny_repeats, plain)
         plain_copy = worker_copy_cost(client, DaskTaskRunner(address=address))
         ours = worker_copy_cost(client, profiled_runner)
