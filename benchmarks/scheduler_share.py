@@ -17,11 +17,14 @@ than the noise, on the same stack stage (a 24 x 1024 x 1024 cube in 1 x 256 x 25
    through ``TaskTimings`` without task records and through Dask's ``TaskStreamPlugin``,
    the recorder the reports read before the plugin kept its own, alternated with it;
 3. **per-stage and per-run calls**: each scheduler round trip a profiled stage makes (the
-   report window's two marks, the plugin's snapshot, the ETA's task counts, the workers'
-   storage counters, the report's data copy) and each the run makes once (registering and
-   removing the plugin), repeated ``--calls`` times, the loop's CPU over them less the idle
-   loop's over the same wall; and the plugin's worker sampler, one tick a second (its
-   default ``sample_interval``) for as long as a plain stage runs.
+   report window's two marks, the plugin's snapshot at the stage's close — the scheduler
+   only, whose task counts also serve the ETA's boundary —, the workers' storage counters
+   at both ends, the report's data copy) and each the run makes once (registering and
+   removing the plugin, the final collection with the workers' transfer logs), repeated
+   ``--calls`` times, the loop's CPU over them less the idle loop's over the same wall;
+   the plugin's worker sampler, one tick a second (its default ``sample_interval``), and
+   the ETA's task-count read, one every ``eta_interval`` (30 s by default), for as long
+   as a plain stage runs.
 
 The share printed is (hooks + calls per stage + per-run calls / 3 stages) / plain stage:
 the scheduler's added CPU per stage of the stack flow, also against the plain stages'
@@ -49,6 +52,7 @@ import dask_processes  # noqa: E402
 
 from benchmarks.flow_overhead import ndvi_graph  # noqa: E402
 from prefect_dask_profiling.prefect import report_data, reports  # noqa: E402
+from prefect_dask_profiling.regression.eta import DEFAULT_ETA_INTERVAL_S  # noqa: E402
 from prefect_dask_profiling.stage import stage  # noqa: E402
 from prefect_dask_profiling.timing import client as timing_client  # noqa: E402
 from prefect_dask_profiling.timing import storage_io  # noqa: E402
@@ -168,9 +172,11 @@ def calls(client: Client, n: int, wall: float) -> tuple[dict[str, float], dict[s
     stage_calls = {
         "report window marks (2)": per_call(client, lambda: reports.close_window(
             client, reports.open_window(client, name)), n),
-        "snapshot": per_call(client, lambda: timing_client.snapshot(client, name), n),
-        "ETA task counts": per_call(client, lambda: timing_client.task_counts(client, name),
-                                    n),
+        "snapshot at the close": per_call(
+            client, lambda: timing_client.snapshot(client, name, transfers=False), n),
+        f"ETA task counts ({wall / DEFAULT_ETA_INTERVAL_S:.2f} ticks)":
+            wall / DEFAULT_ETA_INTERVAL_S * per_call(
+                client, lambda: timing_client.task_counts(client, name), n),
         "storage counters (2)": per_call(client, lambda: (storage_io.io_counters(client),
                                                           storage_io.io_counters(client)),
                                          n),
@@ -182,8 +188,9 @@ def calls(client: Client, n: int, wall: float) -> tuple[dict[str, float], dict[s
         f"worker sampler ({wall:.1f} ticks)": wall * client.run_on_scheduler(
             _ticks, name=name, n=n * 10),
     }
+    final = per_call(client, lambda: timing_client.snapshot(client, name), max(n // 4, 1))
     timing_client.uninstall(client, name)
-    run_calls = {"plugin registered and removed": per_call(
+    run_calls = {"final collection": final, "plugin registered and removed": per_call(
         client, lambda: timing_client.uninstall(client, timing_client.install(
             client, scope="run", task_records=True)), max(n // 4, 1))}
     return stage_calls, run_calls
