@@ -10,10 +10,12 @@ says how much that leaves out). Here the scheduler shares the flow process, so w
 profiler adds to this process's CPU is the flow's added wall. ``--plain`` samples
 prefect-dask's own runner instead, to compare; ``--raw`` keeps the stacks.
 
-Prints this process's CPU seconds per run, the samples per thread (the flow body's main
-thread; the background service's), and the package's functions with their inclusive
-milliseconds of CPU per run. Needs ``py-spy`` (``pip install py-spy`` into the venv; not a
-dependency) and the right to attach to this process (root, or ptrace allowed).
+Prints this process's CPU seconds per run, each thread's CPU per run (read from
+``/proc/self/task``: the flow body's main thread, the background service's, the event loop
+the scheduler and the client share), the samples per thread, and the package's functions
+with their inclusive milliseconds of CPU per run. Needs ``py-spy`` (``pip install py-spy``
+into the venv; not a dependency) and the right to attach to this process (root, or ptrace
+allowed).
 
     PYTHONPATH=. .venv/bin/python benchmarks/flow_process_spy.py [--runs 10] [--top 40]
         [--plain] [--raw stacks.txt]
@@ -28,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -76,6 +79,24 @@ def functions(raw: Path, runs: int) -> tuple[collections.Counter, collections.Co
     return inclusive, threads, total
 
 
+def thread_cpu() -> collections.Counter:
+    """CPU seconds of each thread of this process so far, by thread name (a thread pool's
+    threads summed under its prefix; a thread Python does not know by its kernel name)."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    out: collections.Counter = collections.Counter()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            stat = Path(f"/proc/self/task/{tid}/stat").read_text()
+        except OSError:  # ended meanwhile
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        name = names.get(int(tid)) or stat.split("(", 1)[1].rsplit(")", 1)[0]
+        out[name.rsplit("_", 1)[0] if name.startswith("ThreadPoolExecutor") else name] += (
+            int(fields[11]) + int(fields[12])) / tick  # utime + stime
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
@@ -106,10 +127,11 @@ def main() -> None:
              "-o", str(raw), "--nonblocking", "--gil"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(1.0)  # attached
-        cpu = time.process_time()
+        cpu, before = time.process_time(), thread_cpu()
         for _ in range(args.runs):
             tiny(return_state=True)
-        cpu = (time.process_time() - cpu) / args.runs
+        cpu, per_thread = (time.process_time() - cpu) / args.runs, thread_cpu()
+        per_thread.subtract(before)
         recorder.send_signal(2)  # SIGINT: py-spy writes what it sampled
         recorder.wait(timeout=60)
         inclusive, threads, total = functions(raw, args.runs)
@@ -119,6 +141,10 @@ def main() -> None:
     variant = "plain" if args.plain else "profiled (defaults)"
     print(f"tiny flow, {variant}, {args.runs} runs: this process's CPU "
           f"{cpu:.3f} s per run; py-spy saw {total * per_run / 1000:.3f} s per run")
+    print("CPU per thread (/proc/self/task), ms per run:")
+    for thread, seconds in per_thread.most_common(8):
+        print(f"  {seconds * 1000 / args.runs:7.1f} ms/run  {thread}")
+    print("py-spy samples per thread's first frame, ms per run:")
     for thread, n in threads.most_common(4):
         print(f"  {n * per_run:7.1f} ms/run  thread {thread}")
     for name, n in inclusive.most_common(args.top):
