@@ -193,8 +193,9 @@ class Snapshot(TypedDict, total=False):
     """Everything the plugin recorded so far.
 
     ``transfer_bytes`` is added on the client side by ``snapshot()`` (workers' incoming
-    transfer logs); ``incomplete`` is set when the final collection failed and an earlier
-    snapshot stands in for it.
+    transfer logs; absent from a stage close's snapshot, read with ``transfers=False``);
+    ``incomplete`` is set when the final collection failed and an earlier snapshot stands in
+    for it.
     """
 
     name: str
