@@ -100,19 +100,42 @@ def _summary_html(data: StageData, stage: str) -> str:
         """
 
 
+#: The numeric columns of Dask's task-stream rectangles and profile plots, sent as arrays
+_STREAM_NUMBERS = ("start", "duration", "y", "alpha")
+_PROFILE_NUMBERS = ("left", "right", "bottom", "width", "top", "line_number")
+
+
+def _arrays(columns: dict, numeric: tuple[str, ...]) -> dict:
+    """``columns`` with its ``numeric`` ones as float64 arrays.
+
+    Bokeh writes an array as one base64 buffer; a list it encodes element by element in
+    Python, which was most of a page's time (a 1,000-task stage: 14.7 → 8.7 ms a page with
+    the keys below, and a tenth smaller).
+    """
+    import numpy as np
+
+    return {name: (np.asarray(values, dtype=np.float64) if name in numeric else values)
+            for name, values in columns.items()}
+
+
 def _profile_columns(state: dict) -> dict:
     from distributed import profile
 
     data = profile.plot_data(state)
     data.pop("states", None)
-    return data
+    return _arrays(data, _PROFILE_NUMBERS)
 
 
 def _stream_columns(data: StageData) -> dict:
+    """Dask's task-stream rectangles of the stage's records; each key as its text (a tuple
+    key, as an array chunk's, would be encoded element by element; the page shows keys
+    nowhere, they stay in it to say which tasks it holds)."""
     from distributed.diagnostics.task_stream import rectangles
 
-    return rectangles([{"key": k, "worker": w, "thread": t, "startstops": ss, "status": s}
-                       for k, w, t, ss, s in data.stream.records])
+    columns = rectangles([{"key": k, "worker": w, "thread": t, "startstops": ss, "status": s}
+                          for k, w, t, ss, s in data.stream.records])
+    columns["key"] = [k if isinstance(k, str) else str(k) for k in columns["key"]]
+    return _arrays(columns, _STREAM_NUMBERS)
 
 
 def _template() -> Any:

@@ -290,8 +290,12 @@ PROBE = """<script>window.addEventListener("load", () => setTimeout(() => {
   tabs.active = %d;
   const out = document.createElement("pre");
   out.id = "probe";
+  const stream = Bokeh.documents[0].get_model_by_name("task_stream");
+  const source = stream.renderers[0].data_source;
   out.textContent = JSON.stringify({tabs: tabs.tabs.map(t => t.title),
-                                    views: Object.keys(Bokeh.index).length});
+                                    views: Object.keys(Bokeh.index).length,
+                                    rows: source.get_length(),
+                                    starts: Array.from(source.data.start).length});
   document.body.appendChild(out);
 }, 1500));</script></body>"""
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
@@ -301,7 +305,8 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
 
 def test_a_stored_report_opens_in_chromium_with_dask_s_tabs(s3_run, chromium, bokeh_js,
                                                               tmp_path):
-    _, _, html = s3_run
+    _, manifest, html = s3_run
+    shown = {s["name"]: s["report"]["shown"] for s in manifest["stages"]}["early"]
     page = tmp_path / "early.html"
     page.write_text(bokeh_js(html["early"]).replace("</body>", PROBE % 1))
     done = subprocess.run([chromium, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
@@ -312,6 +317,8 @@ def test_a_stored_report_opens_in_chromium_with_dask_s_tabs(s3_run, chromium, bo
     assert probe, done.stdout[-2000:]
     seen = json.loads(probe.group(1).replace("&quot;", '"'))
     assert seen["tabs"] == list(TABS) and seen["views"] >= 1, seen
+    # the task stream's columns (typed arrays in the page) decode to one row per task shown
+    assert seen["rows"] == seen["starts"] == shown > 0, (seen, shown)
     shot = tmp_path / "stage-report.png"  # the task-stream tab, as docs/stage-report.png
     subprocess.run([chromium, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
                     f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=180,
