@@ -2,11 +2,13 @@
 
 Runs, on one LocalCluster in one process, a 10k-task stage with and without its report
 (alternating, repeated) and prints the median wall ratio (target: the report adds <= 10%),
-the report's size plain and gzipped, and the time to upload it to a local store and to a
-moto S3 server on 127.0.0.1.
+the report's size plain and gzipped, the flow process's CPU to draw one page of that
+stage's copied data (median of ``--pages`` pages after the first: the tabs are built once
+per process and refilled), and the time to upload it to a local store and to a moto S3
+server on 127.0.0.1.
 
     .venv/bin/python benchmarks/report_overhead.py [--tasks 10000] [--repeats 3]
-        [--renderer flow]
+        [--pages 20] [--renderer flow]
 """
 
 from __future__ import annotations
@@ -42,6 +44,29 @@ def stage_once(client: Client, plugin: str, tasks: int, with_report: bool,
     return time.perf_counter() - t0, time.perf_counter() - t1, html
 
 
+def page_cpu(client: Client, plugin: str, tasks: int, pages: int) -> tuple[float, int]:
+    """Median thread CPU seconds to draw the HTML of one stage of ``tasks`` tasks from its
+    copied data (after a first page), and the page's length."""
+    from prefect_dask_profiling.prefect import report_data
+    from prefect_dask_profiling.prefect.report_html import render_html
+
+    window = reports.open_window(client, plugin)
+    x = da.ones(tasks, chunks=1)
+    client.compute((x + 1).sum()).result()
+    end = reports.close_window(client, window)
+    data = report_data.fetch(client, plugin=plugin, start=window.start, stop=end.stop,
+                             first=window.index, last=end.index,
+                             last_count=window.last_count, end_count=end.count or 0,
+                             limit=window.stream_limit)
+    html = render_html(data, "bench")
+    times = []
+    for _ in range(pages):
+        t0 = time.thread_time()
+        render_html(data, "bench")
+        times.append(time.thread_time() - t0)
+    return statistics.median(times), len(html)
+
+
 def upload_seconds(store: RunStore, html: str) -> float:
     t0 = time.perf_counter()
     result = store.write_report("bench", new_run_id(), "stage", html)
@@ -53,8 +78,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=10_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--pages", type=int, default=20)
     parser.add_argument("--renderer", choices=reports.RENDERERS, default="flow")
     args = parser.parse_args()
+    if args.tasks < 1 or args.repeats < 1 or args.pages < 1:
+        parser.error("--tasks, --repeats and --pages must be >= 1")
     with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster, \
             Client(cluster) as client:
         plugin = install(client, task_records=True)  # in both: the report's cost is measured
@@ -69,6 +97,7 @@ def main() -> None:
                 if with_report:
                     renders.append(render_s)
                 html = out or html
+        draw_s, page_length = page_cpu(client, plugin, args.tasks, args.pages)
     ratio = statistics.median(reported) / statistics.median(plain)
     raw = html.encode()
     print(f"stage of {args.tasks} tasks, {args.repeats} repeats, 2 workers x 1 thread")
@@ -78,6 +107,8 @@ def main() -> None:
     print(f"  of which rendering: median {statistics.median(renders):.2f} s")
     print(f"  report size: {len(raw) / 1e6:.2f} MB plain, "
           f"{len(gzip.compress(raw)) / 1e6:.3f} MB gzip")
+    print(f"  one page drawn from the copied data: {draw_s * 1000:.1f} ms of CPU "
+          f"(median of {args.pages}, after the first), {page_length / 1e6:.2f} MB")
     with tempfile.TemporaryDirectory() as tmp:
         print(f"  upload to local store: {upload_seconds(RunStore(tmp), html):.3f} s")
     try:
