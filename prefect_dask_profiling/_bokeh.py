@@ -10,6 +10,7 @@ filled and drawn by one thread at a time). Bokeh is imported only when a page is
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -59,13 +60,12 @@ class FrozenPage:
         Bokeh's own serialization the first time; afterwards that document with only the
         changed properties encoded again.
         """
-        from bokeh.core.serialization import Serializer
         from bokeh.embed.elements import html_page_for_render_items
 
         if self._frozen is None:
             self._frozen = _serialize(self.root)
         else:
-            serializer = Serializer(deferred=False)
+            serializer = _serializer()
             for model, name in self.changed():
                 entry = self._frozen.objects[model.id].setdefault("attributes", {})
                 if _is_set(model, name):
@@ -76,6 +76,29 @@ class FrozenPage:
         kwargs = {"template": self.template} if self.template is not None else {}
         return html_page_for_render_items(frozen.bundle, frozen.docs_json, frozen.items,
                                           title=title, **kwargs)
+
+
+def _serializer() -> Any:
+    """Bokeh's ``Serializer`` (not deferred), passing a list of strings through whole.
+
+    Bokeh encodes a list item by item, and a string encodes as itself: a report's text
+    columns (task names, colours, durations, keys: a row per task) cost more than the rest
+    of the page. The output is the same; a list holding anything else is Bokeh's to encode.
+    """
+    return _string_list_serializer()(deferred=False)
+
+
+@functools.cache
+def _string_list_serializer() -> type:
+    from bokeh.core.serialization import Serializer
+
+    class StringListSerializer(Serializer):
+        def _encode_list(self, obj: list[Any]) -> Any:
+            if all(type(item) is str for item in obj):
+                return list(obj)
+            return super()._encode_list(obj)
+
+    return StringListSerializer
 
 
 def _is_set(model: Any, name: str) -> bool:
