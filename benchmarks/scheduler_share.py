@@ -53,7 +53,7 @@ import dask_processes  # noqa: E402
 from benchmarks.flow_overhead import ndvi_graph  # noqa: E402
 from prefect_dask_profiling.prefect import report_data, reports  # noqa: E402
 from prefect_dask_profiling.regression.eta import DEFAULT_ETA_INTERVAL_S  # noqa: E402
-from prefect_dask_profiling.stage import stage  # noqa: E402
+from prefect_dask_profiling.stages import stage  # noqa: E402
 from prefect_dask_profiling.timing import client as timing_client  # noqa: E402
 from prefect_dask_profiling.timing import storage_io  # noqa: E402
 from prefect_dask_profiling.timing.scope import RUN_ANNOTATION  # noqa: E402

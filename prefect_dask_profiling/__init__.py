@@ -19,8 +19,6 @@ imports none of Prefect, distributed, dask or pandas. The scheduler plugin itsel
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 # The Prefect-free names of _LAZY, for type checkers and the API docs (griffe). The Prefect
@@ -30,13 +28,13 @@ if TYPE_CHECKING:
     from prefect_dask_profiling.finishing import finish_run
     from prefect_dask_profiling.regression.drift import detect_drift
     from prefect_dask_profiling.regression.verdict import RegressionDetected, detect_regressions
-    from prefect_dask_profiling.stage import stage
+    from prefect_dask_profiling.stages import stage
     from prefect_dask_profiling.summary import RunRecord, collect, summarise, utilisation
     from prefect_dask_profiling.timing import install, uninstall
 
 _LAZY = {
     # dask and distributed are loaded on first use too: the command line needs neither
-    "stage": "prefect_dask_profiling.stage",
+    "stage": "prefect_dask_profiling.stages",
     "install": "prefect_dask_profiling.timing",
     "uninstall": "prefect_dask_profiling.timing",
     # summary (pandas) is loaded on first use: Dask workers import this package to unpickle
@@ -78,28 +76,18 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
+    """Serve the names of ``_LAZY`` on first use (PEP 562).
+
+    The package stays a plain :class:`types.ModuleType`: cloudpickle writes a module by
+    reference only when its type is exactly that, and a flow script run as ``python
+    flow.py`` is ``__main__``, so its functions travel by value with every global they use,
+    ``import prefect_dask_profiling as pdp`` among them. No submodule shares a name with a
+    lazy name (the ``stage`` function lives in :mod:`~prefect_dask_profiling.stages`), so
+    the import system setting a submodule attribute never hides one.
+    """
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'prefect_dask_profiling' has no attribute {name!r}")
-
-
-class _Package(types.ModuleType):
-    """The package module: ``stage`` stays the function when its submodule is imported.
-
-    ``prefect_dask_profiling.stage`` is both a submodule and the function it defines. The
-    import system sets a package attribute to each submodule it loads, which would make
-    ``from prefect_dask_profiling import stage`` the module once anything imported
-    ``prefect_dask_profiling.stage`` directly (the task runner does). An eager import used to
-    put the function back; a lazy one needs this.
-    """
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "stage" and isinstance(value, types.ModuleType):
-            value = value.stage
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
 
 
 def __dir__() -> list[str]:

@@ -14,6 +14,9 @@ whole, leaves only where the code — or a caller — acts differently on them::
     │       ├── StoreUnreachable              no answer: refused connection, timeout, marked down
     │       ├── StoreAccessDenied             the credentials lack a permission (403)
     │       └── HistoryUnavailable            a run's history cannot be listed or read
+    ├── CannotShip (also a RuntimeError)      what Prefect sends the Dask workers cannot travel
+    │   ├── WorkersCannotLoad                 the workers cannot unpickle the flow
+    │   └── Unpicklable (also a TypeError)    an object the flow or a task holds cannot be pickled
     └── VerdictFailed                         a judgement fails the run on purpose
         └── RegressionDetected                (in :mod:`~prefect_dask_profiling.regression.verdict`,
                                                its message is built from the verdict table)
@@ -26,10 +29,11 @@ one place (:func:`prefect_dask_profiling.cli._output.exit_code`).
 
 from __future__ import annotations
 
-__all__ = ["BenchInputError", "DamagedRecord", "HistoryUnavailable", "InvalidInput",
-           "ProfilingError",
+__all__ = ["BenchInputError", "CannotShip", "DamagedRecord", "HistoryUnavailable",
+           "InvalidInput", "ProfilingError",
            "StoreAccessDenied", "StoreConflict", "StoreError", "StoreNotFound",
-           "StoreUnavailable", "StoreUnreachable", "VerdictFailed"]
+           "StoreUnavailable", "StoreUnreachable", "Unpicklable", "VerdictFailed",
+           "WorkersCannotLoad"]
 
 
 class ProfilingError(Exception):
@@ -91,6 +95,28 @@ class HistoryUnavailable(StoreUnavailable):
     possible, and the run is stored ``unjudged`` with this message as the reason.
 
     Distinct from an empty history (a new version), which is judged ``insufficient-history``.
+    """
+
+
+class CannotShip(ProfilingError, RuntimeError):
+    """What Prefect sends the Dask workers with a task (the task, and the flow run context
+    with the flow) cannot travel; the message names the object or the workers and the fix.
+
+    Raised in the flow body at the first submission that needs it, never from deep inside
+    distributed. A ``RuntimeError``, as the worker check always raised.
+    """
+
+
+class WorkersCannotLoad(CannotShip):
+    """The workers cannot unpickle the flow: the package or the flow's code is missing there
+    (a worker that cannot unpickle a task hangs the flow silently, hence the early check)."""
+
+
+class Unpicklable(CannotShip, TypeError):
+    """An object the flow or a submitted task holds (a lock, a connection) cannot be pickled.
+
+    A flow script is ``__main__``, so cloudpickle sends its functions by value with every
+    global and closure variable they use. While nothing is submitted this is a warning only.
     """
 
 

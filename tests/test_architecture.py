@@ -33,7 +33,7 @@ ROOT = Path(prefect_dask_profiling.__file__).parent
 
 # The layers, lowest first: a part may import its own modules and any part listed before it
 # in LAYERS; ``bench`` (the benchmark protocol) stands aside and imports only BENCH_USES.
-LAYERS = ["errors", "_util", "_bokeh", "environment", "pricing", "timing", "stage", "summary",
+LAYERS = ["errors", "_util", "_bokeh", "environment", "pricing", "timing", "stages", "summary",
           "store", "regression", "diagnosis", "export", "finishing", "prefect", "cli"]
 BENCH_USES = {"errors", "_util", "environment", "timing", "summary", "diagnosis"}
 ALLOWED: dict[str, set[str]] = {part: set(LAYERS[:i]) for i, part in enumerate(LAYERS)}
@@ -284,6 +284,34 @@ def test_importing_the_package_leaves_prefect_out():
                           timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "", f"imported Prefect modules: {done.stdout.strip()}"
+
+
+# A flow script is ``__main__``: cloudpickle pickles its functions by value, with every
+# global they use, the package module among them (issue 55). The names are read after the
+# submodules that once shadowed one of them (``stage``) were imported.
+MAIN_USES_THE_PACKAGE = """
+import pickle, sys, types
+import cloudpickle
+import prefect_dask_profiling as pdp
+import prefect_dask_profiling.stages, prefect_dask_profiling.prefect.runner
+from prefect_dask_profiling import stage
+
+def flow_body():
+    return pdp.__name__, pdp.stage.__name__, pdp.profiled.__name__, stage.__name__
+
+assert flow_body.__module__ == "__main__"
+assert type(pdp) is types.ModuleType, type(pdp)
+again = pickle.loads(cloudpickle.dumps(flow_body))
+assert again() == ("prefect_dask_profiling", "stage", "profiled", "stage"), again()
+print("ok")
+"""
+
+
+def test_a_main_function_using_the_package_as_a_module_pickles_by_value():
+    """The face stays a plain module that user code pickled by value can carry."""
+    done = subprocess.run([sys.executable, "-c", MAIN_USES_THE_PACKAGE], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
 # ------------------------------------------------------------------------------ the tool

@@ -10,7 +10,7 @@ from typing import Any
 import dask
 import pytest
 
-from prefect_dask_profiling.stage import (
+from prefect_dask_profiling.stages import (
     StageAnnotations,
     current_stage,
     reset_listener,

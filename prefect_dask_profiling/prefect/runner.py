@@ -36,9 +36,11 @@ from typing import TYPE_CHECKING, Any
 
 import dask
 import distributed
+from prefect import Flow
 from prefect_dask import DaskTaskRunner
 
 from prefect_dask_profiling._util import positive_int, positive_number, validate_name
+from prefect_dask_profiling.errors import InvalidInput
 from prefect_dask_profiling.prefect.reports import check_renderer
 from prefect_dask_profiling.pricing import CostRates, CostSpec, parse_cost
 from prefect_dask_profiling.regression.eta import (
@@ -52,7 +54,7 @@ from prefect_dask_profiling.regression.rule import (
     CheckOptions,
     RegressionRule,
 )
-from prefect_dask_profiling.stage import running_task_annotations, running_task_key
+from prefect_dask_profiling.stages import running_task_annotations, running_task_key
 from prefect_dask_profiling.store.url import check_store_url, redacted_options
 from prefect_dask_profiling.timing.plugin import (
     PARENT_ANNOTATION,
@@ -387,6 +389,7 @@ class ProfiledDaskTaskRunner(DaskTaskRunner):
         session = self._session if not _in_dask_worker() else None
         if session is not None:
             session.preflight()
+            session.check_travels(task)
         elif self._startup_error is not None and not _in_dask_worker():
             self.session  # noqa: B018 - raises the start-up error from the flow body
         future = super().submit(task, parameters, wait_for=wait_for, dependencies=dependencies)
@@ -452,9 +455,20 @@ def profiled(fn=None, *, store_parameter: str = "store"):
     store_parameter
         If the flow has a parameter of this name and it is not ``None``, it overrides the
         runner's store URL.
+
+    Raises
+    ------
+    InvalidInput
+        When ``fn`` is already a Prefect flow (``@profiled`` written above ``@flow``): the
+        wrapper would then run outside the flow run and record nothing.
     """
     if fn is None:
         return functools.partial(profiled, store_parameter=store_parameter)
+    if isinstance(fn, Flow):
+        raise InvalidInput(
+            f"@profiled is above @flow on {fn.name!r}: write it below, so it wraps the flow "
+            "function and runs inside the flow run:\n\n    @flow(task_runner="
+            "ProfiledDaskTaskRunner())\n    @profiled\n    def nightly(): ...")
     # The wrapper is the one closure: the flow is pickled with every task Prefect sends to
     # Dask (scheduler and worker unpickle it), and nested functions travel by value.
     if asyncio.iscoroutinefunction(fn):

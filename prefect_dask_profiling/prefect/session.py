@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import dask
 
+from prefect_dask_profiling.errors import Unpicklable
 from prefect_dask_profiling.finishing import (
     EarlyHistory,
     FinishResult,
@@ -33,7 +34,7 @@ from prefect_dask_profiling.prefect.eta import LiveEta
 from prefect_dask_profiling.prefect.publish import Publisher, run_log
 from prefect_dask_profiling.prefect.stages import OpenStage, StageBook
 from prefect_dask_profiling.regression.verdict import RegressionDetected
-from prefect_dask_profiling.stage import reset_listener, set_listener
+from prefect_dask_profiling.stages import reset_listener, set_listener
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.timing import client as timing_client
 from prefect_dask_profiling.timing import storage_io
@@ -76,6 +77,9 @@ class Session:
         self.finished = False
         self.result: FinishResult | None = None
         self._captured = self._checked_workers = False
+        # what preflight found unpicklable in the flow, and the tasks already checked
+        self.unpicklable: flow_run.Held | None = None
+        self._shipped_tasks: set[int] = set()
         self._store = self._store_url = None
         self._early_history: EarlyHistory | None = None
         self.eta: LiveEta | None = None  # the live ETA, once the history is being read
@@ -183,9 +187,13 @@ class Session:
         the run's history (unless ``read_history`` is False: a stage opening starts it once
         its boundary reads are done, so the two do not share the interpreter lock).
 
+        A flow that cannot be pickled is a warning here, naming the object: its Dask work
+        may run only in its body, where nothing is sent. :meth:`check_travels` raises it at
+        the first task submitted.
+
         Raises
         ------
-        RuntimeError
+        WorkersCannotLoad
             From :func:`~.flow_run.check_workers_load`, in the flow body, where it fails the
             run cleanly.
         """
@@ -196,7 +204,26 @@ class Session:
             self._read_history_early()
         if not self._checked_workers and FlowRunContext.get() is not None:
             self._checked_workers = True  # once, also when it raises
-            flow_run.check_workers_load(self.client)
+            self.unpicklable = flow_run.check_workers_load(self.client)
+            if self.unpicklable is not None:
+                logger.warning("dask-profiling: %s Nothing needs it while the flow's Dask "
+                               "work runs in its body; a Prefect task submitted from it "
+                               "fails.", self.unpicklable.message("This flow"))
+
+    def check_travels(self, task: Any) -> None:
+        """Before Prefect sends ``task`` to the workers: the flow and the task can travel.
+
+        Raises
+        ------
+        Unpicklable
+            Naming the object that cannot be pickled, what holds it, and the fix.
+        """
+        if self.unpicklable is not None:
+            raise Unpicklable(self.unpicklable.message(
+                f"Task {getattr(task, 'name', task)!r} needs this flow, which"))
+        if id(task) not in self._shipped_tasks:
+            flow_run.check_task_pickles(task)
+            self._shipped_tasks.add(id(task))
 
     # -- stages ----------------------------------------------------------------------------
 

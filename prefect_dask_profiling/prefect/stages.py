@@ -17,7 +17,7 @@ from prefect_dask_profiling.environment import Environment, environment
 from prefect_dask_profiling.prefect import reports
 from prefect_dask_profiling.prefect.publish import run_log
 from prefect_dask_profiling.prefect.storage_count import Counters, StorageCount
-from prefect_dask_profiling.stage import LocalWorkWatch, open_stage_name
+from prefect_dask_profiling.stages import LocalWorkWatch, open_stage_name
 from prefect_dask_profiling.store.manifest import LocalWork, StageInfo
 from prefect_dask_profiling.summary.io import io_frame
 from prefect_dask_profiling.summary.record import RunRecord

@@ -65,7 +65,7 @@ def install(client: Client, name: str | None = None, *, scope: str = "cluster",
     scope
         ``"cluster"`` records every task on the scheduler (a cluster of your own);
         ``"run"`` records only this client's graphs and work tagged with the run (a
-        shared cluster, see :func:`prefect_dask_profiling.stage.stage`).
+        shared cluster, see :func:`prefect_dask_profiling.stages.stage`).
     sample_interval
         Seconds between worker samples.
     task_records

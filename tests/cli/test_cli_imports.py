@@ -70,14 +70,14 @@ def test_the_check_above_can_fail():
 
 
 def test_stage_is_the_function_however_its_module_was_imported_first():
-    """The package serves ``stage`` lazily: importing the submodule first (as the task
-    runner does) must not turn ``prefect_dask_profiling.stage`` into the module."""
-    code = ("import prefect_dask_profiling.stage\n"
+    """The package serves ``stage`` lazily: importing its home module first (as the task
+    runner does) must not turn ``prefect_dask_profiling.stage`` into a module."""
+    code = ("import prefect_dask_profiling.stages\n"
             "import prefect_dask_profiling.prefect.runner\n"
             "from prefect_dask_profiling import stage, install\n"
             "import prefect_dask_profiling as p\n"
             "assert callable(stage) and stage is p.stage, stage\n"
-            "assert stage.__module__ == 'prefect_dask_profiling.stage', stage\n"
+            "assert stage.__module__ == 'prefect_dask_profiling.stages', stage\n"
             "assert install.__module__ == 'prefect_dask_profiling.timing.client', install\n"
             "with stage('read') as name:\n"
             "    assert name == 'read', name")

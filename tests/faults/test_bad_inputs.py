@@ -24,7 +24,7 @@ from prefect_dask_profiling.cli import app
 from prefect_dask_profiling.errors import HistoryUnavailable
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner
 from prefect_dask_profiling.regression.baseline import load_baseline
-from prefect_dask_profiling.stage import stage
+from prefect_dask_profiling.stages import stage
 from prefect_dask_profiling.store.runs import TASKS_COLUMNS, RunStore, new_run_id
 
 pytestmark = pytest.mark.timeout(120)

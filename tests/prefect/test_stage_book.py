@@ -13,7 +13,7 @@ import pytest
 
 from prefect_dask_profiling.prefect.reports import ReportSettings, StageReports
 from prefect_dask_profiling.prefect.stages import StageBook
-from prefect_dask_profiling.stage import stage
+from prefect_dask_profiling.stages import stage
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 from prefect_dask_profiling.timing import client as timing_client

@@ -40,7 +40,7 @@ from prefect_dask_profiling import (
     uninstall,
     utilisation,
 )
-from prefect_dask_profiling.stage import running_task_annotations
+from prefect_dask_profiling.stages import running_task_annotations
 from prefect_dask_profiling.timing import TaskTimings
 from prefect_dask_profiling.timing.client import snapshot
 from prefect_dask_profiling.timing.plugin import DEFAULT_STAGE, PARENT_ANNOTATION
