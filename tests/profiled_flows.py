@@ -26,6 +26,12 @@ def crunch(n: int, seed: int) -> float:
     return float((x @ x.T).sum().compute())
 
 
+@task
+def fails(message: str) -> None:
+    """A Prefect task that raises: a flow returning its future ends Failed."""
+    raise ValueError(message)
+
+
 def write_hook_file(path: str):
     """An on_failure hook that records the exception it sees."""
 

@@ -225,6 +225,34 @@ def _global_names(code: types.CodeType) -> set[str]:
     return names
 
 
+def returned_state(value: Any) -> str:
+    """The state type Prefect gives the flow run for what its function returned.
+
+    The flow's end is stored before Prefect turns the return value into the final state, so
+    this applies Prefect's own rule to it first (``return_value_to_state``, futures resolved
+    to their states as the engine does): a hand-made state is the final state; a state, a
+    future or a collection of them completes only when all completed (``CANCELLED``,
+    ``PAUSED``, else ``FAILED``); any other value ``COMPLETED``.
+    """
+    from prefect.futures import resolve_futures_to_states
+    from prefect.states import State, StateGroup, is_state_iterable
+    from prefect.utilities.collections import ensure_iterable
+
+    resolved = resolve_futures_to_states(value)
+    if isinstance(resolved, State):
+        details = resolved.state_details
+        if not details.flow_run_id and not details.task_run_id:
+            return resolved.type.value
+    elif not is_state_iterable(resolved):
+        return "COMPLETED"
+    states = StateGroup(ensure_iterable(resolved))
+    if states.all_completed():
+        return "COMPLETED"
+    if states.any_cancelled():
+        return "CANCELLED"
+    return "PAUSED" if states.any_paused() else "FAILED"
+
+
 def final_state(flow_run_id: str | None, error: BaseException | None) -> str:
     """The flow run's state type as Prefect's API has it (``COMPLETED``, ``FAILED``...);
     ``FAILED`` (``error``) or ``UNKNOWN`` when it cannot be read."""

@@ -526,11 +526,22 @@ def _failing(runner: ProfiledDaskTaskRunner | None) -> Iterator[None]:
 
 
 def _ending(runner: ProfiledDaskTaskRunner | None, value: Any) -> Any:
-    """Finish the run: the body's value, or the Failed state of a regression."""
+    """Finish the run: the body's value, or the Failed state of a regression.
+
+    The run is stored with the state Prefect will derive from ``value`` (a returned failed
+    future or ``Failed`` state ends the run Failed, and is retried by ``@flow(retries=N)``):
+    any state but ``COMPLETED`` is stored ``failed``, kept out of baselines and never judged
+    regressed, and ``value`` is returned as it is.
+    """
     if runner is None:
         return value
+    from prefect_dask_profiling.prefect.flow_run import returned_state
     from prefect_dask_profiling.regression.verdict import RegressionDetected
 
+    state = returned_state(value)
+    if state != "COMPLETED":
+        runner.session.finish(state=state)
+        return value
     try:
         runner.session.finish()
     except RegressionDetected as exc:  # "fail" mode: the flow run ends Failed

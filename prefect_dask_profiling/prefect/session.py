@@ -282,7 +282,7 @@ class Session:
             return self.result
         self.finished = True
         if self.eta is not None:
-            self.eta.stop(finished=error is None)
+            self.eta.stop(finished=error is None and state in (None, "COMPLETED"))
         try:
             self.result = result = self._store_run(error, state, publish, extra_warning)
         except Exception as exc:  # never change the flow's own outcome by our failure

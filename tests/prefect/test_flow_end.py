@@ -20,8 +20,9 @@ import pytest
 from distributed import LocalCluster
 from prefect import flow
 from prefect.client.orchestration import get_client
+from prefect.states import Completed, Failed
 from prefect_dask import get_dask_client
-from profiled_flows import slow_block, write_hook_file
+from profiled_flows import fails, slow_block, write_hook_file
 from tiers import starts_processes
 
 from prefect_dask_profiling import stage
@@ -61,7 +62,7 @@ def seed(store: RunStore, pipeline: str, runs: int = 3) -> set[str]:
 
 def make(runner: ProfiledDaskTaskRunner, name: str, attempts: list[int], *,
          retries: int = 0, ending: str = "profiled", raise_on: tuple[int, ...] = (),
-         hook_file: str | None = None):
+         hook_file: str | None = None, returns: str = "value"):
     """A one-stage flow (``compute``: 8 ``slow_block`` tasks) that records its attempts.
 
     ``ending``: ``"profiled"`` (``@profiled``), ``"explicit"`` (``finish()`` as the last
@@ -82,12 +83,21 @@ def make(runner: ProfiledDaskTaskRunner, name: str, attempts: list[int], *,
             raise OSError(f"infrastructure hiccup on attempt {flow_run.run_count}")
         if ending == "explicit":
             finish()  # RegressionDetected propagates: the documented way
-        return total
+        return RETURNS[returns](total)
 
     fn = profiled(body) if ending == "profiled" else body
     return flow(name=name, version="1", task_runner=runner, retries=retries,
                 retry_delay_seconds=0,
                 on_failure=[write_hook_file(hook_file)] if hook_file else [])(fn)
+
+
+# What a flow body may return, as users write it: Prefect derives the final state from it.
+RETURNS = {
+    "value": lambda total: total,
+    "failed future": lambda total: fails.submit(f"failed after {total}"),
+    "Failed state": lambda total: Failed(message=f"returned Failed after {total}"),
+    "states, one failed": lambda total: [Completed(), fails.submit("one of two")],
+}
 
 
 def stored(store: RunStore, pipeline: str, seeded: set[str]) -> list[dict]:
@@ -148,6 +158,28 @@ def test_a_failed_flow_is_stored_failed_on_the_runner_exit_path(cluster, tmp_pat
     assert (manifest["state"], manifest["status"], manifest["regressed"]) == (
         "FAILED", "failed", False)
     assert detected_events(prefect_server.api_url, manifest["run_id"]) == []
+
+
+@pytest.mark.parametrize("returns", ["failed future", "Failed state", "states, one failed"])
+def test_a_flow_failed_by_its_return_value_is_stored_failed_on_every_attempt(
+        cluster, tmp_path, returns):
+    """Issue 56, defect 3: ``@flow(retries=2)`` whose body returns what Prefect turns into
+    ``Failed`` (a failed task's future, a hand-made ``Failed`` state, a list holding a failed
+    future). Prefect retries it twice and ends it Failed; every attempt is stored ``failed``
+    with state ``FAILED`` (on 5beef4d: ``healthy`` / ``COMPLETED``, entering baselines)."""
+    pipeline = "end-returned-" + returns.replace(" ", "-").replace(",", "")
+    store = RunStore(str(tmp_path / "store"))
+    seeded = seed(store, pipeline)
+    runner = ProfiledDaskTaskRunner(address=cluster, store=store.url, stage_reports=False)
+    attempts: list[int] = []
+    state = make(runner, pipeline, attempts, retries=2, returns=returns)(
+        delay=FAST, return_state=True)
+    assert attempts == [1, 2, 3]
+    assert state.is_failed(), state
+    assert server_run(state).run_count == 3
+    runs = stored(store, pipeline, seeded)
+    assert [(m["attempt"], m["state"], m["status"], m["regressed"]) for m in runs] == [
+        (attempt, "FAILED", "failed", False) for attempt in (1, 2, 3)]
 
 
 # -- defect 9: nothing after the record can drop the failure ----------------------------------
