@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from prefect_dask_profiling.environment import Environment
+from prefect_dask_profiling.regression.blind import blindness
 from prefect_dask_profiling.regression.rule import CheckOptions, RegressionRule, Rules
 from prefect_dask_profiling.store.manifest import (
     Baseline,
@@ -664,7 +665,18 @@ def judge_run(end: RunEnd) -> Judgement | None:
             end.step(name, step)
     if not end.judged:
         end.unjudged_reason = end.unjudged_reason or "the verdict was not computed"
+        if not end.failed_otherwise:  # a failed night is never judged: no blind gate
+            _blindness(end)
     return end.judgement
+
+
+def _blindness(end: RunEnd) -> None:
+    """Tonight went unjudged: count the streak, and say so once the gate is blind."""
+    blind = blindness(end.store, end.ctx.pipeline, end.ctx.version, end.ctx.run_id,
+                      end.unjudged_reason)
+    end.manifest_extra["unjudged"] = blind.to_json()
+    if blind.alerting:
+        end.warnings.append(blind.message(end.ctx.pipeline, end.ctx.version))
 
 
 def complete_run(end: RunEnd) -> FinishResult:

@@ -50,6 +50,9 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 EXIT_OK, EXIT_VERDICT, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_STORE = 0, 1, 2, 3, 4
+# `check`: the run was stored unjudged, or cannot be judged now, and no regression is seen:
+# the gate did not look (regression.blind), distinct from a regression (1)
+EXIT_UNJUDGED = 5
 # The one map from errors to exit codes, most specific first (see the module docstring).
 EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (StoreUnavailable, EXIT_STORE),

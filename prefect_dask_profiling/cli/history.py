@@ -12,6 +12,7 @@ import typer
 
 from prefect_dask_profiling._util import validate_name
 from prefect_dask_profiling.cli._output import (
+    EXIT_UNJUDGED,
     EXIT_VERDICT,
     emit_json,
     format_value,
@@ -240,7 +241,8 @@ def check_command(
     as_json: JsonOption = False,
 ) -> None:
     """Judge a stored run again with the rules it was judged with (one-night verdicts and
-    drift); exit 1 on a regression or an unjudged run."""
+    drift); exit 1 on a regression, 5 on a run stored unjudged (or that cannot be judged
+    now) that shows none: its gate did not look."""
     from prefect_dask_profiling.regression.judge import judge_stored
 
     overrides = {k: v for k, v in (("threshold", threshold), ("history", n_history))
@@ -255,7 +257,8 @@ def check_command(
     else:
         _say_check(result)
     if result.failing:
-        raise typer.Exit(EXIT_VERDICT)
+        regressed = result.judgement is not None and result.judgement.regressed
+        raise typer.Exit(EXIT_VERDICT if regressed else EXIT_UNJUDGED)
 
 
 def _say_check(result) -> None:

@@ -27,6 +27,7 @@ from prefect_dask_profiling.summary.memory import describe_incident, memory_cell
 
 if TYPE_CHECKING:
     from prefect_dask_profiling.finishing import FinishResult
+    from prefect_dask_profiling.store.manifest import Manifest
 
 SUMMARY_ARTIFACT_COLUMNS = ["stage", "prefix", "tasks", "errors", "total_s", "p50_s", "p95_s",
                             "gb_out", "share"]
@@ -42,6 +43,15 @@ def table_rows(frame: pd.DataFrame, columns: list[str], digits: int = 4) -> list
         if rounded[col].dtype.kind == "f":
             rounded[col] = rounded[col].round(digits)
     return json_clean(rounded.to_dict("records"))
+
+
+def _blind_lines(m: Manifest) -> list[str]:
+    """The line that says the gate is blind (``regression.blind``), at the top of the run."""
+    unjudged = m.get("unjudged") or {}
+    if not unjudged.get("blind"):
+        return []
+    return [f"- **⚠ the regression gate is blind**: {unjudged['streak']} nights in a row "
+            f"unjudged, so no regression can fail this pipeline; run `{unjudged['fix']}`"]
 
 
 def _fmt(value: Any, pattern: str = "{:.2f}") -> str:
@@ -61,6 +71,7 @@ def run_markdown(result: FinishResult, links: dict[str, str], trend: str | None,
              f"- baseline: {m['baseline'].get('note') or ''} "
              f"({len(m['baseline'].get('runs') or [])} runs)",
              *([f"- **not judged**: {m['unjudged_reason']}"] if m.get("unjudged_reason") else []),
+             *_blind_lines(m),
              *eta,
              "",
              "## Utilisation (task seconds ÷ thread-seconds available)", "",

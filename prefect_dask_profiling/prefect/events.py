@@ -197,6 +197,36 @@ def emit_detection_events(result: FinishResult, links: dict[str, str] | None = N
     return events, warnings
 
 
+def emit_unjudged_event(result: FinishResult) -> tuple[list[Any], list[str]]:
+    """Emit ``dask-profiling.judgement.unjudged`` when the gate has gone blind
+    (:mod:`~prefect_dask_profiling.regression.blind`); return (events, warnings).
+
+    The payload carries the run, the streak of unjudged nights, the cause and the command that
+    shows it, so an Automation can page on a pipeline whose regressions can no longer fail it.
+    One event per run (a stable id). Never raises.
+    """
+    from prefect_dask_profiling.regression.blind import UNJUDGED_EVENT
+
+    unjudged = result.manifest.get("unjudged") or {}
+    flow_run_id = result.manifest.get("flow_run_id")
+    if result.status != "unjudged" or not unjudged.get("blind") or not flow_run_id:
+        return [], []
+    try:
+        from prefect.events import emit_event
+
+        resource, related = _resources(result, str(flow_run_id))
+        event = emit_event(UNJUDGED_EVENT, resource=resource, related=related,
+                           payload=json_clean({"run_id": result.run_id,
+                                               "pipeline": result.pipeline,
+                                               "version": result.version, **unjudged}),
+                           id=uuid.uuid5(_RUN_EVENT_NAMESPACE,
+                                         f"{result.run_id}/{UNJUDGED_EVENT}"))
+    except Exception as exc:
+        return [], [f"event {UNJUDGED_EVENT} not emitted: {exc!r}"]
+    return ([event], []) if event is not None else ([], [
+        f"event {UNJUDGED_EVENT} not emitted: Prefect events are switched off"])
+
+
 def _resources(result: FinishResult, flow_run_id: str) -> tuple[dict, list[dict]]:
     """The flow run as the resource; its flow and deployment as related resources."""
     resource = {"prefect.resource.id": f"prefect.flow-run.{flow_run_id}",

@@ -240,13 +240,18 @@ class Publisher:
                     *artifacts.report_link_artifacts(result.pipeline, result.run_id, late)])
 
             posting = _attempt(start, "artifacts", problems, None)
-        from prefect_dask_profiling.prefect.events import emit_detection_events
+        from prefect_dask_profiling.prefect.events import (
+            emit_detection_events,
+            emit_unjudged_event,
+        )
 
         # built while the artifacts are being posted
         _, event_warnings = _attempt(
             lambda: emit_detection_events(result, links, trend,
                                           fail_on_regression=fail_on_regression),
             "events", problems, ([], []))
+        event_warnings = [*event_warnings, *_attempt(lambda: emit_unjudged_event(result),
+                                                     "events", problems, ([], []))[1]]
         posted = [*(_attempt(posting.wait, "artifacts", problems, [])
                     if posting is not None else []),
                   *_attempt(self._wait_early, "early artifacts", problems, [])]

@@ -142,6 +142,9 @@ class ManifestExtra(TypedDict, total=False):
     history_read: dict[str, str]  # at (ISO), when ("run start" or "finish"), why (re-read)
     # per stage, outside stages, run (summary.allocation.RunAllocation.to_dict); rates if priced
     allocation: RunAllocationDoc
+    # an unjudged run's streak: nights in a row unjudged, the cause, the command, blind or not
+    # (regression.blind.Blindness.to_json)
+    unjudged: dict[str, object]
 
 
 class Manifest(ManifestExtra, total=False):

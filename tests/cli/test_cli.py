@@ -119,9 +119,10 @@ def test_compare_and_accept_find_the_pipeline(store):
 
 
 def test_an_unjudged_run_fails_the_check_with_its_reason(store):
+    """Exit 5, not a regression's 1: the gate did not look (issue 56, target 3)."""
     run_id = put(store, 10, status="unjudged", unjudged_reason="verdict step failed: boom")
     out = cli("check", "--store", store.url, "--run", run_id)
-    assert out.exit_code == 1, out.output
+    assert out.exit_code == 5, out.output
     assert "stored unjudged: verdict step failed: boom" in out.stdout
     data = json.loads(cli("check", "--store", store.url, "--run", run_id, "--json").stdout)
     assert data["status"] == "unjudged" and data["regressed"] is False

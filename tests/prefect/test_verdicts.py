@@ -9,6 +9,7 @@ import pytest
 from distributed import LocalCluster
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+from prefect_events import events_of_run
 from profiled_flows import make_flow
 from tiers import starts_processes
 
@@ -148,3 +149,38 @@ def test_a_broken_verdict_step_never_changes_the_flow_and_is_visible(cluster, hi
     assert "verdict bug for the test" in manifest["unjudged_reason"]
     markdown = run_markdown_artifact(state)
     assert "not judged" in markdown and "verdict bug for the test" in markdown
+
+
+def test_a_pipeline_unjudged_two_nights_running_says_its_gate_is_blind(cluster, tmp_path,
+                                                                        monkeypatch,
+                                                                        prefect_server):
+    """Issue 56, target 3: the verdict cannot be computed two nights running. The first
+    night is a notice; the second says the gate is blind: a line at the top of the run's
+    markdown, a warning, the manifest's streak, and ``dask-profiling.judgement.unjudged``
+    (read back from the real server) with the streak, the cause and the command."""
+    from prefect_dask_profiling import finishing
+    from prefect_dask_profiling.regression.blind import UNJUDGED_EVENT
+
+    def broken(end) -> None:
+        raise RuntimeError("verdict bug for the test")
+
+    monkeypatch.setattr(finishing, "STEPS", [(n, broken if n == "judgement" else s)
+                                             for n, s in finishing.STEPS])
+    store = tmp_path / "store"
+    states = [run(cluster, store, NORMAL, name="verdicts-blind") for _ in range(2)]
+    assert all(state.is_completed() for state in states)
+    s = RunStore(str(store))
+    first, second = (s.read_manifest("verdicts-blind", r["run_id"])
+                     for r in reversed(s.list_runs("verdicts-blind")))
+    assert first["status"] == second["status"] == "unjudged"
+    assert (first["unjudged"]["streak"], first["unjudged"]["blind"]) == (1, False)
+    assert (second["unjudged"]["streak"], second["unjudged"]["blind"]) == (2, True)
+    assert any("regression gate is blind" in w for w in second["warnings"])
+    assert "the regression gate is blind" in run_markdown_artifact(states[1])
+    assert "the regression gate is blind" not in run_markdown_artifact(states[0])
+    assert events_of_run(prefect_server.api_url, UNJUDGED_EVENT, first["run_id"]) == []
+    [event] = events_of_run(prefect_server.api_url, UNJUDGED_EVENT, second["run_id"])
+    payload = event["payload"]
+    assert payload["streak"] == 2 and "verdict bug for the test" in payload["cause"]
+    assert payload["fix"] == ("dask-profiling check --pipeline verdicts-blind --run "
+                              f"{second['run_id']}")
