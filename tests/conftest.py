@@ -60,6 +60,7 @@ RUN_FIRST = (
     "tests/test_docs_examples.py",
     "tests/faults/test_ack_store_faults.py",
     "tests/flows/test_deployment.py",
+    "tests/flows/test_user_scripts.py",
     "tests/prefect/test_eta_flow.py",
     "tests/prefect/test_cost_flow.py",
     "tests/faults/test_final_write_faults.py",
