@@ -790,14 +790,15 @@ def check_eta_interval(value: object) -> float:
     return _seconds(value, "eta_interval", allow_zero=False)
 
 
-def risk(eta: Eta, deadline_at: datetime, margin_s: float, now: datetime,
+def risk(eta: Eta | None, deadline_at: datetime, margin_s: float, now: datetime,
          finished: bool = False) -> Risk | None:
     """Tonight against its deadline: ``late`` once the deadline passed with the run
-    unfinished, ``at-risk`` when the ETA's high end passes the deadline minus the margin,
-    ``on-track`` otherwise; ``None`` when there is no ETA."""
+    unfinished, with or without an estimate (``eta`` ``None``: no history read); with a
+    known ETA, ``at-risk`` when its high end passes the deadline minus the margin,
+    ``on-track`` otherwise; ``None`` when there is no ETA and the deadline is ahead."""
     if not finished and now >= deadline_at:
         return "late"
-    if not eta.known or eta.finish_high is None:
+    if eta is None or not eta.known or eta.finish_high is None:
         return None
     return "at-risk" if eta.finish_high > deadline_at - timedelta(seconds=margin_s) \
         else "on-track"
