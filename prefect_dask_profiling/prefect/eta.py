@@ -17,7 +17,9 @@ the flow thread); everything else runs as jobs of the process's one background s
 * the current estimate in the run store (``live/<pipeline>/<run_id>.json``:
   :mod:`~prefect_dask_profiling.store.live`), replaced at each estimate and removed when the
   run ends, for ``dask-profiling eta``; never spooled, bounded by the store's timeout (at
-  most :data:`LIVE_TIMEOUT_S`) and its breaker;
+  most :data:`LIVE_TIMEOUT_S`) and its breaker; at the start, the leftover estimates of the
+  pipeline's earlier runs that died without ending are swept
+  (:meth:`~prefect_dask_profiling.store.live.Live.sweep_live`);
 * with a ``deadline=``: the events ``dask-profiling.run.at-risk``, ``...on-track`` (a run at
   risk recovered) and ``...late`` (the deadline passed, run unfinished: emitted by the
   periodic job even while a stage computes), each with a stable id per (flow run, kind,
@@ -192,6 +194,7 @@ class LiveEta:
         service = Background.instance()
         self._periodic = service.every(self.interval, self._tick, label="dask-profiling eta")
         self._history_future = history
+        self._in_run(self._sweep_leftovers)
         if history is not None:
             history.add_done_callback(lambda f: self._in_run(self._load, f))
 
@@ -349,6 +352,18 @@ class LiveEta:
             self._live_store = (options.store, RunStore(options.store, options.storage_options,
                                                         timeout=timeout))
         return self._live_store[1]
+
+    def _sweep_leftovers(self) -> None:
+        """Remove the leftover estimates of the pipeline's earlier runs (a background job:
+        a failure is the caller's debug log, and the next run or ``dask-profiling sweep``
+        tries again)."""
+        ctx = self.session.ctx
+        if not ctx.pipeline:
+            return
+        removed = self._store_for_live().sweep_live(ctx.pipeline, keep=ctx.run_id)
+        if removed:
+            logger.info("dask-profiling: removed %d leftover live estimate(s) of runs that "
+                        "stopped without ending: %s", len(removed), ", ".join(removed))
 
     def _remove_live(self) -> None:
         """The run ended: remove its stored estimate (a reader ignores a leftover once the
