@@ -29,10 +29,6 @@ if TYPE_CHECKING:
 IN_PROGRESS_NOTE = ("a run in progress stores its current estimate at each stage boundary "
                     "and every eta_interval (live/<pipeline>/<run_id>.json); its progress "
                     "artifact, logs and events are on its Prefect flow run")
-# An estimate not replaced for this many of its intervals (and a minute) is stale: its run
-# may have died without ending (no manifest, no removal).
-STALE_INTERVALS = 3
-STALE_GRACE_S = 60.0
 
 
 class PlanStage(TypedDict):
@@ -150,6 +146,7 @@ def in_progress(run_store: RunStore, pipeline: str, now: datetime | None = None
     from datetime import UTC, datetime
 
     from prefect_dask_profiling.errors import StoreError
+    from prefect_dask_profiling.store.live import estimate_age, is_stale
 
     now = now or datetime.now(UTC)
     try:
@@ -161,16 +158,13 @@ def in_progress(run_store: RunStore, pipeline: str, now: datetime | None = None
         if isinstance(found, StoreError):
             out.append({"run_id": run_id, "error": " ".join(str(found).split())})
             continue
-        try:
-            age = (now - datetime.fromisoformat(found["computed_at"])).total_seconds()
-        except (TypeError, ValueError):
+        age = estimate_age(found, now)
+        if age is None:
             out.append({"run_id": run_id, "error": f"computed_at "
-                        f"{found['computed_at']!r} is not an ISO 8601 time"})
+                        f"{found['computed_at']!r} is not an ISO 8601 time with a zone"})
             continue
-        interval = found.get("interval_s") or 0.0
-        stale = age > STALE_INTERVALS * float(interval) + STALE_GRACE_S
-        out.append({"run_id": run_id, "age_s": round(age, 1), "stale": stale,
-                    "estimate": found})
+        out.append({"run_id": run_id, "age_s": round(age, 1),
+                    "stale": bool(is_stale(found, now)), "estimate": found})
     return out
 
 

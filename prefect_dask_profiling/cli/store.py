@@ -41,20 +41,35 @@ def sweep_command(
     store: StoreOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Delete per-stage reports older than --older-than (never summaries or the index)."""
+    """Delete per-stage reports older than --older-than (never summaries or the index),
+    and the leftover live estimates of runs that stopped without ending (exit 1 if those
+    cannot be listed)."""
+    from prefect_dask_profiling.errors import StoreError
+
     try:
         days = parse_age(older_than)
     except ValueError as exc:  # the age's own validation
         raise BadInput(str(exc)) from None
     run_store = make_store(store)
     removed = run_store.sweep(days)
+    try:
+        live_removed, live_error = run_store.sweep_live(), None
+    except StoreError as exc:  # the reports' sweep is still said
+        live_removed, live_error = [], " ".join(str(exc).split())
     if as_json:
-        emit_json({"store": run_store.url, "older_than_days": days, "removed": removed})
-        return
-    for location in removed:
-        say(f"removed {location}")
-    say(f"{len(removed)} report folder(s) older than {days:g} days removed from "
-        f"{run_store.url}")
+        emit_json({"store": run_store.url, "older_than_days": days, "removed": removed,
+                   "live_removed": live_removed, "live_error": live_error})
+    else:
+        for location in [*removed, *live_removed]:
+            say(f"removed {location}")
+        say(f"{len(removed)} report folder(s) older than {days:g} days removed from "
+            f"{run_store.url}")
+        say(f"{len(live_removed)} leftover live estimate(s) removed (runs that stopped "
+            "without ending)")
+        if live_error:
+            warn(f"warning: leftover live estimates not swept: {live_error}")
+    if live_error:
+        raise typer.Exit(EXIT_VERDICT)
 
 
 def upload_pending_command(

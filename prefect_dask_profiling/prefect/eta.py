@@ -17,11 +17,17 @@ the flow thread); everything else runs as jobs of the process's one background s
 * the current estimate in the run store (``live/<pipeline>/<run_id>.json``:
   :mod:`~prefect_dask_profiling.store.live`), replaced at each estimate and removed when the
   run ends, for ``dask-profiling eta``; never spooled, bounded by the store's timeout (at
-  most :data:`LIVE_TIMEOUT_S`) and its breaker;
+  most :data:`LIVE_TIMEOUT_S`) and its breaker; at the start, the leftover estimates of the
+  pipeline's earlier runs that died without ending are swept
+  (:meth:`~prefect_dask_profiling.store.live.Live.sweep_live`);
 * with a ``deadline=``: the events ``dask-profiling.run.at-risk``, ``...on-track`` (a run at
   risk recovered) and ``...late`` (the deadline passed, run unfinished: emitted by the
   periodic job even while a stage computes), each with a stable id per (flow run, kind,
-  occurrence) so a retried emission adds nothing.
+  occurrence) so a retried emission adds nothing. The deadline is resolved when the live
+  ETA starts, from the clock and the flow run's schedule alone, and ``late`` is judged on
+  the clock alone: it fires without an estimate (a new version's first nights), before the
+  history is read and when its read failed. ``at-risk`` and ``on-track`` need an estimate
+  and name the one they were judged on (:class:`Judged`).
 
 A failing Prefect API, store or scheduler read never fails or slows the flow: each job
 catches and logs at debug level, and keeps the last good estimate.
@@ -87,10 +93,25 @@ class StageBehind(TypedDict):
     bottleneck: str | None
 
 
+class Judged(TypedDict):
+    """What an ETA event was judged on, and when (ISO text, UTC).
+
+    ``on`` is ``"clock"`` for ``late`` (the deadline passed with the run unfinished: no
+    estimate needed, ``finish`` is ``None``), or ``"finish_high"`` for ``at-risk`` and
+    ``on-track``: the upper end of the estimate (``finish``) against the deadline minus the
+    margin, the estimate being the event's ``eta``.
+    """
+
+    at: str
+    on: str
+    finish: str | None
+
+
 class EtaPayload(TypedDict):
     """The payload of an ETA event (:meth:`LiveEta.payload`): its ``kind`` (at-risk,
-    on-track, late), the run, the estimate, the deadline (ISO text) and its margin, and
-    the stage behind (``None`` when none is)."""
+    on-track, late), the run, the estimate (``known`` false, with why, when there is none),
+    the deadline (ISO text) and its margin, what it was ``judged`` on, and the stage behind
+    (``None`` when none is)."""
 
     kind: str
     run_id: str
@@ -99,6 +120,7 @@ class EtaPayload(TypedDict):
     eta: EtaDoc
     deadline: str | None
     deadline_margin_s: float
+    judged: Judged
     stage_behind: StageBehind | None
 
 
@@ -168,9 +190,11 @@ class LiveEta:
         if self._periodic is not None or self._stopped:
             return
         self._context = contextvars.copy_context()  # the flow run's: artifacts attach to it
+        _quietly(lambda: self._resolve_deadline(_scheduled_start()))  # needs no history
         service = Background.instance()
         self._periodic = service.every(self.interval, self._tick, label="dask-profiling eta")
         self._history_future = history
+        self._in_run(self._sweep_leftovers)
         if history is not None:
             history.add_done_callback(lambda f: self._in_run(self._load, f))
 
@@ -215,23 +239,31 @@ class LiveEta:
         context.run(Background.instance().submit, _quietly, job, *args,
                     label="dask-profiling eta")
 
+    def _resolve_deadline(self, scheduled: datetime | None) -> None:
+        """Set :attr:`deadline_at` from the run's start and its ``scheduled`` start (the
+        flow run's ``expected_start_time``; ``None``: none): the clock decides ``late``, so
+        the deadline never waits for the history, nor depends on its read succeeding."""
+        if self.deadline is None or self.deadline_at is not None:
+            return
+        self.deadline_at, note = resolve_deadline(self.deadline, self.session.ctx.started,
+                                                  scheduled)
+        if note:
+            _run_log(logging.WARNING, f"dask-profiling: {note}")
+
     def _load(self, future: Future) -> None:
         history = future.result()  # a failed read: no ETA (the judge says why at the end)
         ctx = self.session.ctx
         self._manifests = tuple(history.manifests)
         self.stats = history_stats(ctx.pipeline, ctx.version, history.manifests,
                                    history.baseline.history, needed=self.needed)
-        if self.deadline is not None:
-            self.deadline_at, note = resolve_deadline(self.deadline, ctx.started,
-                                                      _scheduled_start())
-            if note:
-                _run_log(logging.WARNING, f"dask-profiling: {note}")
         self._update(read_counts=False)
 
-    def _tick(self) -> None:
+    def _tick(self, now: datetime | None = None) -> None:
+        """The periodic update (``now``: the clock the deadline is judged on, default the
+        current time)."""
         if self._stopped:
             return
-        _quietly(self._update)
+        _quietly(self._update, True, None, now)
 
     def _boundary(self, name: str, counts: dict[str, dict[str, int]] | None = None) -> None:
         eta = self._update(counts=counts)
@@ -243,11 +275,14 @@ class LiveEta:
         _run_log(logging.INFO, f"dask-profiling: {line}")
 
     def _update(self, read_counts: bool = True,
-                counts: dict[str, dict[str, int]] | None = None) -> Eta | None:
+                counts: dict[str, dict[str, int]] | None = None,
+                now: datetime | None = None) -> Eta | None:
         """Estimate now (from ``counts`` when given, else from a fresh read when
         ``read_counts``, else from the last counts); publish the progress and the deadline's
-        news."""
+        news (judged at ``now``, default the current time). Without the history (not read
+        yet, or its read failed) there is no estimate, and the deadline is still judged."""
         if self.stats is None:
+            _quietly(self._judge_deadline, None, now)
             return None
         if counts is not None:  # jobs run in order: a later tick's read replaces them
             self._counts = counts
@@ -260,6 +295,7 @@ class LiveEta:
             if not self._said_no_eta:
                 self._said_no_eta = True
                 _run_log(logging.INFO, f"dask-profiling: {eta.text}")
+            _quietly(self._judge_deadline, eta, now)  # late needs no estimate
             _quietly(self._store_live, eta, progress)
             return eta
         if self.first_text is None:
@@ -268,7 +304,7 @@ class LiveEta:
         # each publication on its own: a failing Prefect API neither hides the stored
         # estimate nor the deadline's events, a failing store neither of the others
         _quietly(self._progress, eta.percent_done or 0.0, eta.text)
-        _quietly(self._judge_deadline, eta)
+        _quietly(self._judge_deadline, eta, now)
         _quietly(self._store_live, eta, progress)
         return eta
 
@@ -317,6 +353,18 @@ class LiveEta:
                                                         timeout=timeout))
         return self._live_store[1]
 
+    def _sweep_leftovers(self) -> None:
+        """Remove the leftover estimates of the pipeline's earlier runs (a background job:
+        a failure is the caller's debug log, and the next run or ``dask-profiling sweep``
+        tries again)."""
+        ctx = self.session.ctx
+        if not ctx.pipeline:
+            return
+        removed = self._store_for_live().sweep_live(ctx.pipeline, keep=ctx.run_id)
+        if removed:
+            logger.info("dask-profiling: removed %d leftover live estimate(s) of runs that "
+                        "stopped without ending: %s", len(removed), ", ".join(removed))
+
     def _remove_live(self) -> None:
         """The run ended: remove its stored estimate (a reader ignores a leftover once the
         run's manifest exists)."""
@@ -362,15 +410,29 @@ class LiveEta:
             self._artifact_id, f"dask-profiling-eta-{_key(self.session.ctx.pipeline)}",
             self._percent, text)
 
-    def _judge_deadline(self, eta: Eta) -> None:
+    def _judge_deadline(self, eta: Eta | None, now: datetime | None = None) -> str | None:
+        """Judge the run against its deadline at ``now`` (default the current time) and
+        emit what is news; the kind emitted, if any. ``late`` needs no estimate (``eta``
+        ``None``: the history is not read, or its read failed); ``at-risk`` and
+        ``on-track`` need a known one."""
         if self.deadline_at is None:
-            return
-        now = datetime.now(UTC)
+            return None
+        now = now or datetime.now(UTC)
         kind = self.tracker.update(risk(eta, self.deadline_at, self.margin_s, now), now)
         if kind is not None:
-            self._emit(kind, eta)
+            self._emit(kind, eta or self._no_estimate(), now)
+        return kind
 
-    def _emit(self, kind: str, eta: Eta) -> None:
+    def _no_estimate(self) -> Eta:
+        """The estimate an event carries when there is none: why (the history's read is
+        under way, or failed)."""
+        future = self._history_future
+        failed = future is not None and future.done() and future.exception() is not None
+        why = "its read failed (the judge says why at the run's end)" if failed else \
+            "it is not read yet"
+        return Eta(False, f"no ETA: the run's history is needed and {why}")
+
+    def _emit(self, kind: str, eta: Eta, now: datetime | None = None) -> None:
         from prefect.events import emit_event
 
         ctx = self.session.ctx
@@ -378,7 +440,7 @@ class LiveEta:
             return
         occurrence = self.tracker.emitted.count(kind)
         event = emit_event(EVENTS[kind], resource=_resource(ctx), related=_related(ctx, eta),
-                           payload=self.payload(kind, eta),
+                           payload=self.payload(kind, eta, now),
                            id=event_id(ctx.flow_run_id, kind, occurrence))
         if event is not None:
             self.events.append(event)
@@ -386,19 +448,26 @@ class LiveEta:
                  f"dask-profiling: run {kind} (deadline {self.deadline_at:%Y-%m-%d %H:%M} UTC):"
                  f" {eta.text}")
 
-    def payload(self, kind: str, eta: Eta) -> EtaPayload:
-        """The event's payload: the ETA range, the deadline, the stage behind."""
+    def payload(self, kind: str, eta: Eta, now: datetime | None = None) -> EtaPayload:
+        """The event's payload: the ETA range, the deadline, what the event was judged on
+        at ``now`` (default the current time), the stage behind."""
         ctx = self.session.ctx
         lag = eta.lag
         behind: StageBehind | None = None if lag is None else {
             "stage": lag.stage, "behind_pct": round(lag.behind_pct, 1),
             "expected_s": round(lag.expected_s, 1), "projected_s": round(lag.projected_s, 1),
             "bottleneck": self._bottleneck(lag.stage)}
+        on_clock = kind == "late"
+        judged: Judged = {
+            "at": (now or datetime.now(UTC)).astimezone(UTC).isoformat(),
+            "on": "clock" if on_clock else "finish_high",
+            "finish": None if on_clock or eta.finish_high is None else
+            eta.finish_high.isoformat()}
         return json_clean({
             "kind": kind, "run_id": ctx.run_id, "pipeline": ctx.pipeline,
             "version": ctx.version, "eta": eta.to_json(),
             "deadline": self.deadline_at.isoformat() if self.deadline_at else None,
-            "deadline_margin_s": self.margin_s, "stage_behind": behind})
+            "deadline_margin_s": self.margin_s, "judged": judged, "stage_behind": behind})
 
     def _bottleneck(self, stage: str) -> str | None:
         """The stage's bottleneck in the newest baseline night that diagnosed it (tonight's
@@ -420,22 +489,18 @@ class LiveEta:
         """
         if self.eta is None:
             self._settle()
-        if self.eta is None:
-            return []
+        if self.eta is None:  # no history: the deadline was still judged
+            return self._deadline_lines()
         if not self.eta.known:
-            return [f"- **ETA**: {self.eta.text}"]
+            return [f"- **ETA**: {self.eta.text}", *self._deadline_lines()]
         if not self.predictions:
             return ["- **ETA**: no estimate was made while the run computed (its history "
-                    "was read too late)"]
+                    "was read too late)", *self._deadline_lines()]
         total = actual_s if actual_s is not None else self._ended_s
         if total is None:
             total = (datetime.now(UTC) - self.session.ctx.started).total_seconds()
-        lines = [f"- **ETA** at the start: {self.first_text or self.eta.text}"]
-        if self.deadline_at is not None:
-            emitted = ", ".join(f"`{EVENTS[k]}`" for k in self.tracker.emitted) or "none"
-            local = self.deadline_at.astimezone(self._zone())
-            lines.append(f"- deadline: {local:%Y-%m-%d %H:%M %Z} ({self.deadline}); "
-                         f"ETA events: {emitted}")
+        lines = [f"- **ETA** at the start: {self.first_text or self.eta.text}",
+                 *self._deadline_lines()]
         fared = []
         for share in (0.25, 0.5, 0.75):
             before = [p for p in list(self.predictions) if p[0] <= share * total]
@@ -447,6 +512,14 @@ class LiveEta:
                          f"run's {total:.0f} s): " + ", ".join(fared))
         return lines
 
+    def _deadline_lines(self) -> list[str]:
+        """The deadline and the ETA events emitted (none without a deadline)."""
+        if self.deadline_at is None:
+            return []
+        emitted = ", ".join(f"`{EVENTS[k]}`" for k in self.tracker.emitted) or "none"
+        local = self.deadline_at.astimezone(self._zone())
+        return [f"- deadline: {local:%Y-%m-%d %H:%M %Z} ({self.deadline}); "
+                f"ETA events: {emitted}"]
 
     def _settle(self) -> None:
         """The history is read but the background job estimating from it has not run yet
@@ -543,5 +616,5 @@ def _run_log(level: int, message: str) -> None:
         logger.log(level, message)
 
 
-__all__ = ["AT_RISK_EVENT", "EVENTS", "LATE_EVENT", "LIVE_TIMEOUT_S", "LiveEta", "ON_TRACK_EVENT",
-           "event_id"]
+__all__ = ["AT_RISK_EVENT", "EVENTS", "LATE_EVENT", "LIVE_TIMEOUT_S", "EtaPayload", "Judged",
+           "LiveEta", "ON_TRACK_EVENT", "event_id"]

@@ -40,7 +40,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, time, timedelta, tzinfo
+from datetime import UTC, date, datetime, time, timedelta, tzinfo
 from statistics import median
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -723,7 +723,11 @@ def resolve_deadline(deadline: Deadline, started: datetime,
 
     A time of day is its first occurrence after the run's scheduled start (its start
     without a schedule): a run scheduled at 23:00 with a 06:00 deadline has until 06:00 the
-    next morning. A duration counts from the scheduled start (``expected_start_time``), so
+    next morning. The instants are compared in UTC, so a time of day in the hour the autumn
+    clock change repeats is its first occurrence after the start (the summer-time one, or
+    the winter-time one when the start is past it), never the next day's. A time of day
+    the spring change skips is read with the offset before the change (02:30 is 03:30
+    summer time). A duration counts from the scheduled start (``expected_start_time``), so
     a run that started late is judged against its schedule; without one, from the start.
     """
     started = _plain_utc(started)
@@ -735,12 +739,25 @@ def resolve_deadline(deadline: Deadline, started: datetime,
                     f"its start {started:%Y-%m-%d %H:%M:%S} UTC instead")
         return base + deadline.after, note
     zone = ZoneInfo(deadline.zone or "UTC")
-    local = base.astimezone(zone)
+    day = base.astimezone(zone).date()
     at = deadline.at or time(0)
-    candidate = datetime.combine(local.date(), at, tzinfo=zone)
-    if candidate <= local:
-        candidate = datetime.combine(local.date() + timedelta(days=1), at, tzinfo=zone)
-    return candidate.astimezone(UTC), note
+    after = [c for d in (day, day + timedelta(days=1)) for c in _occurrences(d, at, zone)
+             if c > base]
+    return min(after), note
+
+
+def _occurrences(day: date, at: time, zone: tzinfo) -> list[datetime]:
+    """The instants (UTC) at which the clock in ``zone`` reads ``at`` on ``day``: two in
+    the hour the autumn change repeats, one otherwise (a time the spring change skips: the
+    instant the offset before the change gives it)."""
+    first = datetime.combine(day, at, tzinfo=zone)
+    second = first.replace(fold=1)
+    out = [_plain_utc(first)]
+    repeated = first.utcoffset() != second.utcoffset() and \
+        _plain_utc(second).astimezone(zone).replace(tzinfo=None) == second.replace(tzinfo=None)
+    if repeated:
+        out.append(_plain_utc(second))
+    return out
 
 
 def _plain_utc(at: datetime) -> datetime:
@@ -773,14 +790,15 @@ def check_eta_interval(value: object) -> float:
     return _seconds(value, "eta_interval", allow_zero=False)
 
 
-def risk(eta: Eta, deadline_at: datetime, margin_s: float, now: datetime,
+def risk(eta: Eta | None, deadline_at: datetime, margin_s: float, now: datetime,
          finished: bool = False) -> Risk | None:
     """Tonight against its deadline: ``late`` once the deadline passed with the run
-    unfinished, ``at-risk`` when the ETA's high end passes the deadline minus the margin,
-    ``on-track`` otherwise; ``None`` when there is no ETA."""
+    unfinished, with or without an estimate (``eta`` ``None``: no history read); with a
+    known ETA, ``at-risk`` when its high end passes the deadline minus the margin,
+    ``on-track`` otherwise; ``None`` when there is no ETA and the deadline is ahead."""
     if not finished and now >= deadline_at:
         return "late"
-    if not eta.known or eta.finish_high is None:
+    if eta is None or not eta.known or eta.finish_high is None:
         return None
     return "at-risk" if eta.finish_high > deadline_at - timedelta(seconds=margin_s) \
         else "on-track"

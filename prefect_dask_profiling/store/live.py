@@ -11,12 +11,22 @@ Like an acknowledgement, each write or removal is one call bounded by the store'
 and refused at once while the store's breaker holds it down; a failure raises the
 :class:`~prefect_dask_profiling.errors.StoreError` leaf, which the caller (a background
 job) logs and forgets.
+
+A run that dies without ending (a killed process, a lost machine) leaves its estimate
+behind: nothing of that run will remove it. :meth:`Live.sweep_live` removes such leftovers
+-- an estimate not replaced for :data:`STALE_INTERVALS` of its intervals and
+:data:`STALE_GRACE_S` (:func:`is_stale`), one whose run has ended (its manifest exists: its
+removal failed), one that cannot be read whose object is older than :data:`UNREADABLE_AFTER_S`
+-- from ``dask-profiling sweep`` (every pipeline) and from the live ETA at the start of the
+next run of the pipeline. A run that is alive but could not write for that long loses its
+estimate until its next write, which stores a fresh one.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from datetime import UTC, datetime
 from typing import Any, TypedDict
 
 from prefect_dask_profiling.store import layout
@@ -30,6 +40,12 @@ LIVE_KIND = "dask-profiling.live-eta"
 LIVE_SCHEMA = 1
 # Fields a reader needs; the rest may be null (no ETA yet, no deadline, between stages).
 _REQUIRED = ("kind", "schema", "pipeline", "run_id", "computed_at")
+# An estimate not replaced for this many of its intervals, and a minute, is stale: its run
+# has stopped without ending (no manifest, no removal), or cannot reach the store.
+STALE_INTERVALS = 3
+STALE_GRACE_S = 60.0
+# An object under live/ that cannot be read says no interval: a leftover once it is a day old.
+UNREADABLE_AFTER_S = 86400.0
 
 
 class UnknownStage(TypedDict):
@@ -95,6 +111,30 @@ def parse_live(data: bytes, where: str) -> LiveEstimate:
     if missing:
         raise DamagedRecord(f"{where} lacks {', '.join(missing)}")
     return doc  # type: ignore[return-value]
+
+
+def estimate_age(estimate: LiveEstimate, now: datetime) -> float | None:
+    """Seconds since ``estimate`` was computed at ``now``; ``None`` when its ``computed_at``
+    is not an ISO 8601 time with a zone."""
+    try:
+        computed = datetime.fromisoformat(str(estimate["computed_at"]))
+    except (TypeError, ValueError):
+        return None
+    if computed.tzinfo is None:
+        return None
+    return (now - computed).total_seconds()
+
+
+def is_stale(estimate: LiveEstimate, now: datetime) -> bool | None:
+    """Whether ``estimate`` was not replaced for :data:`STALE_INTERVALS` of its intervals
+    and :data:`STALE_GRACE_S` at ``now`` (its run has stopped without ending); ``None``
+    when its age cannot be told."""
+    age = estimate_age(estimate, now)
+    if age is None:
+        return None
+    interval = estimate.get("interval_s")
+    interval = float(interval) if isinstance(interval, int | float) and interval > 0 else 0.0
+    return age > STALE_INTERVALS * interval + STALE_GRACE_S
 
 
 class Live(StoreAccess):
@@ -163,10 +203,60 @@ class Live(StoreAccess):
         return out
 
 
+    def sweep_live(self, pipeline: str | None = None, now: datetime | None = None,
+                   keep: str | None = None) -> list[str]:
+        """Remove leftover estimates (the module docstring) of ``pipeline`` (``None``: of
+        every pipeline) at ``now`` (default the current time), all but the run ``keep``'s;
+        the locations removed.
+
+        One listing, one existence check per estimate, one wave of reads, one removal per
+        leftover. An estimate that could not be read for a transient reason is kept (it is
+        judged again at the next sweep), and so is one whose removal failed (a warning).
+        The listing's failure raises the ``StoreError`` leaf.
+        """
+        from prefect_dask_profiling.store.retention import mtime
+
+        now = now or datetime.now(UTC)
+        where = layout.live_dir(pipeline) if pipeline is not None else layout.LIVE
+        listed = {rel: info for rel, info in self._find(where).items()
+                  if (found := layout.parse_live(rel)) is not None and found[1] != keep}
+        ended = {rel for rel in listed if self._exists(layout.manifest_file(
+            *layout.parse_live(rel)))}  # type: ignore[misc]
+        running = [rel for rel in sorted(listed) if rel not in ended]
+        found = self._read_many(dict.fromkeys(running, "live estimate"))
+        leftover = sorted(ended)
+        for rel in running:
+            data = found[rel]
+            if isinstance(data, StoreError) and not isinstance(data, DamagedRecord):
+                continue  # not read now: judged at the next sweep
+            try:
+                if isinstance(data, DamagedRecord):
+                    raise data
+                stale = is_stale(parse_live(data, self.location(rel)), now)
+            except DamagedRecord:
+                stale = None
+            if stale is None:  # no age to tell: the object's own
+                modified = mtime(listed[rel])
+                stale = modified is not None and \
+                    (now - modified).total_seconds() > UNREADABLE_AFTER_S
+            if stale:
+                leftover.append(rel)
+        removed = []
+        for rel in sorted(leftover):
+            try:
+                self.remove_live(*layout.parse_live(rel))  # type: ignore[misc]
+            except StoreError as exc:
+                logger.warning("dask-profiling: leftover estimate not removed: %s", exc)
+                continue
+            removed.append(self.location(rel))
+        return removed
+
+
 def estimate_doc(**fields: Any) -> LiveEstimate:
     """A :class:`LiveEstimate` with ``kind`` and ``schema`` filled in (the rest given)."""
     return {"kind": LIVE_KIND, "schema": LIVE_SCHEMA, **fields}  # type: ignore[typeddict-item]
 
 
-__all__ = ["LIVE_KIND", "LIVE_SCHEMA", "Live", "LiveEstimate", "UnknownStage", "estimate_doc",
+__all__ = ["LIVE_KIND", "LIVE_SCHEMA", "STALE_GRACE_S", "STALE_INTERVALS", "UNREADABLE_AFTER_S",
+           "Live", "LiveEstimate", "UnknownStage", "estimate_age", "estimate_doc", "is_stale",
            "parse_live"]

@@ -16,6 +16,10 @@ boundary and :func:`stage_deltas` turns two readings into the stage's requests p
   without network statistics, or not found) is remembered with the reason (``gdal_error``
   in the readings) and not tried again at every task end.
 * **s3fs** (Zarr, pystac through fsspec, ...): calls of ``S3FileSystem._call_s3`` by kind.
+  A process has one counting wrapper of it, however many counters it runs (the flow's, and
+  a plugin per worker when workers share the process: ``processes=False``): each counter
+  registers with the wrapper, and the last to stop restores s3fs's own method, in whatever
+  order they stop (:func:`_s3fs_hook`).
 
 The counts are process-wide: with several threads per worker, or two stages running at the
 same time, a stage's delta includes the other's requests (said in the run's warnings by the
@@ -67,7 +71,9 @@ import glob
 import json
 import os
 import sys
+import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from dask.utils import key_split
@@ -85,6 +91,9 @@ PLUGIN_NAME = "dask-profiling-storage-requests"
 FLOW_PROCESS = "flow-process"  # io_counters' key of the calling (flow) process's reading
 # an fsspec filesystem with this attribute true is not counted (the run store's own calls)
 UNCOUNTED_ATTRIBUTE = "dask_profiling_uncounted"
+# Marks the process's one counting wrapper of ``S3FileSystem._call_s3`` (:func:`_s3fs_hook`).
+S3FS_HOOK_ATTRIBUTE = "dask_profiling_counting_hook"
+_S3FS_LOCK = threading.Lock()
 STATS_OPTION = "CPL_VSIL_NETWORK_STATS_ENABLED"
 METHODS = ("GET", "HEAD", "LIST", "PUT", "POST", "DELETE")
 LIST_ACTIONS = ("ReadDir", "OpenDir", "ListBucket")
@@ -319,7 +328,8 @@ class StorageRequests(WorkerPlugin):
         self.gdal_error: str | None = None
         self.attach_attempts = 0
         self.s3fs: dict[str, int] | None = None
-        self._s3fs_original: Any = None
+        self._s3fs_hook: Any = None  # the wrapper this counter is registered with
+        self._s3fs_sink: Callable[[Any, Any, Any], None] | None = None
         self.errors = 0
         self.readers: set[str] = set()
         self.sources: dict[str, list[int]] = {}  # prefix -> [source chunks, decoded bytes]
@@ -364,13 +374,13 @@ class StorageRequests(WorkerPlugin):
             self._patch_s3fs()
 
     def _patch_s3fs(self) -> None:
+        """Count this process's s3fs calls from now on (fresh counts), registered with the
+        process's one counting wrapper."""
         from s3fs.core import S3FileSystem
 
         counts: dict[str, int] = {"bytes": 0}
-        original = S3FileSystem._call_s3
 
-        async def counted(fs: Any, method: Any, *args: Any, **kwargs: Any) -> Any:
-            out = await original(fs, method, *args, **kwargs)
+        def sink(fs: Any, method: Any, out: Any) -> None:
             try:
                 if not getattr(fs, UNCOUNTED_ATTRIBUTE, False):
                     kind = S3FS_KINDS.get(getattr(method, "__name__", method), "OTHER")
@@ -379,20 +389,28 @@ class StorageRequests(WorkerPlugin):
                         counts["bytes"] += int(out.get("ContentLength") or 0)
             except Exception:
                 self.errors += 1
-            return out
 
-        counted.__wrapped__ = original  # type: ignore[attr-defined]
-        S3FileSystem._call_s3 = counted
-        self._s3fs_original = original
+        with _S3FS_LOCK:
+            hook = _s3fs_hook(S3FileSystem)
+            hook.sinks = (*hook.sinks, sink)
+        self._s3fs_hook, self._s3fs_sink = hook, sink
         self.s3fs = counts
 
     def _unpatch_s3fs(self) -> None:
-        if self._s3fs_original is not None:
-            from s3fs.core import S3FileSystem
+        """Stop counting s3fs calls; the last counter of the process to stop restores
+        s3fs's own method (unless another library wrapped it since: then the wrapper stays,
+        counting nothing)."""
+        hook, sink = self._s3fs_hook, self._s3fs_sink
+        if hook is None:
+            return
+        from s3fs.core import S3FileSystem
 
-            S3FileSystem._call_s3 = self._s3fs_original
-            self._s3fs_original = None
-            self.s3fs = None
+        with _S3FS_LOCK:
+            hook.sinks = tuple(s for s in hook.sinks if s is not sink)
+            if not hook.sinks and S3FileSystem.__dict__.get("_call_s3") is hook:
+                S3FileSystem._call_s3 = hook.__wrapped__
+        self._s3fs_hook = self._s3fs_sink = None
+        self.s3fs = None
 
     def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
         try:
@@ -491,6 +509,35 @@ class StorageRequests(WorkerPlugin):
         except Exception:
             self.errors += 1
             return {}
+
+
+def _s3fs_hook(cls: Any) -> Any:
+    """The process's one counting wrapper of ``cls._call_s3``, installed on first use
+    (call under ``_S3FS_LOCK``).
+
+    Each counter adds its sink to the wrapper's ``sinks`` (a tuple, replaced whole: the
+    calls read it on fsspec's I/O thread without a lock) and removes it when it stops.
+    Wrappers chained one per counter restored each other's originals when two counters of
+    one process stopped in the order they started, leaving a stopped counter's wrapper
+    installed; one wrapper has no order.
+    """
+    current = cls.__dict__.get("_call_s3")
+    if getattr(current, S3FS_HOOK_ATTRIBUTE, False):
+        return current
+    original = cls._call_s3
+
+    async def counted(fs: Any, method: Any, *args: Any, **kwargs: Any) -> Any:
+        out = await original(fs, method, *args, **kwargs)
+        for sink in counted.sinks:  # type: ignore[attr-defined]
+            with contextlib.suppress(Exception):  # a sink counts its own errors
+                sink(fs, method, out)
+        return out
+
+    counted.sinks = ()  # type: ignore[attr-defined]
+    counted.__wrapped__ = original  # type: ignore[attr-defined]
+    setattr(counted, S3FS_HOOK_ATTRIBUTE, True)
+    cls._call_s3 = counted
+    return counted
 
 
 _ARRAY_TYPES: dict[type, bool] = {}

@@ -232,6 +232,24 @@ def test_time_of_day_deadline_is_the_next_one_after_the_schedule():
     assert resolve_deadline(berlin, early)[0] == datetime(2026, 12, 3, 5, 0, tzinfo=UTC)
 
 
+@pytest.mark.parametrize("scheduled, expected", [
+    # 2026-10-25 in Berlin: 03:00 summer time -> 02:00 winter time (02:00-03:00 twice)
+    (datetime(2026, 10, 24, 21, 0, tzinfo=UTC), datetime(2026, 10, 25, 0, 30, tzinfo=UTC)),
+    # 02:45 summer time: the winter-time 02:30 is 45 minutes later, not the next day's
+    (datetime(2026, 10, 25, 0, 45, tzinfo=UTC), datetime(2026, 10, 25, 1, 30, tzinfo=UTC)),
+    # 02:20 winter time: the summer-time 02:30 has passed (no deadline in the past)
+    (datetime(2026, 10, 25, 1, 20, tzinfo=UTC), datetime(2026, 10, 25, 1, 30, tzinfo=UTC)),
+    (datetime(2026, 10, 25, 1, 40, tzinfo=UTC), datetime(2026, 10, 26, 1, 30, tzinfo=UTC)),
+    # 2026-03-29: 02:30 does not exist; read with the offset before the change (03:30 CEST)
+    (datetime(2026, 3, 28, 21, 0, tzinfo=UTC), datetime(2026, 3, 29, 1, 30, tzinfo=UTC)),
+])
+def test_a_deadline_in_a_clock_change_is_its_first_occurrence_after_the_start(scheduled,
+                                                                               expected):
+    at, note = resolve_deadline(parse_deadline("02:30 Europe/Berlin"), scheduled, scheduled)
+    assert (at, note) == (expected, None)
+    assert at > scheduled
+
+
 def test_duration_deadline_counts_from_the_schedule():
     four = parse_deadline(timedelta(hours=4))
     scheduled = datetime(2026, 12, 3, 1, 0, tzinfo=UTC)
