@@ -30,11 +30,14 @@ NOW = datetime.now(UTC).replace(microsecond=0)
 
 
 def estimate(store: RunStore, pipeline: str, run_id: str, age_s: float,
-             interval_s: float = 30.0) -> str:
-    """Store the estimate of ``run_id`` computed ``age_s`` before NOW; its location."""
+             interval_s: float = 30.0, now: datetime = NOW) -> str:
+    """Store the estimate of ``run_id`` computed ``age_s`` before ``now``; its location.
+
+    Tests whose sweep reads the real clock (the CLI, a LiveEta) pass ``now`` = the clock
+    when they start, not the module's NOW (taken at collection, maybe minutes before)."""
     return store.write_live(estimate_doc(
         pipeline=pipeline, version="1", run_id=run_id, flow_run_id=None, started=None,
-        computed_at=(NOW - timedelta(seconds=age_s)).isoformat(), interval_s=interval_s,
+        computed_at=(now - timedelta(seconds=age_s)).isoformat(), interval_s=interval_s,
         stage=None, stages_done=[], known=False, done_fraction=None, remaining_p50_s=None,
         remaining_p90_s=None, finish_p50=None, finish_p90=None, deadline=None, risk=None,
         unknown=[], text="no ETA yet"))
@@ -85,8 +88,9 @@ def test_the_stale_rule_is_three_intervals_and_a_minute():
 def test_dask_profiling_sweep_removes_the_leftover_estimates(tmp_path):
     store = RunStore(str(tmp_path / "store"))
     fresh, dead = run_ids(2)
-    estimate(store, "ndvi", fresh, age_s=5.0)
-    dead_at = estimate(store, "ndvi", dead, age_s=3600.0)
+    now = datetime.now(UTC)  # the command sweeps by the real clock
+    estimate(store, "ndvi", fresh, age_s=5.0, interval_s=600.0, now=now)
+    dead_at = estimate(store, "ndvi", dead, age_s=3600.0, now=now)
     out = CliRunner().invoke(app, ["sweep", "--store", store.url, "--older-than", "30d",
                                    "--json"])
     assert out.exit_code == 0, out.output
@@ -110,11 +114,12 @@ class Owner:
 def test_the_next_run_of_the_pipeline_sweeps_the_leftovers(tmp_path):
     store = RunStore(str(tmp_path / "store"))
     fresh, dead = run_ids(2)
-    estimate(store, "ndvi", fresh, age_s=5.0)  # an overlapping run, alive
-    estimate(store, "ndvi", dead, age_s=3600.0)
-    other = estimate(store, "other", dead, age_s=3600.0)  # another pipeline's: not ours
+    now = datetime.now(UTC)  # the live ETA sweeps by the real clock
+    estimate(store, "ndvi", fresh, age_s=5.0, interval_s=600.0, now=now)  # overlapping, alive
+    estimate(store, "ndvi", dead, age_s=3600.0, now=now)
+    other = estimate(store, "other", dead, age_s=3600.0, now=now)  # another pipeline's
     tonight = LiveEta(Owner(ProfilingOptions(store=store.url, eta_interval=3600.0)))
-    estimate(store, "ndvi", tonight.session.ctx.run_id, age_s=3600.0)  # its own: kept
+    estimate(store, "ndvi", tonight.session.ctx.run_id, age_s=3600.0, now=now)  # kept
     tonight.start(Future())  # the history is still being read
     try:
         assert Background.instance().drain(timeout=60)
