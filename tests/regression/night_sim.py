@@ -791,7 +791,7 @@ class Simulation:
                      f"check --json says regressed={regressed} ({again.error}), the judge "
                      f"said {run.result.regressed}")
         if again.judgement is not None:
-            named = sorted(s.run_id for s in again.judgement.skipped)
+            named = sorted(s.run_id for s in getattr(again.judgement, "skipped", ()))
             self._expect(named == sorted(skipped_of(run)),
                          f"check names other unreadable nights {named} than tonight's "
                          f"manifest {skipped_of(run)}")

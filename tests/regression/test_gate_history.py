@@ -143,3 +143,23 @@ def test_alerts_names_a_damaged_night(record, tmp_path, caplog):
         book, _ = alert_history.episodes_of(drive.store, drive.pipeline, "1")
     assert runs[1].run_id not in book.runs and runs[2].run_id in book.runs
     assert any(runs[1].run_id in m and "verdict table" in m for m in caplog.messages)
+
+
+def test_a_damaged_carried_at_the_window_start_moves_the_start_older(record, tmp_path):
+    """Only the replay's first night needs its ``carried``: when it is damaged, the window
+    reaches back to an older night whose state can be read, and the replay ends in the
+    state the whole history gives."""
+    drive = driver(record, tmp_path)
+    runs = [drive.run(quiet(d, peak={"read": 0.93}, kind="chronic")) for d in range(8)]
+    whole = alert_history.read_nights(drive.store, drive.pipeline, "1")
+    window = alert_history.read_nights(drive.store, drive.pipeline, "1", runs=3)
+    assert [n.run_id for n in window.nights] == [r.run_id for r in runs[-3:]]
+    edit_manifest(drive, runs[5].run_id,
+                  lambda doc: doc.update(carried={"episodes": [{"id": 1}], "ratios": []}))
+    moved = alert_history.read_nights(drive.store, drive.pipeline, "1", runs=3)
+    first = moved.nights[0].run_id
+    assert first < runs[5].run_id and not moved.skipped, moved.notes
+    assert any(runs[5].run_id in note for note in moved.notes)
+    open_moved = {e.key: e.id for e in alert_history.replay(moved.nights)[0].open()}
+    open_whole = {e.key: e.id for e in alert_history.replay(whole.nights)[0].open()}
+    assert open_moved == open_whole and open_whole, lines(runs)
