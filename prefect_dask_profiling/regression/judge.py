@@ -546,10 +546,10 @@ def load_history(store: RunStore, pipeline: str, version: str, rules: Rules, *,
         skipped.update(new)
     left_out = tuple(skipped[r] for r in sorted(skipped))
     baseline = families.baseline
-    if left_out:
-        named = f"left out unreadable night(s) {', '.join(s.run_id for s in left_out)}"
-        baseline.note = "; ".join(p for p in (baseline.note, named) if p and p not in
-                                  baseline.note)
+    elsewhere = [s.run_id for s in left_out if s.run_id not in dict(baseline.skipped)]
+    if elsewhere:  # the baseline's note names the nights it left out itself
+        named = f"left out unreadable night(s) {', '.join(elsewhere)}"
+        baseline.note = "; ".join(p for p in (baseline.note, named) if p)
     return History(baseline, families.series, families.note, families.of("time"), book,
                    acks, (*[s.line() for s in left_out], *found.notes),
                    memory_manifests=families.of("memory"),

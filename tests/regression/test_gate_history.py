@@ -94,6 +94,7 @@ def test_a_damaged_night_is_left_out_and_named_everywhere(record, tmp_path, capl
     checked = drive.judge_again(tonight.run_id).to_json()
     assert checked["agrees"] and victim in [s["run_id"] for s in checked["skipped"]]
     assert victim in checked["baseline"]["note"]
+    assert "5 of 8 baseline runs available" in checked["baseline"]["note"]
     if name != "tasks.csv":  # the replay reads no tasks table
         with caplog.at_level(logging.WARNING):
             drive.episodes("1")
