@@ -23,7 +23,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypedDict
 
 import pandas as pd
 
@@ -40,13 +40,14 @@ from prefect_dask_profiling.regression.alerts import (
 )
 from prefect_dask_profiling.regression.rule import RegressionRule, Rules
 from prefect_dask_profiling.store import layout
-from prefect_dask_profiling.store.errors import StoreUnavailable
+from prefect_dask_profiling.store.errors import DamagedRecord, StoreNotFound, StoreUnavailable
 from prefect_dask_profiling.store.runs import RunStore, StoreError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ACKS", "JUDGED_STATUSES", "LOOKBACK_RUNS", "Stats", "ack_marker", "acknowledge",
-           "episodes_frame", "episodes_of", "load_acks", "load_nights", "stats"]
+__all__ = ["ACKS", "JUDGED_STATUSES", "LOOKBACK_RUNS", "NightsRead", "SkippedNight", "Stats",
+           "ack_marker", "acknowledge", "damaged", "episodes_frame", "episodes_of",
+           "load_acks", "load_nights", "read_nights", "stats"]
 
 ACKS = layout.ACKS
 # How many judged runs are replayed by default (two months of nightly runs); an episode
@@ -121,10 +122,81 @@ def acknowledge(store: RunStore, pipeline: str, version: str, target: str,
     return ack
 
 
+class SkippedDoc(TypedDict):
+    """A :class:`SkippedNight` as stored (the manifest's ``skipped``)."""
+
+    run_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class SkippedNight:
+    """A stored night left out of a history because it cannot be read: its manifest, its
+    verdict table or its tasks table is damaged or gone. It costs at most itself: the
+    nights around it are judged and replayed without it."""
+
+    run_id: str
+    reason: str
+
+    def to_json(self) -> SkippedDoc:
+        """Plain JSON form."""
+        return {"run_id": self.run_id, "reason": self.reason}
+
+    def line(self) -> str:
+        """One line naming the night and why (for warnings and notes)."""
+        return f"night {self.run_id} left out of the history: {self.reason}"
+
+
+@dataclass(frozen=True)
+class NightsRead:
+    """What :func:`read_nights` read: the nights to replay, oldest first, the nights left
+    out because they cannot be read, and notes (a damaged ``carried`` that moved the start
+    of the replay, or that was not needed)."""
+
+    nights: tuple[Night, ...]
+    skipped: tuple[SkippedNight, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+def damaged(found: Any, run_id: str, what: str) -> SkippedNight | None:
+    """Whether a night's read result ``found`` (``what``: which file) leaves it out.
+
+    ``None`` for a readable result. A damaged or missing file (:class:`DamagedRecord`,
+    :class:`StoreNotFound`, or nothing read) leaves the night out: it is the night's own
+    fault, and it costs at most itself.
+
+    Raises
+    ------
+    HistoryUnavailable
+        For any other ``StoreError`` (``StoreUnavailable``, a 503, an error of unknown
+        cause): it says nothing about the night, so the run is left unjudged, naming the
+        cause, rather than judged on a history thinned by an outage.
+    """
+    if isinstance(found, DamagedRecord | StoreNotFound) or found is None:
+        return SkippedNight(run_id, f"{what}: {found or 'missing'}")
+    if isinstance(found, StoreError):
+        raise HistoryUnavailable(f"night {run_id} could not be read ({what}: {found}); the "
+                                 "store did not answer as asked, so no judgement is made "
+                                 "on a lighter history") from found
+    return None
+
+
 def load_nights(store: RunStore, pipeline: str, version: str,
                 runs: int | None = None, *, before: str | None = None,
                 started: str | None = None, flow_run_id: str | None = None,
-                attempt: int | None = None) -> list[Night]:
+                attempt: int | None = None, since: str | None = None) -> list[Night]:
+    """The nights of :func:`read_nights`, each night left out named in a warning."""
+    found = read_nights(store, pipeline, version, runs, before=before, started=started,
+                        flow_run_id=flow_run_id, attempt=attempt, since=since)
+    for line in (*[s.line() for s in found.skipped], *found.notes):
+        logger.warning("%s %s: %s", pipeline, version, line)
+    return list(found.nights)
+
+
+def read_nights(store: RunStore, pipeline: str, version: str,
+                runs: int | None = None, *, before: str | None = None,
+                started: str | None = None, flow_run_id: str | None = None,
+                attempt: int | None = None, since: str | None = None) -> NightsRead:
     """The judged nights of ``pipeline``/``version`` the state machine replays, oldest first.
 
     Parameters
@@ -145,26 +217,47 @@ def load_nights(store: RunStore, pipeline: str, version: str,
         of its history, whichever of the two finished first.
     flow_run_id, attempt
         Tonight's flow run and attempt: its other attempts are not part of its history.
+    since
+        Only nights from this run id on (the accepted run, where every replay restarts:
+        nothing older is read, so no older night can stop a judgement).
 
-    Of several stored attempts of one flow run only the newest counts.
+    Of several stored attempts of one flow run only the newest counts. A night whose
+    manifest or verdict table cannot be read is left out and named (:class:`SkippedNight`);
+    it keeps its place in the window. Only the first night's ``carried`` is read for the
+    replay's start: when it is damaged, the window reaches back (doubling) to an older
+    night whose ``carried`` can be read, or to the first night there is.
 
     Raises
     ------
     HistoryUnavailable
-        When the nights cannot be listed, or a night inside the window cannot be read: a
-        judgement against a lighter history than the stored one would be silently wrong.
+        When the nights cannot be listed, or the store does not answer for one of them
+        (``StoreUnavailable``): a judgement against a history thinned by an outage would be
+        silently wrong.
     """
-    runs = LOOKBACK_RUNS if runs is None else runs
+    window = LOOKBACK_RUNS if runs is None else runs
+    while (found := _read_window(store, pipeline, version, window, before=before,
+                                 started=started, flow_run_id=flow_run_id, attempt=attempt,
+                                 since=since)) is None:
+        window = max(2 * window, 1)
+    return found
+
+
+def _read_window(store: RunStore, pipeline: str, version: str, runs: int, *,
+                 before: str | None, started: str | None, flow_run_id: str | None,
+                 attempt: int | None, since: str | None) -> NightsRead | None:
+    """One window of :func:`read_nights`; ``None`` when its first night's ``carried`` is
+    damaged and older nights are listed (read a wider window)."""
     wanted = runs + STRADDLE_LOOKBACK
     try:
         entries = [e for e in store.list_runs(pipeline, version, newest=wanted, before=before,
-                                              counting=JUDGED_STATUSES)
+                                              counting=JUDGED_STATUSES, since=since)
                    if e["status"] in JUDGED_STATUSES][:wanted]
         listed_ids = sorted(e["run_id"] for e in entries)
         manifests = store.read_manifests(pipeline, listed_ids)
     except StoreError as exc:
         raise HistoryUnavailable(f"the history of {pipeline} {version} could not be "
                                  f"listed: {exc}") from exc
+    complete = len(entries) < wanted
     # the window counts tonight's history only: a night that overlaps tonight, or another
     # attempt of its flow run, takes no place in it (else which of two overlapping runs
     # finished first would move the window's edge); an unreadable night keeps its place
@@ -172,19 +265,46 @@ def load_nights(store: RunStore, pipeline: str, version: str,
     history = _history_of(readable, started, flow_run_id, attempt)
     candidates = [r for r in listed_ids if r in history or r not in readable]
     ids = _window(candidates, runs, manifests)
-    docs = {run_id: _readable(manifests.get(run_id), run_id) for run_id in ids}
+    skipped: list[SkippedNight] = []
+    docs = {}
+    for run_id in ids:
+        found = manifests.get(run_id)
+        bad = damaged(found, run_id, "its manifest")
+        if bad is None:
+            docs[run_id] = found
+        else:
+            skipped.append(bad)
     listed = [r for r in sorted(docs) if REGRESSION_FILE in (docs[r].get("files") or {})]
     try:
         tables = store.read_tables(pipeline, listed, "regression")
     except StoreError as exc:
         raise HistoryUnavailable(f"the history of {pipeline} {version} could not be "
                                  f"read: {exc}") from exc
-    nights = []
+    nights, broken = [], {}
     for run_id in sorted(docs):
-        table = _readable(tables.get(run_id), run_id, "its verdict table") \
-            if run_id in tables or run_id in listed else None  # judged with no prefixes
-        nights.append(night_from_manifest(docs[run_id], table))
-    return nights
+        table = None  # judged with no prefixes: no verdict table
+        if run_id in tables or run_id in listed:
+            table = tables.get(run_id)
+            bad = damaged(table, run_id, "its verdict table")
+            if bad is not None:
+                skipped.append(bad)
+                continue
+        night, why = _night_of(docs[run_id], table)
+        if why:
+            broken[run_id] = why
+        nights.append(night)
+    ordered = sorted(nights, key=lambda n: n.order)
+    notes = []
+    first = ordered[0].run_id if ordered else None
+    if first in broken:
+        if not complete:
+            return None
+        notes.append(f"night {first} holds a damaged carried state ({broken[first]}): the "
+                     "replay starts from the first night there is")
+    notes += [f"night {r} holds a damaged carried state ({why}): not needed, the replay "
+              f"starts at {first}" for r, why in sorted(broken.items()) if r != first]
+    return NightsRead(tuple(ordered), tuple(sorted(skipped, key=lambda s: s.run_id)),
+                      tuple(notes))
 
 
 def _window(listed: list[str], runs: int, manifests: Mapping[str, Any]) -> list[str]:
@@ -212,34 +332,42 @@ def _start_of(doc: Any) -> datetime | None:
 
 def night_from_manifest(manifest: Mapping[str, Any], table: pd.DataFrame | None) -> Night:
     """A stored night for the state machine: its verdict table, its other signals, the rules
-    and status its manifest holds."""
+    and status its manifest holds, and the state its judge started from (``carried``).
+
+    Raises
+    ------
+    HistoryUnavailable
+        When its ``carried`` is damaged (:func:`read_nights` reads it leniently: only the
+        replay's first night needs it).
+    """
+    night, why = _night_of(manifest, table)
+    if why:
+        raise HistoryUnavailable(f"night {night.run_id} holds a damaged carried state "
+                                 f"({why})")
+    return night
+
+
+def _night_of(manifest: Mapping[str, Any], table: pd.DataFrame | None
+              ) -> tuple[Night, str]:
+    """The night of :func:`night_from_manifest` and why its ``carried`` could not be read
+    (empty: it could; the night then has none)."""
     stored = manifest.get("rules")
     try:
         rule = Rules.from_dict(stored).regression if stored is not None else RegressionRule()
     except InvalidInput:  # rules of a newer version: judge its transitions by today's
         rule = RegressionRule()
     run_id = str(manifest["run_id"])
-    carried = manifest.get("carried")
+    carried, why = manifest.get("carried"), ""
     try:
         state = Book.from_carried(carried) if carried is not None else None
     except InvalidInput as exc:
-        raise HistoryUnavailable(f"night {run_id} inside the replay window holds a damaged "
-                                 f"carried state ({exc}); a replay starting there would "
-                                 "lose its open episodes") from exc
+        state, why = None, str(exc) or type(exc).__name__
     return Night.from_tables(run_id, str(manifest["pipeline"]),
                              str(manifest["version"]), table,
                              manifest.get("signals") or (), rule=rule,
                              status=str(manifest.get("status") or ""),
                              started=str(manifest.get("started") or ""),
-                             ended=str(manifest.get("ended") or ""), carried=state)
-
-
-def _readable(found: Any, run_id: str, what: str = "its manifest") -> Any:
-    if isinstance(found, StoreError) or found is None:
-        raise HistoryUnavailable(f"night {run_id} inside the replay window cannot be read "
-                                 f"({what}: {found or 'missing'}); a judgement without it "
-                                 "would be lighter than the stored history")
-    return found
+                             ended=str(manifest.get("ended") or ""), carried=state), why
 
 
 def _history_of(docs: dict[str, Mapping[str, Any]], started: str | None,
@@ -282,8 +410,9 @@ def episodes_of(store: RunStore, pipeline: str, version: str, runs: int | None =
     than the window.
     """
     runs = LOOKBACK_RUNS if runs is None else runs
-    restart = next(iter(store.accepted(pipeline, version)), None)
-    return replay(load_nights(store, pipeline, version, runs + 1),
+    accepted = store.accepted(pipeline, version)
+    restart = max(accepted) if accepted else None
+    return replay(load_nights(store, pipeline, version, runs + 1, since=restart),
                   load_acks(store, pipeline, version), restart=restart)
 
 

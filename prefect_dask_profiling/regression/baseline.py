@@ -9,22 +9,25 @@ module reads the newest of them:
   time metric is left out unless its suspicion was cleared; a memory-only night counts;
 * an accepted run (``dask-profiling accept RUN``) restarts the baseline: only it and newer
   nights count, and it counts even though it was flagged regressed;
-* a night whose table cannot be read raises :class:`HistoryUnavailable`, as does a history
-  that cannot be listed: a judgement against a lighter history than the stored one would
-  be silently wrong, so the caller leaves the run unjudged, with the reason.
+* a night whose table or manifest is damaged or gone is left out and named (it costs at
+  most itself: the next older night takes its place); a history that cannot be listed, or
+  a store that does not answer, raises :class:`HistoryUnavailable`: a judgement against a
+  history thinned by an outage would be silently wrong, so the caller leaves the run
+  unjudged, with the reason.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import pandas as pd
 
 from prefect_dask_profiling._util import positive_int
 from prefect_dask_profiling.errors import HistoryUnavailable
-from prefect_dask_profiling.regression.alert_history import load_acks, load_nights
+from prefect_dask_profiling.regression.alert_history import damaged, load_acks, read_nights
 from prefect_dask_profiling.regression.alerts import Book, replay
 from prefect_dask_profiling.regression.rule import RegressionRule
 from prefect_dask_profiling.store.runs import TASKS_COLUMNS, RunStore, StoreError
@@ -49,8 +52,8 @@ class Baseline:
     note
         Human-readable remarks (new version, restart at an accepted run, runs left out...).
     skipped
-        ``(run_id, reason)`` of runs skipped (kept for readers of older results: a night
-        that cannot be read now leaves the run unjudged instead).
+        ``(run_id, reason)`` of nights left out because they cannot be read (damaged or
+        gone): named in the note and in the judged run's manifest (``skipped``).
     """
 
     history: pd.DataFrame
@@ -82,7 +85,8 @@ def load_baseline(store: RunStore, pipeline: str, version: str,
     Raises
     ------
     HistoryUnavailable
-        When the history cannot be listed, or a night it needs cannot be read.
+        When the history cannot be listed, or the store does not answer for a night it
+        needs. A damaged night is left out, named in :attr:`Baseline.skipped` and a warning.
     """
     positive_int(n, "n")
     try:
@@ -91,10 +95,16 @@ def load_baseline(store: RunStore, pipeline: str, version: str,
     except StoreError as exc:
         raise HistoryUnavailable(f"the history of {pipeline} {version} could not be "
                                  f"listed: {exc}") from exc
-    nights = [night for night in load_nights(store, pipeline, version, before=before)
-              if night.run_id != exclude_run_id]
+    found = read_nights(store, pipeline, version, before=before, since=restart)
+    nights = [night for night in found.nights if night.run_id != exclude_run_id]
     book, _ = replay(nights, acks, restart=restart)
-    return read_baseline(store, pipeline, version, book, n)
+    baseline = read_baseline(store, pipeline, version, book, n,
+                             exclude={s.run_id for s in found.skipped})
+    baseline.skipped = [*((s.run_id, s.reason) for s in found.skipped), *baseline.skipped]
+    for run_id, reason in baseline.skipped:
+        logger.warning("%s %s: night %s left out of the baseline: %s", pipeline, version,
+                       run_id, reason)
+    return baseline
 
 
 def restart_of(accepted: list[str], before: str | None) -> str | None:
@@ -107,29 +117,40 @@ def restart_of(accepted: list[str], before: str | None) -> str | None:
 
 
 def read_baseline(store: RunStore, pipeline: str, version: str, book: Book, n: int,
-                  family: str = "time") -> Baseline:
-    """The newest ``n`` nights of ``book`` that count in ``family``'s baseline, with their
-    ``tasks`` tables.
+                  family: str = "time", exclude: Collection[str] = ()) -> Baseline:
+    """The newest ``n`` readable nights of ``book`` that count in ``family``'s baseline,
+    with their ``tasks`` tables.
+
+    A night in ``exclude``, or whose table is damaged or gone, is left out (named in
+    :attr:`Baseline.skipped` and the note) and the next older night that counts takes its
+    place: a damaged night costs the baseline at most itself.
 
     Raises
     ------
     HistoryUnavailable
-        When one of those tables cannot be read.
+        When the store does not answer for one of those tables (``StoreUnavailable``).
     """
     positive_int(n, "n")
-    runs = book.baseline_runs(family)[:n]
-    tables = store.read_tables(pipeline, runs, "tasks") if runs else {}
-    for run_id, table in tables.items():
-        if isinstance(table, StoreError):
-            raise HistoryUnavailable(f"baseline night {run_id} of {pipeline} {version} "
-                                     f"cannot be read ({table}); a judgement without it "
-                                     "would be lighter than the stored history")
-    runs = sorted(runs)
+    candidates = [r for r in book.baseline_runs(family) if r not in set(exclude)]
+    tables: dict[str, pd.DataFrame] = {}
+    skipped: list[tuple[str, str]] = []
+    while candidates and len(tables) < n:
+        batch, candidates = candidates[:n - len(tables)], candidates[n - len(tables):]
+        found = store.read_tables(pipeline, batch, "tasks")
+        for run_id in batch:
+            bad = damaged(found.get(run_id), run_id, "its tasks table")
+            if bad is None:
+                tables[run_id] = found[run_id]
+            else:
+                skipped.append((bad.run_id, bad.reason))
+    runs = sorted(tables)
     history = pd.concat([tables[r].assign(run_id=r) for r in runs], ignore_index=True) \
         if runs else _empty()
     history = history[[*HISTORY_COLUMNS, *[c for c in history if c not in HISTORY_COLUMNS]]]
-    return Baseline(history, runs, version, "; ".join(_notes(store, pipeline, version, book,
-                                                             runs, n, family)))
+    notes = _notes(store, pipeline, version, book, runs, n, family)
+    if skipped:
+        notes.append(f"left out unreadable night(s) {', '.join(r for r, _ in skipped)}")
+    return Baseline(history, runs, version, "; ".join(notes), skipped)
 
 
 def _notes(store: RunStore, pipeline: str, version: str, book: Book, runs: list[str],

@@ -61,6 +61,8 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Collection
+from dataclasses import dataclass
 from typing import TypedDict
 
 import numpy as np
@@ -68,6 +70,7 @@ import pandas as pd
 
 from prefect_dask_profiling._util import InvalidInput
 from prefect_dask_profiling.regression import stats
+from prefect_dask_profiling.regression.alert_history import SkippedNight, damaged
 from prefect_dask_profiling.regression.baseline import HistoryUnavailable
 from prefect_dask_profiling.regression.rule import DriftRule, RegressionRule, Rules
 from prefect_dask_profiling.store.runs import RunStore, StoreError
@@ -209,9 +212,32 @@ def describe_drift(rows: pd.DataFrame) -> str:
     return f"drift in {len(parts)} {noun}: " + "; ".join(parts)
 
 
+@dataclass(frozen=True)
+class SeriesRead:
+    """What :func:`read_series` read: the series, where it starts, and the nights left out
+    because they cannot be read."""
+
+    series: pd.DataFrame
+    note: str
+    skipped: tuple[SkippedNight, ...] = ()
+
+
 def load_series(store: RunStore, pipeline: str, version: str, *,
                 exclude_run_id: str | None = None, before: str | None = None,
                 max_runs: int = 60, keep_first: int = 3) -> tuple[pd.DataFrame, str]:
+    """The series of :func:`read_series` and its note; each night left out is named in a
+    warning."""
+    found = read_series(store, pipeline, version, exclude_run_id=exclude_run_id,
+                        before=before, max_runs=max_runs, keep_first=keep_first)
+    for night in found.skipped:
+        logger.warning("drift series of %s: %s", pipeline, night.line())
+    return found.series, found.note
+
+
+def read_series(store: RunStore, pipeline: str, version: str, *,
+                exclude_run_id: str | None = None, before: str | None = None,
+                max_runs: int = 60, keep_first: int = 3,
+                exclude: Collection[str] = ()) -> SeriesRead:
     """Every night of ``pipeline``/``version`` since the baseline start, as a long table.
 
     Parameters
@@ -229,17 +255,26 @@ def load_series(store: RunStore, pipeline: str, version: str, *,
         newest ones are kept, so a long series costs a bounded number of reads.
     keep_first
         Runs kept from the baseline start when the series is longer than ``max_runs``.
+    exclude
+        Nights the rest of the history left out (unreadable): the series leaves them out
+        too, so every family is judged on the same nights.
 
     Returns
     -------
-    (history, note)
+    SeriesRead
         ``run_id, started, stage, prefix, tasks, total_s`` of the runs with status healthy or
         regressed, from the newest accepted run (or the version's first run) on, oldest
-        first; and a note naming where the series starts. Unreadable runs are skipped with a
-        warning; a store that cannot be listed raises :class:`HistoryUnavailable`. Each run
-        costs one read, its manifest, which carries its totals per prefix
+        first; a note naming where the series starts; the nights left out because their
+        totals cannot be read (damaged or gone). Each run costs one read, its manifest,
+        which carries its totals per prefix
         (:meth:`~prefect_dask_profiling.store.runs.RunStore.read_totals`; runs stored before
         manifests carried them cost their tasks table too).
+
+    Raises
+    ------
+    HistoryUnavailable
+        When the store cannot be listed, or does not answer for a night
+        (``StoreUnavailable``): never a series silently thinned by an outage.
     """
     for name, value in (("max_runs", max_runs), ("keep_first", keep_first)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -256,20 +291,23 @@ def load_series(store: RunStore, pipeline: str, version: str, *,
     except StoreError as exc:
         raise HistoryUnavailable(f"the drift series of {pipeline} {version} could not be "
                                  f"listed: {exc}") from exc
+    left_out = set(exclude)
     ids = sorted({e["run_id"] for e in entries
                  if e["status"] in SERIES_STATUSES and e["run_id"] != exclude_run_id
                  and (before is None or e["run_id"] < before)
-                 and (restart is None or e["run_id"] >= restart)})
+                 and (restart is None or e["run_id"] >= restart)
+                 and e["run_id"] not in left_out})
     if len(ids) > max_runs:
         ids = ids[:keep_first] + ids[-(max_runs - keep_first):]
-    frames, runs, started = [], [], []
+    frames, runs, started, skipped = [], [], [], []
     with store.remembering_reads():  # the manifests read for the totals give the start times
         totals = store.read_totals(pipeline, ids)
         manifests = store.read_manifests(pipeline, ids)
     for run_id in ids:
         table = totals[run_id]
-        if isinstance(table, StoreError):
-            logger.warning("drift series of %s: skipping run %s: %s", pipeline, run_id, table)
+        bad = damaged(table, run_id, "its totals")
+        if bad is not None:
+            skipped.append(bad)
             continue
         frames.append(table)
         runs.append(run_id)
@@ -277,16 +315,14 @@ def load_series(store: RunStore, pipeline: str, version: str, *,
         started.append(manifest.get("started") if isinstance(manifest, dict) else None)
     note = (f"series since accepted run {restart}" if restart
             else f"series since the first run of version {version}")
-    if ids and not frames:
-        raise HistoryUnavailable(f"none of the {len(ids)} run(s) of the drift series of "
-                                 f"{pipeline} {version} could be read")
     if not frames:
-        return empty_series(), note
+        return SeriesRead(empty_series(), note, tuple(skipped))
     lengths = [len(f) for f in frames]
     out = pd.concat(frames, ignore_index=True)
     out["run_id"] = np.repeat(np.array(runs, dtype=object), lengths)
     out["started"] = np.repeat(np.array(started, dtype=object), lengths)
-    return out[["run_id", "started", "stage", "prefix", "tasks", "total_s"]], note
+    return SeriesRead(out[["run_id", "started", "stage", "prefix", "tasks", "total_s"]], note,
+                      tuple(skipped))
 
 
 def merge_drift(verdicts: pd.DataFrame, drift: pd.DataFrame) -> pd.DataFrame:

@@ -19,9 +19,11 @@ Nothing else calls the one-night rule (:mod:`.verdict`) or the drift rule (:mod:
 ``tests/test_architecture.py`` enforces it. :func:`judge` is pure (tables in, a judgement
 out); the two loaders are the only I/O.
 
-A history that cannot be listed or read raises :class:`~.baseline.HistoryUnavailable`:
-the caller stores the run ``unjudged`` with the reason. It is never judged against "no
-history", which would call it healthy and let it into later baselines.
+A history that cannot be listed, or a store that does not answer for a night of it, raises
+:class:`~.baseline.HistoryUnavailable`: the caller stores the run ``unjudged`` with the
+reason. It is never judged against "no history", which would call it healthy and let it
+into later baselines. A stored night that is damaged or gone is left out of every family
+and named (``skipped`` in the manifest): it never stops the judgement of later nights.
 """
 
 from __future__ import annotations
@@ -34,7 +36,13 @@ import pandas as pd
 
 from prefect_dask_profiling._util import InvalidInput, finite_number
 from prefect_dask_profiling.regression import drift as drift_rule
-from prefect_dask_profiling.regression.alert_history import load_acks, load_nights
+from prefect_dask_profiling.regression.alert_history import (
+    SkippedDoc,
+    SkippedNight,
+    damaged,
+    load_acks,
+    read_nights,
+)
 from prefect_dask_profiling.regression.alerts import (
     METRIC,
     Ack,
@@ -152,6 +160,7 @@ class JudgementManifest(TypedDict):
     requests: Flagged
     cost: CostFlags
     explanations: dict[str, Explanation]
+    skipped: list[SkippedDoc]
 
 
 class JudgedBaseline(TypedDict):
@@ -260,6 +269,9 @@ class History:
     memory_manifests, request_manifests, cost_manifests
         The manifests of the nights whose standing counts in the memory, the requests and
         the cost (idle) baseline (a night flagged in time only still counts there).
+    skipped
+        The stored nights left out because they cannot be read (damaged or gone): every
+        family is judged without them, and the judged night names them.
     """
 
     baseline: Baseline
@@ -272,6 +284,7 @@ class History:
     memory_manifests: tuple[Mapping[str, Any], ...] = ()
     request_manifests: tuple[Mapping[str, Any], ...] = ()
     cost_manifests: tuple[Mapping[str, Any], ...] = ()
+    skipped: tuple[SkippedNight, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -353,6 +366,9 @@ class Judgement:
     carried
         The state the judgement started from (the history's :class:`~.alerts.Book`),
         stored with the night: a later replay whose window begins here starts from it.
+    skipped
+        The stored nights its history left out because they cannot be read (the
+        manifest's ``skipped``).
     """
 
     run_id: str
@@ -373,6 +389,7 @@ class Judgement:
     baseline_note: str = ""
     series_note: str = ""
     carried: Book = field(default_factory=Book)
+    skipped: tuple[SkippedNight, ...] = ()
 
     @property
     def regressed(self) -> bool:
@@ -463,6 +480,7 @@ class Judgement:
                      "failing": [f"{r.stage}/{r.metric}" for r in
                                  self.failing_rows("cost").itertuples(index=False)]},
             "explanations": self.explanations,
+            "skipped": [night.to_json() for night in self.skipped],
         }
 
 
@@ -495,20 +513,19 @@ def load_history(store: RunStore, pipeline: str, version: str, rules: Rules, *,
         Only acknowledgements made up to this ISO time count (a stored run is judged again
         with the acknowledgements it was judged with, not later ones).
 
+    One read of the history serves every family: the replay's nights
+    (:func:`~.alert_history.read_nights`), the time baseline's tables, the drift series and
+    the memory, request and idle baselines' manifests all leave out the same nights, those
+    that cannot be read (:attr:`History.skipped`, named in :attr:`History.warnings` and the
+    baseline's note). A damaged night costs at most itself; nights older than the accepted
+    run are not read at all.
+
     Raises
     ------
     HistoryUnavailable
-        When the history cannot be listed, or a night inside the replay window cannot be
-        read.
+        When the history cannot be listed, or the store does not answer for a night it
+        needs (``StoreUnavailable``): the run is then stored ``unjudged``, naming the cause.
     """
-    # The series first: its newest runs hold the baseline's (healthy runs are series runs,
-    # and it reads more of them), so inside remembering_reads the baseline lists nothing.
-    if rules.drift.enabled:
-        series, note = drift_rule.load_series(store, pipeline, version, exclude_run_id=run_id,
-                                              before=before, max_runs=rules.drift.max_runs,
-                                              keep_first=rules.drift.start_nights)
-    else:
-        series, note = drift_rule.empty_series(), "drift is switched off"
     try:
         restart = restart_of(store.accepted(pipeline, version), before)
         acks = tuple(a for a in load_acks(store, pipeline, version)
@@ -516,28 +533,93 @@ def load_history(store: RunStore, pipeline: str, version: str, rules: Rules, *,
     except StoreError as exc:
         raise HistoryUnavailable(f"the history of {pipeline} {version} could not be "
                                  f"listed: {exc}") from exc
-    nights = [n for n in load_nights(store, pipeline, version, before=before,
-                                     started=started, flow_run_id=flow_run_id,
-                                     attempt=attempt)
-              if n.run_id != run_id]
-    book, _ = replay(nights, acks, restart=restart)
+    found = read_nights(store, pipeline, version, before=before, started=started,
+                        flow_run_id=flow_run_id, attempt=attempt, since=restart)
+    book, _ = replay([n for n in found.nights if n.run_id != run_id], acks, restart=restart)
+    skipped = {night.run_id: night for night in found.skipped}
+    while True:  # until every family leaves out the same nights (the reads are remembered)
+        families = _read_families(store, pipeline, version, rules, book, run_id=run_id,
+                                  before=before, exclude=frozenset(skipped))
+        new = {s.run_id: s for s in families.skipped if s.run_id not in skipped}
+        if not new:
+            break
+        skipped.update(new)
+    left_out = tuple(skipped[r] for r in sorted(skipped))
+    baseline = families.baseline
+    elsewhere = [s.run_id for s in left_out if s.run_id not in dict(baseline.skipped)]
+    if elsewhere:  # the baseline's note names the nights it left out itself
+        named = f"left out unreadable night(s) {', '.join(elsewhere)}"
+        baseline.note = "; ".join(p for p in (baseline.note, named) if p)
+    return History(baseline, families.series, families.note, families.of("time"), book,
+                   acks, (*[s.line() for s in left_out], *found.notes),
+                   memory_manifests=families.of("memory"),
+                   request_manifests=families.of("requests"), cost_manifests=families.of("cost"),
+                   skipped=left_out)
+
+
+@dataclass(frozen=True)
+class _Families:
+    """What every family reads of one replayed history, leaving out the same nights."""
+
+    baseline: Baseline
+    series: pd.DataFrame
+    note: str
+    manifests: dict[str, tuple[Mapping[str, Any], ...]]
+    skipped: tuple[SkippedNight, ...]
+
+    def of(self, family: str) -> tuple[Mapping[str, Any], ...]:
+        return self.manifests[family]
+
+
+def _read_families(store: RunStore, pipeline: str, version: str, rules: Rules, book: Book,
+                   *, run_id: str, before: str | None, exclude: frozenset[str]) -> _Families:
+    """The time baseline's tables, the drift series and each family's baseline manifests,
+    all without the nights in ``exclude``; the nights found unreadable on the way.
+
+    Raises
+    ------
+    HistoryUnavailable
+        When the store does not answer for one of them (:func:`~.alert_history.damaged`).
+    """
+    if rules.drift.enabled:
+        series = drift_rule.read_series(store, pipeline, version, exclude_run_id=run_id,
+                                        before=before, max_runs=rules.drift.max_runs,
+                                        keep_first=rules.drift.start_nights, exclude=exclude)
+    else:
+        series = drift_rule.SeriesRead(drift_rule.empty_series(), "drift is switched off")
     n = rules.regression.history
-    baseline = read_baseline(store, pipeline, version, book, n, "time")
+    baseline = read_baseline(store, pipeline, version, book, n, "time", exclude=exclude)
+    skipped = [*series.skipped, *(SkippedNight(r, why) for r, why in baseline.skipped)]
     sizes = {"time": n, "memory": rules.regression.memory_history, "requests": n, "cost": n}
-    family_runs = {f: book.baseline_runs(f)[:k] for f, k in sizes.items()}
-    wanted = sorted(set().union(*family_runs.values()))
-    docs = store.read_manifests(pipeline, wanted) if wanted else {}
-    for run, doc in docs.items():
-        if isinstance(doc, StoreError):
-            raise HistoryUnavailable(f"baseline night {run} of {pipeline} {version} cannot "
-                                     f"be read: {doc}")
+    left_out = exclude | {s.run_id for s in skipped}
+    manifests = {}
+    for family, k in sizes.items():
+        candidates = [r for r in book.baseline_runs(family) if r not in left_out]
+        if family == "time":
+            candidates = [r for r in candidates if r in baseline.runs]
+        docs, bad = _manifests(store, pipeline, candidates, k)
+        skipped += bad
+        left_out |= {s.run_id for s in bad}
+        manifests[family] = tuple(docs[r] for r in sorted(docs))
+    return _Families(baseline, series.series, series.note, manifests, tuple(skipped))
 
-    def of(family: str) -> tuple[Mapping[str, Any], ...]:
-        return tuple(docs[r] for r in sorted(family_runs[family]))
 
-    return History(baseline, series, note, of("time"), book, acks, (),
-                   memory_manifests=of("memory"), request_manifests=of("requests"),
-                   cost_manifests=of("cost"))
+def _manifests(store: RunStore, pipeline: str, candidates: list[str], k: int
+               ) -> tuple[dict[str, Mapping[str, Any]], list[SkippedNight]]:
+    """The manifests of the newest ``k`` readable runs of ``candidates`` (newest first),
+    and the runs left out on the way because theirs is damaged or gone."""
+    docs: dict[str, Mapping[str, Any]] = {}
+    skipped: list[SkippedNight] = []
+    while candidates and len(docs) < k:
+        batch, candidates = candidates[:k - len(docs)], candidates[k - len(docs):]
+        found = store.read_manifests(pipeline, batch)
+        for run in batch:
+            bad = damaged(found.get(run), run, "its manifest")
+            if bad is None:
+                docs[run] = found[run]
+            else:
+                skipped.append(bad)
+    return docs, skipped
 
 
 def judge(tonight: Tonight, history: History, rules: Rules | None = None) -> Judgement:
@@ -588,7 +670,7 @@ def judge(tonight: Tonight, history: History, rules: Rules | None = None) -> Jud
                      memory=memory, requests=requests, cost=cost,
                      explanations=explanations, baseline_runs=tuple(history.baseline.runs),
                      baseline_note=history.baseline.note, series_note=history.series_note,
-                     carried=history.alerts)
+                     carried=history.alerts, skipped=history.skipped)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,9 @@ from prefect_dask_profiling.store.errors import DamagedRecord
 from prefect_dask_profiling.store.layout import MANIFEST
 
 TASKS_COLUMNS = ["stage", "prefix", "tasks", "total_s", "p50_s", "p95_s", "gb_out"]
+# The tasks columns that are empty by design where no task run was timed (a prefix whose
+# only runs were reruns, then cancelled): the writer stores no made-up quantile.
+QUANTILE_COLUMNS = ("p50_s", "p95_s")
 # The columns of a run's tasks table its manifest repeats as ``totals``: what reading a
 # history (the drift series) needs of each run, so that it costs one request per run.
 TOTALS_COLUMNS = ["stage", "prefix", "tasks", "total_s"]
@@ -61,7 +64,12 @@ def decode_table(data: bytes, name: str, where: str) -> pd.DataFrame:
 
 
 def check_tasks(frame: pd.DataFrame, where: str) -> None:
-    """``DamagedRecord`` unless ``frame`` has the tasks columns with finite numbers."""
+    """``DamagedRecord`` unless ``frame`` has the tasks columns with finite numbers.
+
+    The quantiles (:data:`QUANTILE_COLUMNS`) may be empty: the writer leaves them so for a
+    prefix with no timed task run (only reruns, then cancelled; a record without sketches).
+    Present, they must be finite like every other number.
+    """
     missing = [c for c in TASKS_COLUMNS if c not in frame.columns]
     if missing:
         raise DamagedRecord(f"{where} lacks column(s) {', '.join(missing)}")
@@ -71,7 +79,9 @@ def check_tasks(frame: pd.DataFrame, where: str) -> None:
     for column in numbers:
         if not pd.api.types.is_numeric_dtype(frame[column]):
             raise DamagedRecord(f"{where} has non-numeric values in column {column}")
-    finite = np.isfinite(frame[numbers].to_numpy(dtype=float)).all(axis=0)
+    values = frame[numbers].to_numpy(dtype=float)
+    optional = np.array([c in QUANTILE_COLUMNS for c in numbers])
+    finite = (np.isfinite(values) | (np.isnan(values) & optional)).all(axis=0)
     if not finite.all():
         column = numbers[int(np.argmin(finite))]
         raise DamagedRecord(f"{where} has missing or infinite values in column {column}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TypedDict
 
+import numpy as np
 import pandas as pd
 
 from prefect_dask_profiling.summary.record import RunRecord
@@ -68,8 +69,10 @@ def summarise(record: RunRecord, by: str = "stage") -> pd.DataFrame:
     A DataFrame with columns ``stage`` (when ``by="stage"``), ``prefix`` and
     ``SUMMARY_COLUMNS``. ``tasks`` counts every finished task run, erred ones included, and
     ``total_s``, ``p50_s``, ``p95_s`` and ``max_s`` cover the same runs; ``errors`` is how
-    many of them failed. The time wrapper tasks spent waiting on the Dask work they launched
-    is not included (it is in ``record.orchestration``); their own work is.
+    many of them failed. ``p50_s`` and ``p95_s`` are ``NaN`` (stored as empty cells) where
+    no task run was timed: a prefix whose only runs were reruns of tasks then cancelled.
+    The time wrapper tasks spent waiting on the Dask work they launched is not included
+    (it is in ``record.orchestration``); their own work is.
     """
     if by not in ("stage", "prefix"):
         raise ValueError(f"by must be 'stage' or 'prefix', got {by!r}")
@@ -93,9 +96,7 @@ def summarise(record: RunRecord, by: str = "stage") -> pd.DataFrame:
     for ident, rows in g:
         # groupby over a one-key list yields 1-tuples, while out's index is flat
         label = ident[0] if len(keys) == 1 else ident
-        sketch = _merged_sketch(record, rows)
-        p50[label] = sketch.quantile(0.5) if sketch.n else float("nan")
-        p95[label] = sketch.quantile(0.95) if sketch.n else float("nan")
+        p50[label], p95[label] = _quantiles(record, rows)
     out["p50_s"] = pd.Series(p50, dtype=float)
     out["p95_s"] = pd.Series(p95, dtype=float)
     total = out["total_s"].sum()
@@ -103,6 +104,31 @@ def summarise(record: RunRecord, by: str = "stage") -> pd.DataFrame:
     out = out.reset_index()[keys + SUMMARY_COLUMNS]
     out["tasks"] = out["tasks"].astype(int)
     return out.sort_values("total_s", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def _quantiles(record: RunRecord, rows: pd.DataFrame) -> tuple[float, float]:
+    """The median and 95th percentile of one group's task seconds.
+
+    From the merged sketches of its rows; a single row without a sketch (a record built
+    through the API) keeps the quantiles it carries. Unknown quantiles are ``NaN``: a
+    prefix with no finished task (only reruns, then cancelled) or without a sketch. They
+    are stored as empty cells, which :func:`~prefect_dask_profiling.store.tables.check_tasks`
+    accepts by design: they are never made up from the totals.
+    """
+    sketch = _merged_sketch(record, rows)
+    if sketch.n:
+        return sketch.quantile(0.5), sketch.quantile(0.95)
+    if len(rows) == 1 and int(rows["tasks"].iloc[0]) > 0:
+        return _finite(rows, "p50_s"), _finite(rows, "p95_s")
+    return float("nan"), float("nan")
+
+
+def _finite(rows: pd.DataFrame, column: str) -> float:
+    """The first row's ``column`` as a finite float, else ``NaN`` (absent or not finite)."""
+    if column not in rows:
+        return float("nan")
+    value = pd.to_numeric(rows[column], errors="coerce").iloc[0]
+    return float(value) if pd.notna(value) and np.isfinite(value) else float("nan")
 
 
 def _merged_sketch(record: RunRecord, rows: pd.DataFrame) -> QuantileSketch:

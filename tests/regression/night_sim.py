@@ -18,9 +18,10 @@ Shared by the stateful simulation (``test_history_simulation.py``), the focused 
 * **the simulation** (:class:`Simulation`): a seeded generator of mixed nights — calm and
   rough noise, blips, steps, drift, chronic and sudden near-OOM, spill noise, request
   blow-ups, acks, accepts, version bumps, overlapping runs in both orders, failed and
-  retried flows, unreadable tables — that checks the history model's invariants
-  (docs/alerts.md, "What the simulation checks") after every night and collects violations with
-  the sequence of nights that led to them.
+  retried flows, reruns cancelled (0-task rows), damaged tables, manifests and ``carried``
+  fields at any position of the window, for a night or for good — that checks the history
+  model's invariants (docs/alerts.md, "What the simulation checks") after every night and
+  collects violations with the sequence of nights that led to them.
 
 A seeded generator rather than Hypothesis' ``RuleBasedStateMachine``: one night costs
 ~0.5 s of real store I/O and judging, so the budget buys a few hundred nights per test run;
@@ -104,6 +105,9 @@ class NightSpec:
         Start and end as offsets from the day's midnight (default 02:00 and 03:00 UTC).
     run_id
         A fixed run id (the same nights on two stores); default from the start time.
+    cancelled
+        Stages with a ``cancelled`` prefix whose only task run was a rerun (its worker
+        left while it ran), then cancelled: a 0-task row with no sketch (issue 56).
     """
 
     day: int
@@ -119,6 +123,7 @@ class NightSpec:
     start: timedelta = timedelta(hours=2)
     end: timedelta = timedelta(hours=3)
     run_id: str | None = None
+    cancelled: tuple[str, ...] = ()
 
     @property
     def started(self) -> datetime:
@@ -146,6 +151,12 @@ def night_record(base: RunRecord, spec: NightSpec) -> RunRecord:
             rows = tasks["stage"] == key
         tasks.loc[rows, columns] = tasks.loc[rows, columns] * factor
     stages = [s for s in dict.fromkeys(tasks["stage"].astype(str))]
+    if spec.cancelled:
+        zero = {c: 0 for c in tasks.columns}
+        rows = [{**zero, "stage": stage, "prefix": "cancelled", "reruns": 1,
+                 "p50_s": None, "p95_s": None} for stage in spec.cancelled]
+        tasks = pd.concat([tasks, pd.DataFrame(rows, columns=tasks.columns)],
+                          ignore_index=True)
     memory, io, spill = [], [], {}
     for stage in stages:
         peak = int(spec.peak.get(stage, 0.5) * LIMIT)
@@ -230,6 +241,11 @@ class NightRun:
                 f"baseline={len(self.baseline_runs)} events=[{events}]")
 
 
+def skipped_of(run: NightRun) -> list[str]:
+    """The nights tonight's history left out as unreadable (the manifest's ``skipped``)."""
+    return sorted(str(s.get("run_id")) for s in run.manifest.get("skipped") or [])
+
+
 def _key(event: dict[str, Any]) -> str:
     ep = event.get("episode") or {}
     return f"{ep.get('stage')}/{ep.get('prefix')}/{ep.get('metric')}"
@@ -300,11 +316,21 @@ class Driver:
         accept_run(self.store, self.pipeline, run_id)
 
     def damage(self, run_id: str, name: str) -> Callable[[], None]:
-        """Overwrite a stored file of ``run_id`` (``regression.csv``, ``manifest.json``)
-        with bytes that do not match its checksum; returns what restores it."""
-        path = f"{self.store.root}/{layout.run_file(self.pipeline, run_id, name)}"
+        """Damage a stored file of ``run_id``: ``regression.csv``, ``tasks.csv`` or
+        ``manifest.json`` overwritten with bytes that do not match its checksum (a manifest:
+        truncated), or ``carried`` (the manifest's field made malformed); returns what
+        restores it."""
+        stored = "manifest.json" if name == "carried" else name
+        path = f"{self.store.root}/{layout.run_file(self.pipeline, run_id, stored)}"
         kept = self.store.fs.cat_file(path)
-        self.store.fs.pipe_file(path, b"\x00garbage: not what was stored\n" + kept[:7])
+        if name == "carried":
+            doc = json.loads(kept)
+            doc["carried"] = {"episodes": "damaged", "ratios": 7}
+            self.store.fs.pipe_file(path, json.dumps(doc).encode())
+        elif name == "manifest.json":
+            self.store.fs.pipe_file(path, kept[:len(kept) // 2])
+        else:
+            self.store.fs.pipe_file(path, b"\x00garbage: not what was stored\n" + kept[:7])
 
         def restore() -> None:
             self.store.fs.pipe_file(path, kept)
@@ -407,6 +433,7 @@ class Simulation:
     chronic_regressed: int = 0
     open_ids: dict[str, dict[tuple[str, str, str], str]] = field(default_factory=dict)
     calm_streak: int = 0
+    damaged: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.seed)
@@ -481,7 +508,8 @@ class Simulation:
         if self.watches or any(self.level[s] != 1.0 for s in STAGES):
             out += [("revert", 1.5), ("accept", 0.5), ("ack", 0.7)]
         out += [("chronic", 0.4), ("sudden_oom", 0.3), ("failed", 0.4), ("retry", 0.3),
-                ("overlap", 0.5), ("damage", 0.3), ("version", 0.1), ("regime", 0.1)]
+                ("overlap", 0.5), ("damage", 0.6), ("cancelled", 0.5), ("version", 0.1),
+                ("regime", 0.1)]
         if self.blowup:
             out.append(("unblow", 1.0))
         return out
@@ -665,20 +693,37 @@ class Simulation:
                          f"a 10x night overlapping a later run is stored {ra.status}")
 
     def _do_damage(self) -> None:
-        """Make a judged night inside the replay window unreadable: tonight is unjudged."""
-        window = [n for n in self.log if n.judged and n.spec.version == self.v][-60:]
+        """Damage a judged night at any position of the replay window (its verdict table,
+        tasks table, manifest or ``carried`` field), for tonight only or for good: tonight
+        is judged all the same, and names the night when it reads it (issue 56)."""
+        window = [n for n in self.log if n.judged and n.spec.version == self.v
+                  and n.run_id not in self.damaged][-60:]
         if not window:
             return self._do_plain()
         victim = window[int(self.rng.integers(len(window)))]
-        name = "regression.csv" if self.rng.random() < 0.6 else "manifest.json"
+        name = str(self.rng.choice(["regression.csv", "tasks.csv", "manifest.json",
+                                    "carried"]))
+        for_good = bool(self.rng.random() < 0.5)
         restore = self.driver.damage(victim.run_id, name)
+        if for_good:
+            self.damaged[victim.run_id] = name
         try:
             run = self.finish(self.spec(f"damaged {name}"), plain=False)
         finally:
-            restore()
-        self._expect(run.status == "unjudged",
-                     f"{name} of {victim.run_id} (in the replay window) unreadable, yet "
-                     f"tonight is {run.status}")
+            if not for_good:
+                restore()
+        read = name in ("regression.csv", "manifest.json") and victim.spec.ended <= \
+            run.spec.started and (self.accepted is None or victim.run_id >= self.accepted)
+        if read and run.judged:
+            self._expect(victim.run_id in skipped_of(run),
+                         f"{name} of {victim.run_id} damaged, tonight does not name it: "
+                         f"{skipped_of(run)}")
+
+    def _do_cancelled(self) -> None:
+        """A night where a task's worker left while it ran and the rerun was cancelled: a
+        0-task row with empty quantiles in one stage (issue 56, defect 1)."""
+        self.finish(self.spec("rerun cancelled",
+                              cancelled=(str(self.rng.choice(STAGES)),)))
 
     def _do_version(self) -> None:
         self.version += 1
@@ -721,6 +766,9 @@ class Simulation:
             self._check_chronic(run)
         if spec.failed:
             self._expect(run.status == "failed", f"a failed flow stored {run.status}")
+        # no stored night keeps the pipeline unjudged: the store never goes down here
+        self._expect(run.status != "unjudged",
+                     f"tonight is unjudged: {run.manifest.get('unjudged_reason')}")
         return run
 
     def _expect(self, ok: bool, what: str) -> None:
@@ -743,6 +791,10 @@ class Simulation:
                      f"check --json says regressed={regressed} ({again.error}), the judge "
                      f"said {run.result.regressed}")
         if again.judgement is not None:
+            named = sorted(s.run_id for s in getattr(again.judgement, "skipped", ()))
+            self._expect(named == sorted(skipped_of(run)),
+                         f"check names other unreadable nights {named} than tonight's "
+                         f"manifest {skipped_of(run)}")
             ids = sorted(e.id for e in again.judgement.outcome.events)
             self._expect(ids == sorted(e.get("id", "") for e in run.events),
                          "check --json's events differ from the judge's")
@@ -844,7 +896,8 @@ class Simulation:
 
     def _counts_for_time(self, night: NightRun, cleared_by: NightRun | None) -> bool:
         """Whether the model says ``night`` counts in later time baselines."""
-        if not night.judged or (self.accepted and night.run_id < self.accepted):
+        if not night.judged or (self.accepted and night.run_id < self.accepted) \
+                or night.run_id in self.damaged:
             return False
         flagged = night.time_flagged()
         if not flagged:

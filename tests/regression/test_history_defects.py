@@ -174,17 +174,21 @@ def test_alerts_replays_with_the_runs_own_rule(record, tmp_path):
 
 
 # ---------------------------------------------------------------------- defect 7
-def test_an_unreadable_verdict_table_leaves_the_next_night_unjudged(record, tmp_path):
-    """A suspected night whose ``regression.csv`` cannot be read: the next night is not
-    judged against a history without that suspicion (it would pass as a new one)."""
+def test_an_unreadable_verdict_table_costs_at_most_its_night(record, tmp_path):
+    """A suspected night whose ``regression.csv`` cannot be read: the next night is judged
+    without it and names it, and the step still fails a night later (issue 56 changed this:
+    leaving the next night unjudged kept every later night unjudged too)."""
     drive = driver(record, tmp_path, confirm="always")
     runs = history(drive, range(6))
     first = drive.run(quiet(6, factors={"read": 3.0}, kind="3x read"))
     drive.damage(first.run_id, "regression.csv")
     second = drive.run(quiet(7, factors={"read": 3.0}, kind="3x read, again"))
-    runs += [first, second]
+    third = drive.run(quiet(8, factors={"read": 3.0}, kind="3x read, third"))
+    runs += [first, second, third]
     assert first.status == "suspected", lines(runs)
-    assert second.status == "unjudged", lines(runs)
+    assert second.judged and third.judged, lines(runs)
+    assert first.run_id in [s["run_id"] for s in second.manifest["skipped"]]
+    assert "regressed" in (second.status, third.status), lines(runs)
 
 
 # ---------------------------------------------------------------------- the window's edge

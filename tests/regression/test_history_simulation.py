@@ -5,8 +5,11 @@ Each sequence mixes calm and rough noise, blips, steps (2.6-10x, persistent), gr
 chronic (0.93 of a 1 GiB limit every night) and sudden near-OOM, spill noise on 10% of
 nights, storage-request blow-ups, acks (by episode and by run), accepts, version bumps,
 overlapping runs finished in both orders (on two stores), failed flows, infrastructure
-retries and unreadable tables and manifests inside the replay window; after every night
-:class:`night_sim.Simulation` checks the invariants of the model
+retries, reruns cancelled (0-task rows with empty quantiles) and damaged verdict tables,
+tasks tables, manifests and ``carried`` fields at any position of the replay window, for
+one night or for good (issue 56); after every night :class:`night_sim.Simulation` checks
+the invariants of the model, among them that no stored night keeps the pipeline unjudged
+and that ``check`` names the nights tonight's manifest left out
 (docs/alerts.md, "What the simulation checks"). The generator and the checks are in
 ``night_sim.py``.
 
@@ -15,6 +18,9 @@ Budget: ``SIM_NIGHTS`` (default 40 local nights over two seeds: ~2 s a night on 
 ``SIM_SEEDS`` picks seeds. A long run::
 
     SIM_NIGHTS=3000 SIM_S3_NIGHTS=200 pytest tests/regression/test_history_simulation.py
+
+(``SIM_NIGHTS`` is split over the seeds; the figures of the last long run are in
+docs/alerts.md.)
 """
 
 from __future__ import annotations
