@@ -225,7 +225,13 @@ def decide(tonight: Evidence, prior: Prior, rule: RegressionRule, reach: float) 
     if rule.confirm == "never":
         return Decision("regression", "one night") if tonight.flagged else Decision("")
     if prior.episode == "suspected":
-        return _second_night(tonight, prior, rule)
+        if not _below_threshold(prior.ratio, rule):
+            return _second_night(tonight, prior, rule)
+        if not tonight.flagged:
+            return Decision("cleared", f"not a regression under tonight's threshold "
+                                       f"{rule.threshold:g}x: the suspected "
+                                       f"{_x(prior.ratio)} is below it")
+        prior = Prior(ratio=prior.ratio)  # judged afresh under tonight's rule
     if not tonight.flagged:
         return Decision("")
     if prior.episode in ("confirmed", "acknowledged"):
@@ -254,6 +260,13 @@ def conclusive(tonight: Evidence, rule: RegressionRule, reach: float) -> str:
                 f"excursion {reach:.2f}x by {CONCLUSIVE_SIGMAS:g} robust sigmas "
                 f"(needs {bar:.2f}x)")
     return ""
+
+
+def _below_threshold(ratio: float, rule: RegressionRule) -> bool:
+    """Whether a suspected level ``ratio`` is below ``rule``'s threshold: a suspicion raised
+    under a lower threshold (the rule changed since) is no suspicion under tonight's rule, so
+    it cannot be confirmed by a night that tonight's rule does not flag."""
+    return math.isfinite(ratio) and ratio < rule.threshold
 
 
 def _second_night(tonight: Evidence, prior: Prior, rule: RegressionRule) -> Decision:
