@@ -104,6 +104,9 @@ class NightSpec:
         Start and end as offsets from the day's midnight (default 02:00 and 03:00 UTC).
     run_id
         A fixed run id (the same nights on two stores); default from the start time.
+    absent
+        Stages that did not run tonight (a conditional stage): no tasks, memory or
+        requests of theirs are recorded.
     """
 
     day: int
@@ -119,6 +122,7 @@ class NightSpec:
     start: timedelta = timedelta(hours=2)
     end: timedelta = timedelta(hours=3)
     run_id: str | None = None
+    absent: tuple[str, ...] = ()
 
     @property
     def started(self) -> datetime:
@@ -136,6 +140,7 @@ class NightSpec:
 
 def night_record(base: RunRecord, spec: NightSpec) -> RunRecord:
     """``base`` made into ``spec``'s night: times, memory, spill and storage requests."""
+    base = without_stages(base, spec.absent)
     tasks = base.tasks.copy()
     columns = ["compute_s", "p50_s", "p95_s", "max_s"]
     tasks[columns] = tasks[columns].astype(float) * SECONDS
@@ -161,6 +166,24 @@ def night_record(base: RunRecord, spec: NightSpec) -> RunRecord:
                    "gdal_list": 0, "gdal_bytes": requests * 256 * 1024})
     return dataclasses.replace(base, tasks=tasks, memory=pd.DataFrame(memory),
                                spill=spill, io=pd.DataFrame(io))
+
+
+def without_stages(base: RunRecord, stages: Iterable[str]) -> RunRecord:
+    """``base`` as if ``stages`` had not run: their rows, sketches and scheduler data gone."""
+    gone = set(stages)
+    if not gone:
+        return base
+
+    def kept(frame: pd.DataFrame) -> pd.DataFrame:
+        if "stage" not in frame:
+            return frame
+        return frame[~frame["stage"].astype(str).isin(gone)].reset_index(drop=True)
+
+    return dataclasses.replace(
+        base, tasks=kept(base.tasks), orchestration=kept(base.orchestration),
+        transfers=kept(base.transfers),
+        sketches={k: v for k, v in base.sketches.items() if k[0] not in gone},
+        scheduler={k: v for k, v in base.scheduler.items() if k not in gone})
 
 
 # ---------------------------------------------------------------------- one stored night
@@ -577,8 +600,12 @@ class Simulation:
         self._do_plain()
 
     def _do_ack(self) -> None:
+        # ids paged for this version since the accepted run (ack refuses an id whose
+        # episode an accept or a version bump ended: it matches nothing)
         open_ids = [i for n in self.log[-3:] for e in n.events
-                    if e.get("event", "").endswith(("detected", "suspected"))
+                    if n.spec.version == self.v
+                    and (self.accepted is None or n.run_id > self.accepted)
+                    and e.get("event", "").endswith(("detected", "suspected"))
                     for i in [str((e.get("episode") or {}).get("id"))]]
         last = self.log[-1] if self.log else None
         if not open_ids or last is None:

@@ -8,6 +8,8 @@ local-folder store with the smallest sequence of generated nights that shows one
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import numpy as np
 import pytest
 from night_sim import Driver, NightRun, NightSpec
@@ -59,3 +61,117 @@ def test_confirmation_uses_tonights_threshold(record, tmp_path):
              for d in (7, 8)]
     assert [r.status for r in runs[-2:]] == ["healthy", "healthy"], lines(runs)
     assert runs[-2].events_of("cleared"), lines(runs)
+
+
+# ---------------------------------------------------------------------- defect 4
+def paged_ids(runs: list[NightRun]) -> set[str]:
+    """Every episode id the judges of ``runs`` paged (suspected and detected events)."""
+    return {str(e["episode"]["id"]) for r in runs for kind in ("suspected", "detected")
+            for e in r.events_of(kind)}
+
+
+def holder(book, ep_id: str):
+    """The episode of ``book`` that answers to ``ep_id`` (its id or an alias), or None."""
+    return next((e for e in book.episodes
+                 if ep_id in (e.id, *getattr(e, "aliases", ()))), None)
+
+
+def resolved_ids(runs: list[NightRun]) -> set[str]:
+    """Every id the ``resolved`` events of ``runs`` name (the episode's and its aliases)."""
+    return {str(i) for r in runs for e in r.events_of("resolved")
+            for i in (e["episode"]["id"], *e["episode"].get("aliases", ()))}
+
+
+def test_overlapping_nights_that_both_regress_page_ids_that_ack_and_resolve(
+        record, tmp_path):
+    """A (02:00-04:00) and B (03:00-03:30) both 10x: each judge cannot see the other, so
+    each opens and pages its own episodes. Every id paged is found by ``alerts``; ``ack``
+    of B's id (CLI) silences the episode the replay folded B into; the API refuses an id
+    never paged; and the ``resolved`` event names both nights' ids."""
+    from typer.testing import CliRunner
+
+    from prefect_dask_profiling.cli import app
+    from prefect_dask_profiling.errors import StoreNotFound
+    from prefect_dask_profiling.regression import alert_history
+
+    drive = driver(record, tmp_path)
+    runs = [drive.run(quiet(d)) for d in range(6)]
+    a = quiet(6, factors={"read": 10.0}, kind="A 10x", end=timedelta(hours=4))
+    b = quiet(6, seed=1, factors={"read": 10.0}, kind="B 10x", start=timedelta(hours=3),
+              end=timedelta(hours=3, minutes=30))
+    pair = [drive.run(b), drive.run(a)]  # B ends first; neither judge saw the other
+    runs += pair
+    assert [r.status for r in pair] == ["regressed", "regressed"], lines(runs)
+    pages_a, pages_b = paged_ids(pair[1:]), paged_ids(pair[:1])
+    assert pages_a and pages_b and not pages_a & pages_b, lines(runs)
+    book, _ = alert_history.episodes_of(drive.store, "sim", "1")
+    assert all(holder(book, i) is not None and holder(book, i).open
+               for i in pages_a | pages_b), book.episodes
+    with pytest.raises(StoreNotFound, match="no alert episode ep-0123456789"):
+        alert_history.acknowledge(drive.store, "sim", "1", "ep-0123456789")
+    for ep_id in sorted(pages_b):
+        done = CliRunner().invoke(app, ["ack", ep_id, "--store", drive.store.url])
+        assert done.exit_code == 0, done.output
+        # the same ack, made at the simulated morning after (the CLI's is made now)
+        alert_history.acknowledge(drive.store, "sim", "1", ep_id,
+                                  at=pair[-1].spec.ended + timedelta(hours=1))
+    acked = drive.run(quiet(7, factors={"read": 10.0}, kind="10x, B's ids acked"))
+    runs.append(acked)
+    assert acked.status != "regressed", lines(runs)
+    runs += [drive.run(quiet(d, kind="back")) for d in range(8, 13)]
+    assert pages_a | pages_b <= resolved_ids(runs), lines(runs)
+
+
+def test_a_retried_attempts_pages_map_to_the_surviving_episode(record, tmp_path):
+    """Attempt 1 regresses (10x) and pages; the flow is retried (``retry_on_regression``):
+    attempt 2, judged without attempt 1, regresses again and pages its own ids. Attempt 1's
+    ids are found, acknowledgeable (silencing the episode attempt 2 opened) and resolved."""
+    from prefect_dask_profiling.regression import alert_history
+
+    drive = driver(record, tmp_path)
+    runs = [drive.run(quiet(d)) for d in range(6)]
+    first = quiet(6, factors={"read": 10.0}, kind="attempt 1", flow_run_id="flow-6",
+                  attempt=1, end=timedelta(hours=2, minutes=30))
+    second = quiet(6, seed=1, factors={"read": 10.0}, kind="attempt 2", flow_run_id="flow-6",
+                   attempt=2, start=timedelta(hours=2, minutes=31),
+                   end=timedelta(hours=3, minutes=30))
+    tries = [drive.run(first), drive.run(second)]
+    runs += tries
+    assert [r.status for r in tries] == ["regressed", "regressed"], lines(runs)
+    pages_1, pages_2 = paged_ids(tries[:1]), paged_ids(tries[1:])
+    assert pages_1 and not pages_1 & pages_2, lines(runs)
+    book, _ = alert_history.episodes_of(drive.store, "sim", "1")
+    assert all(holder(book, i) is not None for i in pages_1 | pages_2), book.episodes
+    for ep_id in sorted(pages_1):
+        alert_history.acknowledge(drive.store, "sim", "1", ep_id,
+                                  at=tries[-1].spec.ended + timedelta(hours=1))
+    acked = drive.run(quiet(7, factors={"read": 10.0}, kind="10x, attempt 1 acked"))
+    runs.append(acked)
+    assert acked.status != "regressed", lines(runs)
+    runs += [drive.run(quiet(d, kind="back")) for d in range(8, 13)]
+    assert pages_1 | pages_2 <= resolved_ids(runs), lines(runs)
+
+
+# ---------------------------------------------------------------------- item 9: absent stage
+def test_an_episode_stays_open_while_its_stage_does_not_run(record, tmp_path):
+    """A 10x reduce is detected; then reduce (a conditional stage) does not run for four
+    nights. That is no all-clear: the episode stays open, marked ``stage absent``, nothing
+    resolves, and when reduce returns still 10x the same episode fails the night without
+    paging again as new."""
+    from prefect_dask_profiling.regression import alert_history
+
+    drive = driver(record, tmp_path)
+    runs = [drive.run(quiet(d)) for d in range(6)]
+    runs.append(drive.run(quiet(6, factors={"reduce": 10.0}, kind="10x reduce")))
+    detected = paged_ids(runs[-1:])
+    assert runs[-1].status == "regressed" and detected, lines(runs)
+    runs += [drive.run(quiet(d, kind="no reduce", absent=("reduce",))) for d in range(7, 11)]
+    assert not resolved_ids(runs), lines(runs)
+    book, _ = alert_history.episodes_of(drive.store, "sim", "1")
+    held = [holder(book, i) for i in detected]
+    assert all(e is not None and e.open for e in held), book.episodes
+    assert {e.to_json().get("note") for e in held} == {"stage absent"}, book.episodes
+    back = drive.run(quiet(11, factors={"reduce": 10.0}, kind="reduce back, 10x"))
+    runs.append(back)
+    assert back.status == "regressed" and not back.events_of("detected"), lines(runs)
+    assert set(back.failing_episodes) <= detected, lines(runs)
