@@ -82,9 +82,14 @@ def resolved_ids(runs: list[NightRun]) -> set[str]:
             for i in (e["episode"]["id"], *e["episode"].get("aliases", ()))}
 
 
+@pytest.mark.parametrize("a_end, b_start", [
+    (timedelta(hours=4), timedelta(hours=3)),  # A 02:00-04:00, B 03:00-03:30
+    # back to back on hosts whose clocks differ by 2 s: B's start is stamped before A's end
+    (timedelta(hours=3), timedelta(hours=2, minutes=59, seconds=58)),
+], ids=["overlap", "clock-skew"])
 def test_overlapping_nights_that_both_regress_page_ids_that_ack_and_resolve(
-        record, tmp_path):
-    """A (02:00-04:00) and B (03:00-03:30) both 10x: each judge cannot see the other, so
+        record, tmp_path, a_end, b_start):
+    """A and B both 10x, B starting before A ended: each judge cannot see the other, so
     each opens and pages its own episodes. Every id paged is found by ``alerts``; ``ack``
     of B's id (CLI) silences the episode the replay folded B into; the API refuses an id
     never paged; and the ``resolved`` event names both nights' ids."""
@@ -96,8 +101,8 @@ def test_overlapping_nights_that_both_regress_page_ids_that_ack_and_resolve(
 
     drive = driver(record, tmp_path)
     runs = [drive.run(quiet(d)) for d in range(6)]
-    a = quiet(6, factors={"read": 10.0}, kind="A 10x", end=timedelta(hours=4))
-    b = quiet(6, seed=1, factors={"read": 10.0}, kind="B 10x", start=timedelta(hours=3),
+    a = quiet(6, factors={"read": 10.0}, kind="A 10x", end=a_end)
+    b = quiet(6, seed=1, factors={"read": 10.0}, kind="B 10x", start=b_start,
               end=timedelta(hours=3, minutes=30))
     pair = [drive.run(b), drive.run(a)]  # B ends first; neither judge saw the other
     runs += pair
