@@ -229,10 +229,14 @@ def _with_attempts(nights: list[Night], docs: Mapping[str, Mapping[str, Any]]
         return nights
     out = []
     for night in nights:
-        flow_run = str(docs.get(night.run_id, {}).get("flow_run_id") or "")
-        others = by_flow_run.get(flow_run, []) if flow_run else []
-        paged = [page for doc in sorted(others, key=lambda d: str(d.get("run_id")))
-                 for page in paged_in(doc)]
+        doc = docs.get(night.run_id, {})
+        flow_run, attempt = str(doc.get("flow_run_id") or ""), doc.get("attempt")
+        # only earlier attempts: nights of one flow run that are not attempts of each
+        # other (a flow that finishes several runs) page for themselves
+        others = [d for d in by_flow_run.get(flow_run, []) if isinstance(attempt, int)
+                  and isinstance(d.get("attempt"), int) and d["attempt"] < attempt]
+        paged = [page for d in sorted(others, key=lambda d: str(d.get("run_id")))
+                 for page in paged_in(d)]
         out.append(replace(night, paged=(*night.paged, *paged)) if paged else night)
     return out
 

@@ -99,7 +99,7 @@ __all__ = ["ABSOLUTE", "CARRIED_RUNS", "EVENT_KINDS", "EVENT_PREFIX", "FAMILIES"
            "JUDGED_STATUSES", "METRIC", "OPEN_STATES", "PAGES", "STATES", "Ack", "AlertEvent",
            "Book", "CarriedDoc", "CarriedRatio", "Episode", "Key", "Night",
            "Signal", "adopt", "advance", "episode_id", "failing", "instant", "overlaps",
-           "pages", "priors", "replay", "run_status"]
+           "pages", "priors", "replay", "run_status", "silenced"]
 
 METRIC = "total_s"
 # Baseline family of each metric: a night flagged in a metric is kept out of that family's
@@ -115,8 +115,9 @@ OPEN_STATES = ("suspected", "confirmed", "acknowledged")
 EVENT_KINDS = ("suspected", "detected", "cleared", "resolved")
 EVENT_PREFIX = "dask-profiling.regression."
 # Stored statuses of nights whose verdicts say something (failed, incomplete and unjudged
-# runs hold partial times or none).
-JUDGED_STATUSES = ("healthy", "regressed", "suspected")
+# runs hold partial times or none); ``acknowledged``: a night an acknowledged episode would
+# have failed (told apart from healthy nights in ``runs`` and the fleet view).
+JUDGED_STATUSES = ("healthy", "regressed", "suspected", "acknowledged")
 FLAGGED = ("regression", "suspected")
 # Namespace of the deterministic event ids (uuid5 of episode id and kind).
 _EVENT_NAMESPACE = uuid.UUID("6f1d7c8e-3b0a-5d52-9a41-2f5e0c7b9d13")
@@ -715,11 +716,22 @@ def failing(book: Book, night: Night) -> list[Episode]:
     return out
 
 
+def silenced(book: Book, night: Night) -> list[Episode]:
+    """The acknowledged episodes that would have failed ``night``: open, acknowledged, and
+    flagged ``regression`` tonight. ``book`` is :func:`advance`'s."""
+    return [ep for ep in book.open() if ep.acknowledged and ep.last_run == night.run_id
+            and (signal := night.signals.get(ep.key)) is not None
+            and signal.alert == "regression"]
+
+
 def run_status(book: Book, night: Night) -> str:
-    """The night's stored status: ``regressed`` (something fails it), ``suspected``
-    (something waits for the next night), else ``healthy``."""
+    """The night's stored status: ``regressed`` (something fails it), ``acknowledged``
+    (only acknowledged episodes would have), ``suspected`` (something waits for the next
+    night), else ``healthy``."""
     if failing(book, night):
         return "regressed"
+    if silenced(book, night):
+        return "acknowledged"
     if any(s.alert == "suspected" for s in night.signals.values()):
         return "suspected"
     return "healthy"

@@ -70,7 +70,7 @@ MIB, GIB = 2**20, 2**30
 LIMIT = GIB  # every worker's memory limit
 CHUNKS = 50  # chunks read per stage on a night
 EPOCH = datetime(2025, 1, 1, tzinfo=UTC)
-JUDGED = ("healthy", "suspected", "regressed")
+JUDGED = ("healthy", "suspected", "regressed", "acknowledged")
 SECONDS = 200.0  # as run_records.SECONDS: the recorded milliseconds made nightly seconds
 SMALL_WINDOW = 5  # ``alerts --runs 5``: must derive the state the full window does
 

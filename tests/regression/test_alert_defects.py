@@ -180,3 +180,32 @@ def test_an_episode_stays_open_while_its_stage_does_not_run(record, tmp_path):
     runs.append(back)
     assert back.status == "regressed" and not back.events_of("detected"), lines(runs)
     assert set(back.failing_episodes) <= detected, lines(runs)
+
+
+# ---------------------------------------------------------------------- item 9: acknowledged
+def test_an_acknowledged_regressed_night_is_stored_acknowledged(record, tmp_path):
+    """A 10x read fails its night; its episodes are acknowledged the morning after. The
+    next 10x night fails nothing and is stored ``acknowledged``, not ``healthy``: the run
+    listing (``runs``) and its fleet rows tell it apart, and it stays out of the time
+    baseline. A healthy night after it is ``healthy``."""
+    from prefect_dask_profiling.export.fleet import fleet_rows
+    from prefect_dask_profiling.regression import alert_history
+
+    drive = driver(record, tmp_path)
+    runs = [drive.run(quiet(d)) for d in range(6)]
+    runs.append(drive.run(quiet(6, factors={"read": 10.0}, kind="10x read")))
+    assert runs[-1].status == "regressed", lines(runs)
+    for ep_id in sorted(paged_ids(runs[-1:])):
+        alert_history.acknowledge(drive.store, "sim", "1", ep_id,
+                                  at=runs[-1].spec.ended + timedelta(hours=1))
+    acked = drive.run(quiet(7, factors={"read": 10.0}, kind="10x read, acked"))
+    calm = drive.run(quiet(8, kind="calm reduce, read still 10x", factors={"read": 10.0}))
+    runs += [acked, calm]
+    assert acked.status == "acknowledged" and not acked.result.regressed, lines(runs)
+    listed = {e["run_id"]: e["status"] for e in drive.store.list_runs("sim", "1")}
+    assert listed[acked.run_id] == "acknowledged", listed
+    rows = fleet_rows(acked.manifest, acked.result.summary)
+    assert set(rows["status"]) == {"acknowledged"}
+    assert acked.run_id not in calm.baseline_runs, lines(runs)
+    healthy = drive.run(quiet(9, kind="quiet"))
+    assert healthy.status in ("healthy", "suspected"), lines([*runs, healthy])
