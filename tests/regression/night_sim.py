@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import re
 import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -430,6 +431,10 @@ class Simulation:
     chronic_regressed: int = 0
     open_ids: dict[str, dict[tuple[str, str, str], str]] = field(default_factory=dict)
     calm_streak: int = 0
+    # issue 56: every id paged (id -> (version, index of its night in the log)) and the
+    # ids a cleared or resolved event named (_check_pages)
+    pages: dict[str, tuple[str, int]] = field(default_factory=dict)
+    closed_named: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.seed)
@@ -503,6 +508,7 @@ class Simulation:
             out += [("step", 1.2), ("blip", 1.0), ("drift", 0.3), ("blowup", 0.4)]
         if self.watches or any(self.level[s] != 1.0 for s in STAGES):
             out += [("revert", 1.5), ("accept", 0.5), ("ack", 0.7)]
+        out += self._paging_actions()
         out += [("chronic", 0.4), ("sudden_oom", 0.3), ("failed", 0.4), ("retry", 0.3),
                 ("overlap", 0.5), ("damage", 0.3), ("version", 0.1), ("regime", 0.1)]
         if self.blowup:
@@ -742,6 +748,7 @@ class Simulation:
         self._check_agreement(run)
         self._check_windows(run)
         self._check_events(run)
+        self._check_pages(run)
         if plain and run.judged:
             self._check_baseline(run)
             self._check_steps(run)
@@ -935,6 +942,120 @@ class Simulation:
         lines += ["night log (last 30):", *[n.line() for n in self.log[-30:]]]
         lines += ["notes:", *self.notes[-10:]]
         return "\n".join(lines)
+
+    # ------------------------------------------------------------ issue 56: paged ids
+    # Overlapping nights that both regress, threshold changes while a suspicion is open,
+    # stages absent for several nights; after every night: every id ever paged is
+    # acknowledgeable, and is named when its episode is cleared or resolved.
+    def _paging_actions(self) -> list[tuple[str, float]]:
+        """The actions of this part, with weights (when no step is pending)."""
+        out = [("absent", 0.4)]
+        if self._judged_since_restart() >= 5:
+            out += [("overlap_regress", 0.4), ("threshold", 0.4)]
+        return out
+
+    def _do_overlap_regress(self) -> None:
+        """A 02:00-04:00 and B 03:00-03:30 both 10x on one stage: each judge cannot see the
+        other and pages its own ids; both must fail, and every id must stay answerable."""
+        calm = [s for s in self._free() if self.level[s] == 1.0]
+        if not calm:
+            return self._do_plain()
+        stage = str(self.rng.choice(calm))
+        a = self.spec(f"overlap both 10x {stage}", end=timedelta(hours=4))
+        b = self.spec(f"overlap both 10x {stage} B", start=timedelta(hours=3),
+                      end=timedelta(hours=3, minutes=30))
+        for spec in (a, b):
+            spec.factors[stage] = spec.factors.get(stage, 1.0) * 10.0
+        order = (b, a) if self.rng.random() < 0.5 else (a, b)
+        acked = any(k[0] == stage for k in self.acked.values())
+        runs = [self.finish(spec, plain=False) for spec in order]
+        for run in runs:
+            self._expect(acked or run.status == "regressed",
+                         f"{run.spec.kind}: a 10x night of an overlapping pair is stored "
+                         f"{run.status}")
+
+    def _do_threshold(self) -> None:
+        """A 2.5x night suspected (or failed) under the default threshold, then a 2.5x
+        night under threshold 3: tonight's rule confirms, so it must not fail as
+        "confirmed: still" a level below its threshold."""
+        stage = str(self.rng.choice(self._free() or list(STAGES)))
+        first = self.spec(f"2.5x {stage}, threshold 2")
+        first.factors[(stage, MAIN_PREFIX)] = first.factors.get((stage, MAIN_PREFIX),
+                                                                1.0) * 2.5
+        self.finish(first, plain=False)
+        self.day += 1
+        settings = self.driver.settings
+        self.driver.settings = dataclasses.replace(settings, threshold=3.0)
+        try:
+            second = self.spec(f"2.5x {stage}, threshold 3")
+            second.factors[(stage, MAIN_PREFIX)] = second.factors.get(
+                (stage, MAIN_PREFIX), 1.0) * 2.5
+            run = self.finish(second, plain=False)
+        finally:
+            self.driver.settings = settings
+        for watch in self.watches:
+            watch.exempt = watch.exempt or "threshold raised"
+        rows = run.result.verdicts
+        reasons = rows["alert_reason"].astype(str) if "alert_reason" in rows else []
+        for reason in reasons:
+            level = re.search(r"suspected (\d+(?:\.\d+)?)x", reason)
+            self._expect(not (reason.startswith("confirmed: still") and level
+                              and float(level.group(1)) < 3.0),
+                         f"threshold 3 confirmed a suspicion below it: {reason}")
+
+    def _do_absent(self) -> None:
+        """A stage that does not run for 2-4 nights: its open episodes stay open (no
+        cleared, no resolved), and keep their ids when it returns."""
+        stage = str(self.rng.choice(STAGES))
+        for watch in self.watches:
+            if watch.stage == stage:
+                watch.exempt = watch.exempt or "stage absent"
+        before = self.open_ids.get(self.v, {})
+        held = {i for k, i in before.items() if k[0] == stage}
+        nights = int(self.rng.integers(2, 5))
+        for n in range(nights):
+            if n:
+                self.day += 1
+            run = self.finish(self.spec(f"{stage} absent", absent=(stage,)), plain=False)
+            closed = {str((e.get("episode") or {}).get("id")) for kind in ("cleared",
+                      "resolved") for e in run.events_of(kind)}
+            self._expect(not closed & held, f"{stage} did not run, yet its episodes "
+                                            f"{sorted(closed & held)} closed")
+
+    def _check_pages(self, run: NightRun) -> None:
+        """Every id paged for this version since the accepted run (within the replay
+        window) is acknowledgeable (``alerts`` finds it), and once its episode is cleared or
+        resolved, a cleared or resolved event named it."""
+        for kind in ("suspected", "detected"):
+            for event in run.events_of(kind):
+                ep_id = str((event.get("episode") or {}).get("id"))
+                self.pages.setdefault(ep_id, (run.spec.version, len(self.log) - 1))
+        for kind in ("cleared", "resolved"):
+            for event in run.events_of(kind):
+                episode = event.get("episode") or {}
+                self.closed_named.update(str(i) for i in (episode.get("id"),
+                                                          *(episode.get("aliases") or ())))
+        if not run.judged:
+            return
+        version = run.spec.version
+        book, _ = self.driver.episodes(version)
+        judged = [i for i, n in enumerate(self.log) if n.judged and n.spec.version == version]
+        oldest = judged[-50] if len(judged) >= 50 else 0
+        for ep_id, (ver, index) in self.pages.items():
+            night = self.log[index]
+            if ver != version or index < oldest or (
+                    self.accepted and night.run_id <= self.accepted):
+                continue
+            episode = next((e for e in book.episodes
+                            if ep_id in (e.id, *getattr(e, "aliases", ()))), None)
+            self._expect(episode is not None,
+                         f"id {ep_id} paged by {night.run_id} ({night.spec.kind}) matches no "
+                         "episode: `ack` cannot answer it")
+            if episode is not None and not episode.open:
+                self._expect(ep_id in self.closed_named,
+                             f"id {ep_id} paged by {night.run_id}: its episode "
+                             f"{episode.id} is {episode.state}, but no cleared or "
+                             "resolved event named it")
 
 
 def violation_kinds(violations: Iterable[str]) -> dict[str, int]:
