@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import os
 import re
 import shutil
 from collections.abc import Callable, Iterable
@@ -948,11 +949,13 @@ class Simulation:
     # stages absent for several nights; after every night: every id ever paged is
     # acknowledgeable, and is named when its episode is cleared or resolved.
     def _paging_actions(self) -> list[tuple[str, float]]:
-        """The actions of this part, with weights (when no step is pending)."""
+        """The actions of this part, with weights (when no step is pending), times
+        ``SIM_PAGING_WEIGHT`` (default 1: a run that exercises this part more)."""
+        scale = float(os.environ.get("SIM_PAGING_WEIGHT", "1"))
         out = [("absent", 0.4)]
         if self._judged_since_restart() >= 5:
             out += [("overlap_regress", 0.4), ("threshold", 0.4)]
-        return out
+        return [(name, weight * scale) for name, weight in out]
 
     def _do_overlap_regress(self) -> None:
         """A 02:00-04:00 and B 03:00-03:30 both 10x on one stage: each judge cannot see the
