@@ -44,6 +44,7 @@ confirmed       back for ``resolve_after`` nights        resolved        resolve
 open            acknowledged (``ack``)                   acknowledged    none, never fails
 acknowledged    the ack's ``nights`` ran out             confirmed       detected again [2]_
 any open        the night is ``accept``-ed               (restart)       --
+any open        its stage did not run (:func:`ran`)      unchanged [4]_  none
 ==============  =======================================  ==============  ==================
 
 .. [1] Relative metrics (all but ``headroom``) fail every night they stay flagged: they are
@@ -54,6 +55,15 @@ any open        the night is ``accept``-ed               (restart)       --
    not spilled) confirms after more nights in a row than two
    (:func:`.memory.onset_nights`): its nights stay out of the memory baseline meanwhile,
    and return to it if the onset clears.
+.. [4] Marked ``stage absent`` (:attr:`Episode.note`): no calm night is counted and
+   nothing clears or resolves, so a conditional stage that did not run is no all-clear, and
+   its return continues the episode rather than paging it again as new.
+
+**Ids paged by judges that could not see each other** (overlapping nights, a retried
+attempt judged without its earlier one, back-to-back runs with skewed clocks): each opened
+the key anew and paged its own id. The replay folds them into one episode, which keeps the
+others as :attr:`Episode.aliases` (:func:`adopt`): ``ack`` finds it by any of them
+(:meth:`Book.find`), and its ``cleared`` / ``resolved`` event names them all.
 
 A prefix's drift while its time episode is open is that episode's condition, not a new one:
 it opens no drift episode (a step acknowledged on its first nights would otherwise page

@@ -43,6 +43,10 @@ The rule is symmetric: a prefix flagged tonight whose previous night was already
 tonight's level than the baseline (but not flagged) is confirmed at once — two nights in a
 row are the evidence, whichever came first.
 
+Tonight's rule confirms: a suspicion whose level is below tonight's threshold (the threshold
+was raised since it was suspected) is no suspicion under it. A night tonight's rule does not
+flag clears it; one it flags is judged afresh.
+
 Everything here is pure: rows in, decisions out. The episode built from the decisions
 (ids, events, acknowledgements, resolution) is :mod:`~prefect_dask_profiling.regression.alerts`.
 """
