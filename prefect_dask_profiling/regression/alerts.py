@@ -97,7 +97,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 import pandas as pd
 
@@ -346,6 +346,7 @@ class CarriedDoc(TypedDict):
     after: str | None
     episodes: list[dict[str, Any]]
     ratios: list[CarriedRatio]
+    owed: NotRequired[list[AlertEventDoc]]
 
 
 class AlertEventDoc(TypedDict):
@@ -540,6 +541,10 @@ class Book:
     opaque
         Nights stored ``regressed`` or ``suspected`` whose signals do not say what was
         flagged (stored before signals were, or written by hand): out of every baseline.
+    owed
+        ``cleared`` / ``resolved`` events of episodes that an overlapping night closed
+        while its judge could not see them (it did not know they were open): the next
+        night's judge emits them, so every page is closed by an event.
     """
 
     episodes: tuple[Episode, ...] = ()
@@ -549,6 +554,7 @@ class Book:
     restart: str | None = None
     opaque: frozenset[str] = frozenset()
     last: tuple[datetime, str] | None = None
+    owed: tuple[AlertEvent, ...] = ()
 
     def open(self) -> list[Episode]:
         return [e for e in self.episodes if e.open]
@@ -565,7 +571,8 @@ class Book:
                              for e in self.open()],
                 "ratios": [{"stage": k[0], "prefix": k[1], "metric": k[2],
                             "ratio": r if math.isfinite(r) else None}
-                           for k, r in self.ratios.items()]}
+                           for k, r in self.ratios.items()],
+                "owed": [e.to_json() for e in self.owed]}
 
     @classmethod
     def from_carried(cls, doc: Mapping[str, Any]) -> Book:
@@ -591,7 +598,8 @@ class Book:
             raise InvalidInput(f"a carried ratio is not stage/prefix/metric/ratio: {exc!r}"
                                ) from None
         after = doc.get("after")
-        return cls(episodes, str(after) if after else None, ratios)
+        return cls(episodes, str(after) if after else None, ratios,
+                   owed=tuple(_owed_event(e) for e in doc.get("owed") or ()))
 
     def excluded(self) -> dict[str, frozenset[str]]:
         """``{run_id: families}`` each folded night is kept out of (standing's negative)."""
@@ -675,7 +683,8 @@ def advance(book: Book, night: Night, acks: Iterable[Ack] = ()
         # the accepted night is the new normal: every earlier episode ends with it
         return Book((), night.run_id, {}, runs, book.restart, opaque, night.order), []
     live = [a for a in acks if a.applies_to(night.started)]
-    events: list[AlertEvent] = []
+    # closings an earlier overlapping night's judge could not announce: announced tonight
+    events: list[AlertEvent] = [replace(e, run_id=night.run_id) for e in book.owed]
     episodes = [e for e in book.episodes if not e.open]
     seen: set[Key] = set()
     for ep in book.open():
@@ -786,10 +795,14 @@ def replay(nights: Iterable[Night], acks: Iterable[Ack] = (), *, restart: str | 
             view, _ = replay([m for m in folded if m.run_id not in overlapped], acks,
                              restart=restart, book=start)
             _, new = advance(view, night, acks)
-            book, _ = advance(book, night, acks)
-            # what tonight's judge paged names the episode the state folded tonight into
+            book, folded_new = advance(book, night, acks)
+            # what tonight's judge paged names the episode the state folded tonight into;
+            # what the state closed tonight unseen by tonight's judge, the next one announces
+            said = {e.id for e in new}
             book = replace(book, episodes=tuple(adopt(book.episodes, pages(new),
-                                                      night.run_id)))
+                                                      night.run_id)),
+                           owed=tuple(e for e in folded_new if e.kind in CLOSINGS
+                                      and e.id not in said))
         else:
             book, new = advance(book, night, acks)
         events.extend(new)
@@ -817,6 +830,22 @@ def overlaps(earlier: Night, night: Night) -> bool:
 
 
 PAGES = ("suspected", "detected")  # the events that page someone
+CLOSINGS = ("cleared", "resolved")  # the events that close a page
+
+
+def _owed_event(doc: Any) -> AlertEvent:
+    """An owed event as :meth:`AlertEvent.to_json` stored it (a carried state's ``owed``).
+
+    Raises
+    ------
+    InvalidInput
+        When ``doc`` is not such an event.
+    """
+    kind = str(doc.get("event") or "").removeprefix(EVENT_PREFIX) \
+        if isinstance(doc, Mapping) else ""
+    if kind not in CLOSINGS:
+        raise InvalidInput(f"an owed event must be cleared or resolved, got {str(doc)[:80]!r}")
+    return AlertEvent(kind, Episode.from_json(doc.get("episode")), str(doc.get("run_id")))
 
 
 def pages(events: Iterable[AlertEvent]) -> list[tuple[Key, str]]:

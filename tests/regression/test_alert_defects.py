@@ -209,3 +209,28 @@ def test_an_acknowledged_regressed_night_is_stored_acknowledged(record, tmp_path
     assert acked.run_id not in calm.baseline_runs, lines(runs)
     healthy = drive.run(quiet(9, kind="quiet"))
     assert healthy.status in ("healthy", "suspected"), lines([*runs, healthy])
+
+
+def test_a_suspicion_an_overlapping_night_cleared_unseen_is_announced_next_night(
+        record, tmp_path):
+    """A (02:00-04:00) suspects a 3x read; B (03:00-03:30, quiet) clears it in the replay,
+    but B's judge never knew A: the next night's judge announces the ``cleared`` event, so
+    A's page is closed, and ``alerts`` replays the same event for that night."""
+    from prefect_dask_profiling.regression import alert_history
+
+    drive = driver(record, tmp_path, confirm="always")
+    runs = [drive.run(quiet(d)) for d in range(6)]
+    a = quiet(6, factors={"read": 3.0}, kind="A 3x", end=timedelta(hours=4))
+    b = quiet(6, seed=1, kind="B quiet", start=timedelta(hours=3),
+              end=timedelta(hours=3, minutes=30))
+    pair = [drive.run(a), drive.run(b)]
+    runs += pair
+    suspected = paged_ids(pair[:1])
+    assert suspected and pair[0].status == "suspected", lines(runs)
+    after = drive.run(quiet(7, kind="next night"))
+    runs.append(after)
+    named = {str(e["episode"]["id"]) for e in after.events_of("cleared")}
+    assert suspected <= named, lines(runs)
+    _, events = alert_history.episodes_of(drive.store, "sim", "1")
+    assert sorted(e.id for e in events if e.run_id == after.run_id) == \
+        sorted(e["id"] for e in after.events), lines(runs)
