@@ -744,7 +744,8 @@ def _manifest(end: RunEnd, *, provisional: bool) -> Manifest:
         stages=end.stages, workers=end.record.n_workers, threads=end.record.threads,
         env=end.env, warnings=list(end.warnings), baseline=baseline, ended=end.ended,
         unjudged_reason=None if judged else (end.unjudged_reason or "verdict pending"),
-        suspected=judged and end.judgement.outcome.suspected)
+        suspected=judged and end.judgement.outcome.suspected,
+        acknowledged=judged and end.judgement.outcome.acknowledged)
     if not provisional:
         manifest.update(end.manifest_extra)
     if end.step_seconds:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 # The columns of the human table; --json has every field.
 ALERT_COLUMNS = ["id", "state", "stage", "prefix", "start_run", "last_run", "nights",
-                 "peak_ratio", "last_ratio"]
+                 "peak_ratio", "last_ratio", "note"]
 # ``alert_history.LOOKBACK_RUNS``, the default of --runs (spelled here so that the help
 # imports no pandas; tests/cli/test_cli_imports.py checks they agree).
 LOOKBACK_RUNS = 60
@@ -180,7 +180,7 @@ def _find_episode(store: RunStore, episode: str, pipeline: str | None) -> tuple[
         versions = dict.fromkeys(e["version"] for e in store.list_runs(name))
         for ver in versions:
             book, _ = alert_history.episodes_of(store, name, ver)
-            if any(e.id == episode for e in book.episodes):
+            if book.find(episode) is not None:  # its own id, or one paged for it
                 return name, ver
     raise StoreError(f"no alert episode {episode} in store {store.url} "
                      "(see `dask-profiling alerts --all`)")

@@ -66,8 +66,9 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_JOB = "dask_profiling"
 FLAGGED = ("regression", "drift", "improved")
-# Runs that say something about the pipeline's speed; incomplete ones are skipped.
-EXPORTED_STATUSES = ("healthy", "regressed", "failed", "unjudged")
+# Runs that say something about the pipeline's speed (``acknowledged``: a known regression
+# that failed nothing); incomplete ones are skipped.
+EXPORTED_STATUSES = ("healthy", "regressed", "acknowledged", "failed", "unjudged")
 # Judged runs replayed for the open alert episodes of each pipeline (a few weeks of nights).
 ALERT_LOOKBACK_RUNS = 30
 # (key of an ``allocation`` row, divisor, gauge, help) of the allocation gauges

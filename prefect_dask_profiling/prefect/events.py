@@ -6,8 +6,13 @@ emitted per kind of finding (regression, drift) with:
 
 * resource: the flow run (``prefect.resource.id`` = ``prefect.flow-run.<id>``), named after
   it and labelled with the pipeline, version and run id;
-* related: the flow (role ``flow``) and, when the run came from one, the deployment
-  (role ``deployment``);
+* related: the flow (role ``flow``), when the run came from one the deployment
+  (role ``deployment``), and each alert episode the event is about (role ``episode``,
+  ``prefect.resource.id`` = ``dask-profiling.episode.<episode id>``): the same field on
+  every lifecycle event of an episode — ``detected`` (this run-level event), ``suspected``,
+  ``cleared`` and ``resolved`` — so one Automation filter (``match_related``) pairs a page
+  with its resolution. A ``resolved`` event names every id paged for the episode (its
+  own and those of overlapping or retried nights, :attr:`~.alerts.Episode.aliases`);
 * payload: ``run_id, pipeline, version, status, fails`` and ``prefixes`` — one entry per
   flagged prefix with its verdict, ratio and seconds — plus ``report_links``,
   ``trend_link`` and ``location``.
@@ -20,6 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import uuid
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypedDict
 
 import pandas as pd
@@ -39,6 +45,9 @@ MAX_PREFIXES = 50  # keeps the event far below the server's size limit
 # Episode events other than "detected" (which is the run-level regression event above).
 EPISODE_KINDS = ("suspected", "cleared", "resolved")
 _RUN_EVENT_NAMESPACE = uuid.UUID("0b7c4a52-1d9e-5f3a-8c61-4e2d9a7f0c15")
+# The related resource that names an alert episode on every event about it.
+EPISODE_ROLE = "episode"
+EPISODE_RESOURCE = "dask-profiling.episode."
 PREFIX_FIELDS = ("stage", "prefix", "metric", "verdict", "ratio", "cumulative_ratio",
                  "baseline_s", "latest_s", "baseline", "latest", "headroom", "cause", "note",
                  "alert", "fails", "start_run", "start_started", "episode")
@@ -171,8 +180,11 @@ def emit_detection_events(result: FinishResult, links: dict[str, str] | None = N
         fails = fail_on_regression and result.regressed and (
             name in (REGRESSION_EVENT, MEMORY_EVENT, REQUESTS_EVENT)
             or bool(rows.get("fails", pd.Series(dtype=bool)).any()))
+        ids = [str(i) for i in dict.fromkeys(rows.get("episode", pd.Series(dtype=object)))
+               if isinstance(i, str) and i]
         try:
-            event = emit_event(name, resource=resource, related=related,
+            event = emit_event(name, resource=resource,
+                               related=[*related, *episode_resources(ids)],
                                payload=event_payload(result, rows, links or {}, trend_link,
                                                      fails),
                                id=uuid.uuid5(_RUN_EVENT_NAMESPACE, f"{result.run_id}/{name}"))
@@ -185,9 +197,11 @@ def emit_detection_events(result: FinishResult, links: dict[str, str] | None = N
             events.append(event)
     for alert in episode_events:  # stable ids: a retried run's events are deduplicated
         try:
-            event = emit_event(alert.event, resource=resource, related=related,
+            event = emit_event(alert.event, resource=resource,
+                               related=[*related, *episode_resources(alert.episode.ids)],
                                payload=json_clean({**alert.to_json(), "pipeline":
-                                                   result.pipeline, "version": result.version}),
+                                                   result.pipeline, "version": result.version,
+                                                   "episodes": list(alert.episode.ids)}),
                                id=uuid.UUID(alert.id))
         except Exception as exc:
             warnings.append(f"event {alert.event} not emitted: {exc!r}")
@@ -225,6 +239,14 @@ def emit_unjudged_event(result: FinishResult) -> tuple[list[Any], list[str]]:
         return [], [f"event {UNJUDGED_EVENT} not emitted: {exc!r}"]
     return ([event], []) if event is not None else ([], [
         f"event {UNJUDGED_EVENT} not emitted: Prefect events are switched off"])
+
+
+def episode_resources(ids: Iterable[str]) -> list[dict[str, str]]:
+    """The related resources naming alert episodes ``ids`` (role :data:`EPISODE_ROLE`):
+    the one field every lifecycle event of an episode carries its id in."""
+    return [{"prefect.resource.id": EPISODE_RESOURCE + ep_id,
+             "prefect.resource.role": EPISODE_ROLE, "dask-profiling.episode": ep_id}
+            for ep_id in ids]
 
 
 def _resources(result: FinishResult, flow_run_id: str) -> tuple[dict, list[dict]]:

@@ -21,7 +21,7 @@ import getpass
 import json
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, TypedDict
 
@@ -31,9 +31,11 @@ from prefect_dask_profiling._util import InvalidInput
 from prefect_dask_profiling.errors import HistoryUnavailable
 from prefect_dask_profiling.regression.alerts import (
     JUDGED_STATUSES,
+    PAGES,
     Ack,
     AlertEvent,
     Book,
+    Key,
     Night,
     instant,
     replay,
@@ -108,8 +110,19 @@ def acknowledge(store: RunStore, pipeline: str, version: str, target: str,
     Through the store's timed, breaker-guarded write
     (:meth:`~prefect_dask_profiling.store.writing.Writing.write_ack`); a failure raises the
     ``StoreError`` leaf naming the marker (never spooled).
+
+    Raises
+    ------
+    StoreNotFound
+        When ``target`` matches nothing: an episode id that no episode of the version's
+        replayed history was paged under (:meth:`~.alerts.Book.find`: its own id or an
+        alias), or a run id the pipeline does not hold. A marker that silences nothing
+        would only hide that the page is still unanswered.
+    InvalidInput
+        When the run ``target`` is of another version.
     """
     ack_marker(pipeline, version, target)  # bad names fail before anything is sent
+    _check_target(store, pipeline, version, target)
     try:
         by = getpass.getuser()
     except Exception:  # no user name in some containers
@@ -179,6 +192,21 @@ def damaged(found: Any, run_id: str, what: str) -> SkippedNight | None:
                                  "store did not answer as asked, so no judgement is made "
                                  "on a lighter history") from found
     return None
+
+
+def _check_target(store: RunStore, pipeline: str, version: str, target: str) -> None:
+    """Refuse an ack ``target`` that matches nothing (see :func:`acknowledge`)."""
+    if target.startswith("ep-"):
+        book, _ = episodes_of(store, pipeline, version)
+        if book.find(target) is None:
+            raise StoreNotFound(f"no alert episode {target} of {pipeline} {version} in store "
+                                f"{store.url}: no episode of its newest {LOOKBACK_RUNS} "
+                                "judged runs was paged under that id (see `dask-profiling "
+                                "alerts --all`)")
+        return
+    stored = store.read_manifest(pipeline, target).get("version")
+    if str(stored) != str(version):
+        raise InvalidInput(f"run {target} of {pipeline} is of version {stored}, not {version}")
 
 
 def load_nights(store: RunStore, pipeline: str, version: str,
@@ -293,7 +321,7 @@ def _read_window(store: RunStore, pipeline: str, version: str, runs: int, *,
         if why:
             broken[run_id] = why
         nights.append(night)
-    ordered = sorted(nights, key=lambda n: n.order)
+    ordered = sorted(_with_attempts(nights, readable), key=lambda n: n.order)
     notes = []
     first = ordered[0].run_id if ordered else None
     if first in broken:
@@ -305,6 +333,50 @@ def _read_window(store: RunStore, pipeline: str, version: str, runs: int, *,
               f"starts at {first}" for r, why in sorted(broken.items()) if r != first]
     return NightsRead(tuple(ordered), tuple(sorted(skipped, key=lambda s: s.run_id)),
                       tuple(notes))
+
+
+def _with_attempts(nights: list[Night], docs: Mapping[str, Mapping[str, Any]]
+                   ) -> list[Night]:
+    """``nights``, each with the pages raised by its flow run's attempts that are not
+    replayed (:attr:`~.alerts.Night.paged`): a retried attempt's judge could not see them,
+    so the ids they paged become aliases of the episode it folds them into."""
+    replayed = {n.run_id for n in nights}
+    by_flow_run: dict[str, list[Mapping[str, Any]]] = {}
+    for run_id, doc in docs.items():
+        if run_id not in replayed and doc.get("flow_run_id"):
+            by_flow_run.setdefault(str(doc["flow_run_id"]), []).append(doc)
+    if not by_flow_run:
+        return nights
+    out = []
+    for night in nights:
+        doc = docs.get(night.run_id, {})
+        flow_run, attempt = str(doc.get("flow_run_id") or ""), doc.get("attempt")
+        # only earlier attempts: nights of one flow run that are not attempts of each
+        # other (a flow that finishes several runs) page for themselves
+        others = [d for d in by_flow_run.get(flow_run, []) if isinstance(attempt, int)
+                  and isinstance(d.get("attempt"), int) and d["attempt"] < attempt]
+        paged = [page for d in sorted(others, key=lambda d: str(d.get("run_id")))
+                 for page in paged_in(d)]
+        out.append(replace(night, paged=(*night.paged, *paged)) if paged else night)
+    return out
+
+
+def paged_in(manifest: Mapping[str, Any]) -> list[tuple[Key, str]]:
+    """``(key, episode id)`` of each page (suspected, detected) a stored night's judge
+    raised (its manifest's ``outcome.events``); what cannot be read as one is skipped."""
+    outcome = manifest.get("outcome")
+    events = outcome.get("events") if isinstance(outcome, Mapping) else None
+    out: list[tuple[Key, str]] = []
+    for event in events if isinstance(events, list) else ():
+        episode = event.get("episode") if isinstance(event, Mapping) else None
+        name = str(event.get("event") or "") if isinstance(event, Mapping) else ""
+        if not isinstance(episode, Mapping) or name.rpartition(".")[2] not in PAGES \
+                or not episode.get("id"):
+            continue
+        key = (str(episode.get("stage")), str(episode.get("prefix") or ""),
+               str(episode.get("metric")))
+        out.append((key, str(episode["id"])))
+    return out
 
 
 def _window(listed: list[str], runs: int, manifests: Mapping[str, Any]) -> list[str]:
@@ -465,7 +537,7 @@ def episodes_frame(book: Book) -> pd.DataFrame:
     """The episodes as a table, newest first (for the CLI)."""
     columns = ["id", "pipeline", "state", "stage", "prefix", "metric", "start_run", "last_run",
                "confirmed_run", "ended_run", "acknowledged", "nights", "peak_ratio",
-               "last_ratio", "version"]
+               "last_ratio", "note", "aliases", "version"]
     rows = [e.to_json() for e in sorted(book.episodes, key=lambda e: e.start_run,
                                          reverse=True)]
     return pd.DataFrame(rows, columns=columns)

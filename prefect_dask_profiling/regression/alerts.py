@@ -44,6 +44,7 @@ confirmed       back for ``resolve_after`` nights        resolved        resolve
 open            acknowledged (``ack``)                   acknowledged    none, never fails
 acknowledged    the ack's ``nights`` ran out             confirmed       detected again [2]_
 any open        the night is ``accept``-ed               (restart)       --
+any open        its stage did not run (:func:`ran`)      unchanged [4]_  none
 ==============  =======================================  ==============  ==================
 
 .. [1] Relative metrics (all but ``headroom``) fail every night they stay flagged: they are
@@ -54,6 +55,15 @@ any open        the night is ``accept``-ed               (restart)       --
    not spilled) confirms after more nights in a row than two
    (:func:`.memory.onset_nights`): its nights stay out of the memory baseline meanwhile,
    and return to it if the onset clears.
+.. [4] Marked ``stage absent`` (:attr:`Episode.note`): no calm night is counted and
+   nothing clears or resolves, so a conditional stage that did not run is no all-clear, and
+   its return continues the episode rather than paging it again as new.
+
+**Ids paged by judges that could not see each other** (overlapping nights, a retried
+attempt judged without its earlier one, back-to-back runs with skewed clocks): each opened
+the key anew and paged its own id. The replay folds them into one episode, which keeps the
+others as :attr:`Episode.aliases` (:func:`adopt`): ``ack`` finds it by any of them
+(:meth:`Book.find`), and its ``cleared`` / ``resolved`` event names them all.
 
 A prefix's drift while its time episode is open is that episode's condition, not a new one:
 it opens no drift episode (a step acknowledged on its first nights would otherwise page
@@ -87,7 +97,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 import pandas as pd
 
@@ -96,10 +106,10 @@ from prefect_dask_profiling.regression.confirm import Prior, nearer
 from prefect_dask_profiling.regression.rule import RegressionRule
 
 __all__ = ["ABSOLUTE", "CARRIED_RUNS", "EVENT_KINDS", "EVENT_PREFIX", "FAMILIES",
-           "JUDGED_STATUSES", "METRIC", "OPEN_STATES", "STATES", "Ack", "AlertEvent", "Book",
-           "CarriedDoc", "CarriedRatio", "Episode", "Key", "Night",
-           "Signal", "advance", "episode_id", "failing", "instant", "overlaps", "priors", "replay",
-           "run_status"]
+           "JUDGED_STATUSES", "METRIC", "OPEN_STATES", "PAGES", "STATES", "Ack", "AlertEvent",
+           "Book", "CarriedDoc", "CarriedRatio", "Episode", "Key", "Night",
+           "Signal", "adopt", "advance", "episode_id", "failing", "instant", "overlaps",
+           "pages", "priors", "replay", "run_status", "silenced"]
 
 METRIC = "total_s"
 # Baseline family of each metric: a night flagged in a metric is kept out of that family's
@@ -115,8 +125,9 @@ OPEN_STATES = ("suspected", "confirmed", "acknowledged")
 EVENT_KINDS = ("suspected", "detected", "cleared", "resolved")
 EVENT_PREFIX = "dask-profiling.regression."
 # Stored statuses of nights whose verdicts say something (failed, incomplete and unjudged
-# runs hold partial times or none).
-JUDGED_STATUSES = ("healthy", "regressed", "suspected")
+# runs hold partial times or none); ``acknowledged``: a night an acknowledged episode would
+# have failed (told apart from healthy nights in ``runs`` and the fleet view).
+JUDGED_STATUSES = ("healthy", "regressed", "suspected", "acknowledged")
 FLAGGED = ("regression", "suspected")
 # Namespace of the deterministic event ids (uuid5 of episode id and kind).
 _EVENT_NAMESPACE = uuid.UUID("6f1d7c8e-3b0a-5d52-9a41-2f5e0c7b9d13")
@@ -206,6 +217,14 @@ class Episode:
         The nights it flagged (kept out of its family's baseline unless it was cleared).
     peak_ratio, last_ratio
         Its largest and latest ratio while open.
+    aliases
+        Other ids paged for it: by the judge of a night that could not see it (an
+        overlapping night, a retried attempt, a clock skewed back-to-back run), which
+        opened the key anew. ``ack`` accepts them and ``resolved`` names them
+        (:attr:`ids`), so every page can be acknowledged and closed.
+    absent
+        Nights in a row on which its stage did not run at all (its episode stays open,
+        marked ``stage absent``: a conditional stage that did not run is no all-clear).
     """
 
     id: str
@@ -230,10 +249,22 @@ class Episode:
     flagged_runs: tuple[str, ...] = ()
     peak_ratio: float = math.nan
     last_ratio: float = math.nan
+    aliases: tuple[str, ...] = ()
+    absent: int = 0
 
     @property
     def open(self) -> bool:
         return self.state in OPEN_STATES
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        """Every id paged for it: its own first, then its :attr:`aliases`."""
+        return (self.id, *self.aliases)
+
+    @property
+    def note(self) -> str:
+        """``stage absent`` while its stage has not run for a night or more, else ``""``."""
+        return "stage absent" if self.absent and self.open else ""
 
     @property
     def key(self) -> Key:
@@ -247,6 +278,8 @@ class Episode:
         out = asdict(self)
         out["acks"] = list(self.acks)
         out["flagged_runs"] = list(self.flagged_runs)
+        out["aliases"] = list(self.aliases)
+        out["note"] = self.note
         return out
 
     @classmethod
@@ -280,7 +313,9 @@ class Episode:
                    nights=int(doc.get("nights") or 1),
                    flagged_runs=tuple(str(r) for r in doc.get("flagged_runs") or ()),
                    peak_ratio=float_or_nan(doc.get("peak_ratio")),
-                   last_ratio=float_or_nan(doc.get("last_ratio")))
+                   last_ratio=float_or_nan(doc.get("last_ratio")),
+                   aliases=tuple(str(a) for a in doc.get("aliases") or ()),
+                   absent=int(doc.get("absent") or 0))
 
 
 # The fields an episode's JSON must have (the rest have defaults).
@@ -311,6 +346,7 @@ class CarriedDoc(TypedDict):
     after: str | None
     episodes: list[dict[str, Any]]
     ratios: list[CarriedRatio]
+    owed: NotRequired[list[AlertEventDoc]]
 
 
 class AlertEventDoc(TypedDict):
@@ -421,6 +457,12 @@ class Night:
         The state its judge started from (its manifest's ``carried``, :class:`CarriedDoc`;
         ``None`` for nights stored before it was): a replay that begins with this night
         starts from it.
+    paged
+        ``((stage, prefix, metric), episode id)`` pages raised by judges that are not
+        replayed for this night: the earlier attempts of its flow run (a retry under
+        ``retry_on_regression=True`` is judged without them). Folding the night makes
+        each id an alias of the episode that holds its key tonight
+        (:attr:`Episode.aliases`).
     """
 
     run_id: str
@@ -432,6 +474,7 @@ class Night:
     started: str = ""
     ended: str = ""
     carried: Book | None = None
+    paged: tuple[tuple[Key, str], ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.rule, RegressionRule):
@@ -448,8 +491,8 @@ class Night:
                     time_rows: pd.DataFrame | None = None,
                     other: Iterable[Mapping[str, Any]] = (), *,
                     rule: RegressionRule | None = None, status: str = "healthy",
-                    started: str = "", ended: str = "", carried: Book | None = None
-                    ) -> Night:
+                    started: str = "", ended: str = "", carried: Book | None = None,
+                    paged: Iterable[tuple[Key, str]] = ()) -> Night:
         """A night from its stored verdict table and its other signals.
 
         Parameters
@@ -474,7 +517,7 @@ class Night:
                                   str(row.get("verdict") or ""))
         return cls(run_id, pipeline, version, signals,
                    RegressionRule() if rule is None else rule, status, started, ended,
-                   carried)
+                   carried, tuple(paged))
 
 
 @dataclass(frozen=True)
@@ -498,6 +541,10 @@ class Book:
     opaque
         Nights stored ``regressed`` or ``suspected`` whose signals do not say what was
         flagged (stored before signals were, or written by hand): out of every baseline.
+    owed
+        ``cleared`` / ``resolved`` events of episodes that an overlapping night closed
+        while its judge could not see them (it did not know they were open): the next
+        night's judge emits them, so every page is closed by an event.
     """
 
     episodes: tuple[Episode, ...] = ()
@@ -507,9 +554,14 @@ class Book:
     restart: str | None = None
     opaque: frozenset[str] = frozenset()
     last: tuple[datetime, str] | None = None
+    owed: tuple[AlertEvent, ...] = ()
 
     def open(self) -> list[Episode]:
         return [e for e in self.episodes if e.open]
+
+    def find(self, episode: str) -> Episode | None:
+        """The episode ``episode`` was paged for (its own id or an alias; ``None``: none)."""
+        return next((e for e in self.episodes if episode in e.ids), None)
 
     def carried(self) -> CarriedDoc:
         """What the next night's state needs of this one (:class:`CarriedDoc`): stored
@@ -519,7 +571,8 @@ class Book:
                              for e in self.open()],
                 "ratios": [{"stage": k[0], "prefix": k[1], "metric": k[2],
                             "ratio": r if math.isfinite(r) else None}
-                           for k, r in self.ratios.items()]}
+                           for k, r in self.ratios.items()],
+                "owed": [e.to_json() for e in self.owed]}
 
     @classmethod
     def from_carried(cls, doc: Mapping[str, Any]) -> Book:
@@ -545,7 +598,8 @@ class Book:
             raise InvalidInput(f"a carried ratio is not stage/prefix/metric/ratio: {exc!r}"
                                ) from None
         after = doc.get("after")
-        return cls(episodes, str(after) if after else None, ratios)
+        return cls(episodes, str(after) if after else None, ratios,
+                   owed=tuple(_owed_event(e) for e in doc.get("owed") or ()))
 
     def excluded(self) -> dict[str, frozenset[str]]:
         """``{run_id: families}`` each folded night is kept out of (standing's negative)."""
@@ -629,12 +683,16 @@ def advance(book: Book, night: Night, acks: Iterable[Ack] = ()
         # the accepted night is the new normal: every earlier episode ends with it
         return Book((), night.run_id, {}, runs, book.restart, opaque, night.order), []
     live = [a for a in acks if a.applies_to(night.started)]
-    events: list[AlertEvent] = []
+    # closings an earlier overlapping night's judge could not announce: announced tonight
+    events: list[AlertEvent] = [replace(e, run_id=night.run_id) for e in book.owed]
     episodes = [e for e in book.episodes if not e.open]
     seen: set[Key] = set()
     for ep in book.open():
         seen.add(ep.key)
         ep = _expire(_acknowledge(ep, live), night.run_id)
+        if not ran(night, ep.stage):  # no all-clear: it stays open, marked stage absent
+            episodes.append(replace(ep, last_run=night.run_id, absent=ep.absent + 1))
+            continue
         ep, event = _step(ep, night.signals.get(ep.key), night)
         episodes.append(_spend(ep))
         if event is not None:
@@ -657,6 +715,7 @@ def advance(book: Book, night: Night, acks: Iterable[Ack] = ()
             events.append(AlertEvent("suspected", ep, night.run_id))
         episodes.append(_spend(ep))
     ratios = {key: signal.ratio for key, signal in night.signals.items()}
+    episodes = adopt(episodes, night.paged, night.run_id)
     return (Book(tuple(episodes), night.run_id, ratios, runs, book.restart, opaque,
                  night.order), events)
 
@@ -676,11 +735,22 @@ def failing(book: Book, night: Night) -> list[Episode]:
     return out
 
 
+def silenced(book: Book, night: Night) -> list[Episode]:
+    """The acknowledged episodes that would have failed ``night``: open, acknowledged, and
+    flagged ``regression`` tonight. ``book`` is :func:`advance`'s."""
+    return [ep for ep in book.open() if ep.acknowledged and ep.last_run == night.run_id
+            and (signal := night.signals.get(ep.key)) is not None
+            and signal.alert == "regression"]
+
+
 def run_status(book: Book, night: Night) -> str:
-    """The night's stored status: ``regressed`` (something fails it), ``suspected``
-    (something waits for the next night), else ``healthy``."""
+    """The night's stored status: ``regressed`` (something fails it), ``acknowledged``
+    (only acknowledged episodes would have), ``suspected`` (something waits for the next
+    night), else ``healthy``."""
     if failing(book, night):
         return "regressed"
+    if silenced(book, night):
+        return "acknowledged"
     if any(s.alert == "suspected" for s in night.signals.values()):
         return "suspected"
     return "healthy"
@@ -725,7 +795,14 @@ def replay(nights: Iterable[Night], acks: Iterable[Ack] = (), *, restart: str | 
             view, _ = replay([m for m in folded if m.run_id not in overlapped], acks,
                              restart=restart, book=start)
             _, new = advance(view, night, acks)
-            book, _ = advance(book, night, acks)
+            book, folded_new = advance(book, night, acks)
+            # what tonight's judge paged names the episode the state folded tonight into;
+            # what the state closed tonight unseen by tonight's judge, the next one announces
+            said = {e.id for e in new}
+            book = replace(book, episodes=tuple(adopt(book.episodes, pages(new),
+                                                      night.run_id)),
+                           owed=tuple(e for e in folded_new if e.kind in CLOSINGS
+                                      and e.id not in said))
         else:
             book, new = advance(book, night, acks)
         events.extend(new)
@@ -752,6 +829,53 @@ def overlaps(earlier: Night, night: Night) -> bool:
     return instant(earlier.ended) > instant(night.started)
 
 
+PAGES = ("suspected", "detected")  # the events that page someone
+CLOSINGS = ("cleared", "resolved")  # the events that close a page
+
+
+def _owed_event(doc: Any) -> AlertEvent:
+    """An owed event as :meth:`AlertEvent.to_json` stored it (a carried state's ``owed``).
+
+    Raises
+    ------
+    InvalidInput
+        When ``doc`` is not such an event.
+    """
+    kind = str(doc.get("event") or "").removeprefix(EVENT_PREFIX) \
+        if isinstance(doc, Mapping) else ""
+    if kind not in CLOSINGS:
+        raise InvalidInput(f"an owed event must be cleared or resolved, got {str(doc)[:80]!r}")
+    return AlertEvent(kind, Episode.from_json(doc.get("episode")), str(doc.get("run_id")))
+
+
+def pages(events: Iterable[AlertEvent]) -> list[tuple[Key, str]]:
+    """``(key, episode id)`` of each event that paged someone (suspected, detected)."""
+    return [(e.episode.key, e.episode.id) for e in events if e.kind in PAGES]
+
+
+def adopt(episodes: Iterable[Episode], paged: Iterable[tuple[Key, str]], run_id: str
+          ) -> list[Episode]:
+    """``episodes`` with each paged id that none of them holds made an alias of the episode
+    that holds its key on night ``run_id`` (a drift page: the prefix's time episode, which
+    a drift opens no episode beside).
+
+    A judge that could not see an earlier night (it overlapped it, it was another attempt
+    of its flow run, a host clock was skewed) opened the key anew and paged that id; the
+    replay folds the night into the earlier night's episode, which from then on answers to
+    both ids: ``ack`` finds it by either, and its ``resolved`` event names both.
+    """
+    out = list(episodes)
+    for key, ep_id in paged:
+        if any(ep_id in e.ids for e in out):
+            continue
+        keys = (key, (*key[:2], METRIC)) if key[2] == "drift" else (key,)
+        hit = next((i for k in keys for i, e in enumerate(out)
+                    if e.key == k and e.last_run == run_id), None)
+        if hit is not None:
+            out[hit] = replace(out[hit], aliases=(*out[hit].aliases, ep_id))
+    return out
+
+
 # ---------------------------------------------------------------------- transitions
 def _open(night: Night, key: Key, signal: Signal) -> Episode:
     stage, prefix, metric = key
@@ -773,7 +897,7 @@ def _step(ep: Episode, signal: Signal | None, night: Night
     peak = max(ep.peak_ratio, ratio) if math.isfinite(ratio) else ep.peak_ratio
     flagged = ep.flagged_runs + ((run_id,) if signal.flagged else ())
     ep = replace(ep, last_run=run_id, last_ratio=ratio, peak_ratio=peak,
-                 nights=ep.nights + signal.flagged, flagged_runs=flagged)
+                 nights=ep.nights + signal.flagged, flagged_runs=flagged, absent=0)
     if ep.state == "suspected":
         if signal.alert == "regression":
             ep = replace(ep, state="acknowledged" if ep.acknowledged else "confirmed",
@@ -795,6 +919,14 @@ def _step(ep: Episode, signal: Signal | None, night: Night
         ep = replace(ep, state="resolved", calm_runs=calm, ended_run=run_id)
         return ep, AlertEvent("resolved", ep, run_id)
     return replace(ep, calm_runs=calm), None
+
+
+def ran(night: Night, stage: str) -> bool:
+    """Whether ``stage`` ran on ``night``: one of its signals is more than ``vanished`` (a
+    prefix the baseline knows and tonight lacks). A conditional stage that did not run says
+    nothing about its episodes: they neither count a calm night nor clear."""
+    return any(key[0] == stage and signal.verdict != "vanished"
+               for key, signal in night.signals.items())
 
 
 def _flag_night(ep: Episode, run_id: str) -> Episode:
@@ -828,7 +960,7 @@ def _acknowledge(ep: Episode, acks: list[Ack]) -> Episode:
     for ack in acks:
         if ack.target in ep.acks:
             continue
-        hit = ack.target == ep.id if ack.is_episode \
+        hit = ack.target in ep.ids if ack.is_episode \
             else ep.start_run <= ack.target <= ep.last_run
         if hit and ep.open:
             state = "acknowledged" if ep.state == "confirmed" else ep.state

@@ -43,6 +43,10 @@ The rule is symmetric: a prefix flagged tonight whose previous night was already
 tonight's level than the baseline (but not flagged) is confirmed at once — two nights in a
 row are the evidence, whichever came first.
 
+Tonight's rule confirms: a suspicion whose level is below tonight's threshold (the threshold
+was raised since it was suspected) is no suspicion under it. A night tonight's rule does not
+flag clears it; one it flags is judged afresh.
+
 Everything here is pure: rows in, decisions out. The episode built from the decisions
 (ids, events, acknowledgements, resolution) is :mod:`~prefect_dask_profiling.regression.alerts`.
 """
@@ -225,7 +229,13 @@ def decide(tonight: Evidence, prior: Prior, rule: RegressionRule, reach: float) 
     if rule.confirm == "never":
         return Decision("regression", "one night") if tonight.flagged else Decision("")
     if prior.episode == "suspected":
-        return _second_night(tonight, prior, rule)
+        if not _below_threshold(prior.ratio, rule):
+            return _second_night(tonight, prior, rule)
+        if not tonight.flagged:
+            return Decision("cleared", f"not a regression under tonight's threshold "
+                                       f"{rule.threshold:g}x: the suspected "
+                                       f"{_x(prior.ratio)} is below it")
+        prior = Prior(ratio=prior.ratio)  # judged afresh under tonight's rule
     if not tonight.flagged:
         return Decision("")
     if prior.episode in ("confirmed", "acknowledged"):
@@ -254,6 +264,13 @@ def conclusive(tonight: Evidence, rule: RegressionRule, reach: float) -> str:
                 f"excursion {reach:.2f}x by {CONCLUSIVE_SIGMAS:g} robust sigmas "
                 f"(needs {bar:.2f}x)")
     return ""
+
+
+def _below_threshold(ratio: float, rule: RegressionRule) -> bool:
+    """Whether a suspected level ``ratio`` is below ``rule``'s threshold: a suspicion raised
+    under a lower threshold (the rule changed since) is no suspicion under tonight's rule, so
+    it cannot be confirmed by a night that tonight's rule does not flag."""
+    return math.isfinite(ratio) and ratio < rule.threshold
 
 
 def _second_night(tonight: Evidence, prior: Prior, rule: RegressionRule) -> Decision:

@@ -93,7 +93,7 @@ SMALL_SAMPLE = 2.0
 PERSIST = 0.75
 # Statuses whose nights belong to a series: a run flagged regressed or drifting is exactly
 # the evidence of a drift; failed, incomplete and unjudged runs are not comparable.
-SERIES_STATUSES = ("healthy", "regressed", "suspected")
+SERIES_STATUSES = ("healthy", "regressed", "suspected", "acknowledged")
 
 
 class DriftVerdict(TypedDict):

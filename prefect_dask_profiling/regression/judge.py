@@ -58,6 +58,7 @@ from prefect_dask_profiling.regression.alerts import (
     failing,
     priors,
     replay,
+    silenced,
 )
 from prefect_dask_profiling.regression.baseline import (
     Baseline,
@@ -120,6 +121,7 @@ class OutcomeDoc(TypedDict):
     reason: str
     message: str
     suspected: bool
+    acknowledged: bool
     episodes: list[str]
     failing: list[str]
     events: list[AlertEventDoc]
@@ -312,6 +314,10 @@ class Outcome:
     failing
         The keys ``(stage, prefix, metric)`` that fail the run (``prefix`` is ``""`` for
         per-stage metrics): the rows to report as detected.
+    acknowledged
+        Only acknowledged episodes would have failed the run: it is stored
+        ``acknowledged``, told apart from a healthy night (and kept out of the baselines of
+        those episodes' families, as their flagged nights are).
     """
 
     regressed: bool
@@ -321,6 +327,7 @@ class Outcome:
     events: tuple[AlertEvent, ...] = ()
     episodes: tuple[str, ...] = ()
     failing: tuple[Key, ...] = ()
+    acknowledged: bool = False
 
     def episode_of(self, stage: str, prefix: str, metric: str) -> str | None:
         """The id of the episode that fails the run at this key (``None``: it does not)."""
@@ -462,6 +469,7 @@ class Judgement:
             "rules": self.rules.to_dict(),
             "outcome": {"regressed": self.outcome.regressed, "reason": self.outcome.reason,
                         "message": self.outcome.message, "suspected": self.outcome.suspected,
+                        "acknowledged": self.outcome.acknowledged,
                         "episodes": list(self.outcome.episodes),
                         "failing": ["/".join(k) for k in self.outcome.failing],
                         "events": [e.to_json() for e in self.outcome.events]},
@@ -833,7 +841,8 @@ def _outcome(tonight: Tonight, one_night: pd.DataFrame, drift: pd.DataFrame,
     suspected = any(sig.alert == "suspected" for sig in night.signals.values())
     return Outcome(regressed=bool(fails), message=message,
                    suspected=suspected and not fails, events=tuple(events),
-                   episodes=tuple(ep.id for ep in fails), failing=keys)
+                   episodes=tuple(ep.id for ep in fails), failing=keys,
+                   acknowledged=bool(silenced(book, night)) and not fails)
 
 
 # How the per-stage tables go through the lifecycle: (metric, verdicts that flag it, one

@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 
 SCHEMA_VERSION = 1
 # Index statuses. ``unjudged``: the run is stored but its verdict could not be computed.
-STATUSES = ("healthy", "regressed", "suspected", "failed", "incomplete", "unjudged")
+STATUSES = ("healthy", "regressed", "suspected", "failed", "incomplete", "unjudged",
+            "acknowledged")
 # Keys a stored manifest must have to be read back.
 MANIFEST_REQUIRED = ("schema_version", "run_id", "pipeline", "version", "status", "files")
 # Manifest keys copied into a run's index marker (readable without opening the run).
@@ -262,18 +263,22 @@ class RunContext:
 
 
 def status_for(state: str, regressed: bool, judged: bool = True,
-               suspected: bool = False) -> str:
+               suspected: bool = False, acknowledged: bool = False) -> str:
     """Index status of a run from the flow's final state and the verdict.
 
     A run that completed but whose verdict could not be computed is ``unjudged``: it is
     kept out of every baseline and ``dask-profiling check`` fails for it. A judged run with
-    a suspected regression that did not fail it is ``suspected``: out of baselines too.
+    a suspected regression that did not fail it is ``suspected``: out of baselines too. A
+    judged run that only acknowledged episodes would have failed is ``acknowledged``: told
+    apart from a healthy run in ``runs`` and the fleet view.
     """
     if state not in ("COMPLETED", "FAILED") or (state == "FAILED" and not regressed):
         return "failed" if state != "UNKNOWN" else "incomplete"
     if not judged:
         return "unjudged"
-    return "regressed" if regressed else ("suspected" if suspected else "healthy")
+    if regressed:
+        return "regressed"
+    return "acknowledged" if acknowledged else ("suspected" if suspected else "healthy")
 
 
 def build_manifest(ctx: RunContext, *, state: str, regressed: bool,
@@ -281,7 +286,8 @@ def build_manifest(ctx: RunContext, *, state: str, regressed: bool,
                    threads: int, env: Environment, warnings: list[str],
                    baseline: Baseline | None = None,
                    ended: datetime | None = None, judged: bool = True,
-                   unjudged_reason: str | None = None, suspected: bool = False) -> Manifest:
+                   unjudged_reason: str | None = None, suspected: bool = False,
+                   acknowledged: bool = False) -> Manifest:
     """The manifest document (``files`` is added by the store)."""
     ended = ended or datetime.now(UTC)
     util: Utilisation = {"run": None, "stages": {}}
@@ -297,7 +303,8 @@ def build_manifest(ctx: RunContext, *, state: str, regressed: bool,
         "source_hash": ctx.source_hash, "flow_run_id": ctx.flow_run_id,
         "flow_run_name": ctx.flow_run_name, "attempt": ctx.attempt,
         "deployment": ctx.deployment,
-        "state": state, "status": status_for(state, regressed, judged, suspected),
+        "state": state, "status": status_for(state, regressed, judged, suspected,
+                                                     acknowledged),
         "regressed": regressed,
         "unjudged_reason": None if judged else unjudged_reason,
         "baseline": baseline or {"runs": [], "version": ctx.version, "note": "no check ran"},

@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 from prefect_dask_profiling.cli import app
 from prefect_dask_profiling.regression import alert_history
+from prefect_dask_profiling.regression.alerts import Ack
 from prefect_dask_profiling.store.errors import StoreUnreachable
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 
@@ -126,9 +127,13 @@ def test_load_acks_fails_at_once_while_the_breaker_holds_the_store_down(store_be
 
 def test_a_damaged_ack_marker_still_counts_by_its_name(tmp_path):
     store = RunStore(str(tmp_path / "store"), spool_dir=tmp_path / "spool")
-    first = alert_history.acknowledge(store, "nightly", "v1", "ep-0000000001", note="why")
-    alert_history.acknowledge(store, "nightly", "v1", "ep-0000000002")
-    alert_history.acknowledge(store, "nightly", "v1", "ep-0000000003")
+    # markers written as acknowledge() writes them (it refuses ids no episode was paged
+    # under, and this store holds no runs: the markers are what is tested here)
+    first = Ack("ep-0000000001", at="2026-12-01T06:00:00+00:00", by="me")
+    for target in ("ep-0000000001", "ep-0000000002", "ep-0000000003"):
+        store.write_ack("nightly", "v1", target, json.dumps(
+            {"target": target, "at": first.at, "by": first.by, "note": "why",
+             "nights": None}).encode())
     marker = tmp_path / "store" / alert_history.ack_marker("nightly", "v1", "ep-0000000002")
     marker.write_bytes(b"{truncated")
     listed = tmp_path / "store" / alert_history.ack_marker("nightly", "v1", "ep-0000000003")

@@ -96,7 +96,7 @@ def test_an_episode_lives_suspected_detected_resolved_and_a_blip_clears(
     EventsWorker.drain_all()
     statuses = [r.status for r in results]
     assert statuses == ["healthy"] * 4 + ["suspected", "regressed"] + ["healthy"] * 3 \
-        + ["suspected", "healthy", "suspected", "regressed", "healthy"], statuses
+        + ["suspected", "healthy", "suspected", "regressed", "acknowledged"], statuses
     assert [r.regressed for r in results].count(True) == 2  # the acked night does not fail
     step, blip, acked = (results[4].judgement.outcome.events,
                          results[9].judgement.outcome.events,

@@ -36,6 +36,8 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import os
+import re
 import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -71,7 +73,7 @@ MIB, GIB = 2**20, 2**30
 LIMIT = GIB  # every worker's memory limit
 CHUNKS = 50  # chunks read per stage on a night
 EPOCH = datetime(2025, 1, 1, tzinfo=UTC)
-JUDGED = ("healthy", "suspected", "regressed")
+JUDGED = ("healthy", "suspected", "regressed", "acknowledged")
 SECONDS = 200.0  # as run_records.SECONDS: the recorded milliseconds made nightly seconds
 SMALL_WINDOW = 5  # ``alerts --runs 5``: must derive the state the full window does
 
@@ -108,6 +110,9 @@ class NightSpec:
     cancelled
         Stages with a ``cancelled`` prefix whose only task run was a rerun (its worker
         left while it ran), then cancelled: a 0-task row with no sketch (issue 56).
+    absent
+        Stages that did not run tonight (a conditional stage): no tasks, memory or
+        requests of theirs are recorded.
     """
 
     day: int
@@ -124,6 +129,7 @@ class NightSpec:
     end: timedelta = timedelta(hours=3)
     run_id: str | None = None
     cancelled: tuple[str, ...] = ()
+    absent: tuple[str, ...] = ()
 
     @property
     def started(self) -> datetime:
@@ -141,6 +147,7 @@ class NightSpec:
 
 def night_record(base: RunRecord, spec: NightSpec) -> RunRecord:
     """``base`` made into ``spec``'s night: times, memory, spill and storage requests."""
+    base = without_stages(base, spec.absent)
     tasks = base.tasks.copy()
     columns = ["compute_s", "p50_s", "p95_s", "max_s"]
     tasks[columns] = tasks[columns].astype(float) * SECONDS
@@ -172,6 +179,24 @@ def night_record(base: RunRecord, spec: NightSpec) -> RunRecord:
                    "gdal_list": 0, "gdal_bytes": requests * 256 * 1024})
     return dataclasses.replace(base, tasks=tasks, memory=pd.DataFrame(memory),
                                spill=spill, io=pd.DataFrame(io))
+
+
+def without_stages(base: RunRecord, stages: Iterable[str]) -> RunRecord:
+    """``base`` as if ``stages`` had not run: their rows, sketches and scheduler data gone."""
+    gone = set(stages)
+    if not gone:
+        return base
+
+    def kept(frame: pd.DataFrame) -> pd.DataFrame:
+        if "stage" not in frame:
+            return frame
+        return frame[~frame["stage"].astype(str).isin(gone)].reset_index(drop=True)
+
+    return dataclasses.replace(
+        base, tasks=kept(base.tasks), orchestration=kept(base.orchestration),
+        transfers=kept(base.transfers),
+        sketches={k: v for k, v in base.sketches.items() if k[0] not in gone},
+        scheduler={k: v for k, v in base.scheduler.items() if k not in gone})
 
 
 # ---------------------------------------------------------------------- one stored night
@@ -434,6 +459,10 @@ class Simulation:
     open_ids: dict[str, dict[tuple[str, str, str], str]] = field(default_factory=dict)
     calm_streak: int = 0
     damaged: dict[str, str] = field(default_factory=dict)
+    # issue 56: every id paged (id -> (version, index of its night in the log)) and the
+    # ids a cleared or resolved event named (_check_pages)
+    pages: dict[str, tuple[str, int]] = field(default_factory=dict)
+    closed_named: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.seed)
@@ -507,6 +536,7 @@ class Simulation:
             out += [("step", 1.2), ("blip", 1.0), ("drift", 0.3), ("blowup", 0.4)]
         if self.watches or any(self.level[s] != 1.0 for s in STAGES):
             out += [("revert", 1.5), ("accept", 0.5), ("ack", 0.7)]
+        out += self._paging_actions()
         out += [("chronic", 0.4), ("sudden_oom", 0.3), ("failed", 0.4), ("retry", 0.3),
                 ("overlap", 0.5), ("damage", 0.6), ("cancelled", 0.5), ("version", 0.1),
                 ("regime", 0.1)]
@@ -605,8 +635,12 @@ class Simulation:
         self._do_plain()
 
     def _do_ack(self) -> None:
+        # ids paged for this version since the accepted run (ack refuses an id whose
+        # episode an accept or a version bump ended: it matches nothing)
         open_ids = [i for n in self.log[-3:] for e in n.events
-                    if e.get("event", "").endswith(("detected", "suspected"))
+                    if n.spec.version == self.v
+                    and (self.accepted is None or n.run_id > self.accepted)
+                    and e.get("event", "").endswith(("detected", "suspected"))
                     for i in [str((e.get("episode") or {}).get("id"))]]
         last = self.log[-1] if self.log else None
         if not open_ids or last is None:
@@ -760,6 +794,7 @@ class Simulation:
         self._check_agreement(run)
         self._check_windows(run)
         self._check_events(run)
+        self._check_pages(run)
         if plain and run.judged:
             self._check_baseline(run)
             self._check_steps(run)
@@ -961,6 +996,139 @@ class Simulation:
         lines += ["night log (last 30):", *[n.line() for n in self.log[-30:]]]
         lines += ["notes:", *self.notes[-10:]]
         return "\n".join(lines)
+
+    # ------------------------------------------------------------ issue 56: paged ids
+    # Overlapping nights that both regress, threshold changes while a suspicion is open,
+    # stages absent for several nights; after every night: every id ever paged is
+    # acknowledgeable, and is named when its episode is cleared or resolved.
+    def _paging_actions(self) -> list[tuple[str, float]]:
+        """The actions of this part, with weights (when no step is pending), times
+        ``SIM_PAGING_WEIGHT`` (default 1: a run that exercises this part more)."""
+        scale = float(os.environ.get("SIM_PAGING_WEIGHT", "1"))
+        out = [("absent", 0.4)]
+        if self._judged_since_restart() >= 5:
+            out += [("overlap_regress", 0.4), ("threshold", 0.4)]
+        return [(name, weight * scale) for name, weight in out]
+
+    def _do_overlap_regress(self) -> None:
+        """A 02:00-04:00 and B 03:00-03:30 both 10x on one stage: each judge cannot see the
+        other and pages its own ids; both must fail, and every id must stay answerable."""
+        calm = self._settled()
+        if not calm:
+            return self._do_plain()
+        stage = str(self.rng.choice(calm))
+        a = self.spec(f"overlap both 10x {stage}", end=timedelta(hours=4))
+        b = self.spec(f"overlap both 10x {stage} B", start=timedelta(hours=3),
+                      end=timedelta(hours=3, minutes=30))
+        for spec in (a, b):
+            spec.factors[stage] = spec.factors.get(stage, 1.0) * 10.0
+        order = (b, a) if self.rng.random() < 0.5 else (a, b)
+        acked = any(k[0] == stage for k in self.acked.values())
+        runs = [self.finish(spec, plain=False) for spec in order]
+        for run in runs:
+            self._expect(acked or run.status == "regressed",
+                         f"{run.spec.kind}: a 10x night of an overlapping pair is stored "
+                         f"{run.status}")
+
+    def _do_threshold(self) -> None:
+        """A 2.5x night suspected (or failed) under the default threshold, then a 2.5x
+        night under threshold 3: tonight's rule confirms, so it must not fail as
+        "confirmed: still" a level below its threshold."""
+        settled = self._settled()
+        if not settled:
+            return self._do_plain()
+        stage = str(self.rng.choice(settled))
+        first = self.spec(f"2.5x {stage}, threshold 2")
+        first.factors[(stage, MAIN_PREFIX)] = first.factors.get((stage, MAIN_PREFIX),
+                                                                1.0) * 2.5
+        self.finish(first, plain=False)
+        self.day += 1
+        settings = self.driver.settings
+        self.driver.settings = dataclasses.replace(settings, threshold=3.0)
+        try:
+            second = self.spec(f"2.5x {stage}, threshold 3")
+            second.factors[(stage, MAIN_PREFIX)] = second.factors.get(
+                (stage, MAIN_PREFIX), 1.0) * 2.5
+            run = self.finish(second, plain=False)
+        finally:
+            self.driver.settings = settings
+        for watch in self.watches:
+            watch.exempt = watch.exempt or "threshold raised"
+        rows = run.result.verdicts
+        reasons = rows["alert_reason"].astype(str) if "alert_reason" in rows else []
+        for reason in reasons:
+            level = re.search(r"suspected (\d+(?:\.\d+)?)x", reason)
+            self._expect(not (reason.startswith("confirmed: still") and level
+                              and float(level.group(1)) < 3.0),
+                         f"threshold 3 confirmed a suspicion below it: {reason}")
+
+    def _do_absent(self) -> None:
+        """A stage that does not run for 2-4 nights: its open episodes stay open (no
+        cleared, no resolved), and keep their ids when it returns."""
+        before = self.open_ids.get(self.v, {})
+        watched = sorted({k[0] for k in before} & set(STAGES))  # an open episode's stage
+        stage = str(self.rng.choice(watched if watched else list(STAGES)))
+        for watch in self.watches:
+            if watch.stage == stage:
+                watch.exempt = watch.exempt or "stage absent"
+        held = {i for k, i in before.items() if k[0] == stage}
+        nights = int(self.rng.integers(2, 5))
+        for n in range(nights):
+            if n:
+                self.day += 1
+            run = self.finish(self.spec(f"{stage} absent", absent=(stage,)), plain=False)
+            closed = {str((e.get("episode") or {}).get("id")) for kind in ("cleared",
+                      "resolved") for e in run.events_of(kind)}
+            self._expect(not closed & held, f"{stage} did not run, yet its episodes "
+                                            f"{sorted(closed & held)} closed")
+
+    def _settled(self) -> list[str]:
+        """Stages at their level 1.0, not drifting or watched, that ran on each of the
+        newest :data:`BASELINE_NIGHTS` nights (their baseline knows them) and hold no open
+        episode: a flag there opens a new episode."""
+        recent = self.log[-BASELINE_NIGHTS:]
+        held = {k[0] for k in self.open_ids.get(self.v, {})}
+        return [s for s in self._free() if self.level[s] == 1.0 and s not in held
+                and not any(s in n.spec.absent for n in recent)]
+
+    def _check_pages(self, run: NightRun) -> None:
+        """Every id paged for this version since the accepted run (within the replay
+        window) is acknowledgeable (``alerts`` finds it), and once its episode is cleared or
+        resolved, a cleared or resolved event named it (by the next night, when an
+        overlapping night's judge closed it unseen)."""
+        for kind in ("suspected", "detected"):
+            for event in run.events_of(kind):
+                ep_id = str((event.get("episode") or {}).get("id"))
+                self.pages.setdefault(ep_id, (run.spec.version, len(self.log) - 1))
+        for kind in ("cleared", "resolved"):
+            for event in run.events_of(kind):
+                episode = event.get("episode") or {}
+                self.closed_named.update(str(i) for i in (episode.get("id"),
+                                                          *(episode.get("aliases") or ())))
+        if not run.judged:
+            return
+        version = run.spec.version
+        book, _ = self.driver.episodes(version)
+        judged = [i for i, n in enumerate(self.log) if n.judged and n.spec.version == version]
+        oldest = judged[-50] if len(judged) >= 50 else 0
+        for ep_id, (ver, index) in self.pages.items():
+            night = self.log[index]
+            if ver != version or index < oldest or (
+                    self.accepted and night.run_id <= self.accepted):
+                continue
+            episode = next((e for e in book.episodes
+                            if ep_id in (e.id, *getattr(e, "aliases", ()))), None)
+            self._expect(episode is not None,
+                         f"id {ep_id} paged by {night.run_id} ({night.spec.kind}) matches no "
+                         "episode: `ack` cannot answer it")
+            # closed by tonight's fold unseen by tonight's judge (an overlapping night):
+            # the next night announces it
+            owed = episode is not None and episode.ended_run == book.last_run
+            if episode is not None and not episode.open and not owed:
+                self._expect(ep_id in self.closed_named,
+                             f"id {ep_id} paged by {night.run_id}: its episode "
+                             f"{episode.id} is {episode.state}, but no cleared or "
+                             "resolved event named it")
 
 
 def violation_kinds(violations: Iterable[str]) -> dict[str, int]:

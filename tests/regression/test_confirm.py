@@ -65,6 +65,21 @@ def test_the_second_night_confirms_when_still_nearer_the_flagged_level_else_clea
     assert decide(row(1.1, z=0.5), suspected, ALWAYS, 2.5).alert == "cleared"
 
 
+def test_a_suspicion_below_tonights_threshold_is_no_suspicion_tonight():
+    """Suspected at 2.5x under threshold 2, tonight's threshold is 3 (issue 56, defect 8):
+    a 2.5x night is not "confirmed: still 2.50x"; it clears. A night tonight's rule flags
+    is judged afresh: two elevated nights in a row still confirm it."""
+    raised = RegressionRule(confirm="always", threshold=3.0)
+    suspected = Prior(episode="suspected", ratio=2.5)
+    cleared = decide(row(2.5, verdict="ok"), suspected, raised, 1.3)
+    assert cleared.alert == "cleared" and "threshold 3x" in cleared.reason
+    assert decide(row(3.5, verdict="regression"), suspected, raised, 1.3).alert == \
+        "regression"
+    # under the threshold it was suspected with, the same night confirms it
+    kept = RegressionRule(confirm="always", threshold=2.0)
+    assert decide(row(2.5), suspected, kept, 1.3).alert == "regression"
+
+
 def test_two_nights_in_a_row_confirm_whichever_came_first():
     yesterday_high = Prior(ratio=1.8)  # not flagged, but nearer tonight's 2.5x than 1x
     assert decide(row(2.5), yesterday_high, ALWAYS, 3.0).alert == "regression"
