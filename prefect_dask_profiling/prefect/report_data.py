@@ -53,7 +53,9 @@ class StreamSlice:
     """A stage's task-stream records: what was kept of the window ``[first, last)``.
 
     ``total`` tasks finished in the window; ``records`` are the ones the recorder still
-    held when they were copied (its buffer keeps the last ``limit``), oldest first.
+    held when they were copied, oldest first: all of them, or (past its ``limit``) a sample
+    spread over the window's whole time with its longest tasks, or what an earlier window
+    left of them when later windows filled the recorder.
     """
 
     total: int
@@ -66,7 +68,7 @@ class StreamSlice:
 
     @property
     def cut(self) -> bool:
-        """Whether some of the stage's tasks had already left the recorder."""
+        """Whether the picture shows fewer than the stage's tasks (sampled, or some left)."""
         return self.kept < self.total
 
 
@@ -98,28 +100,29 @@ def _records(dask_scheduler, name: str):
     return getattr(getattr(plugin, "tasks", None), "records", None)
 
 
-def window_state(dask_scheduler, name: str) -> dict:
-    """Cursor of run ``name``'s task records and of the system monitor."""
+def window_state(dask_scheduler, name: str, opening: bool = False) -> dict:
+    """Cursor of run ``name``'s task records and of the system monitor; ``opening``: a
+    report window opens here (its tasks are kept one by one again, see ``TaskRecords``)."""
     records = _records(dask_scheduler, name)
     if records is None:
         raise RuntimeError(f"the scheduler plugin {name!r} keeps no task records (not "
                            "installed, removed, or installed without task_records=True)")
-    return {"count": dask_scheduler.monitor.count, "index": records.index,
-            "limit": records.limit}
+    index = records.mark() if opening else records.index
+    return {"count": dask_scheduler.monitor.count, "index": index, "limit": records.limit}
 
 
 def stream_page(dask_scheduler, name: str, first: int, last: int, size: int) -> dict:
     """Up to ``size`` records of the append-counter range ``[first, last)`` still held.
 
-    Returns ``oldest`` (the counter of the oldest record held) and the records from
-    ``max(first, oldest)`` on: a record that left the buffer is never replaced by a later
-    one. No records when the plugin is gone.
+    Returns ``next`` (the counter to read on from; ``last`` when none is left) and the
+    records: those that left the buffer or were thinned are never replaced by later ones.
+    No records when the plugin is gone.
     """
     records = _records(dask_scheduler, name)
     if records is None:
-        return {"oldest": last, "records": []}
-    oldest, page = records.page(first, last, size)
-    return {"oldest": oldest, "records": page}
+        return {"next": last, "records": []}
+    after, page = records.page(first, last, size)
+    return {"next": after, "records": page}
 
 
 def stage_facts(dask_scheduler, name: str, start: float, stop: float, last_count: int,
@@ -183,14 +186,12 @@ def fetch(client: Client, *, plugin: str, start: float, stop: float, first: int,
                                     last_count=last_count, end_count=end_count, first=first,
                                     last=last, size=PAGE, callback_timeout=timeout)
     records = list(facts["page"]["records"])
-    cursor = max(first, facts["page"]["oldest"]) + len(records)
-    while records and cursor < last:  # later pages; a page may find its records gone
+    cursor = facts["page"]["next"]
+    while cursor < last:  # later pages; a page may find its records gone
         page = client.run_on_scheduler(stream_page, name=plugin, first=cursor, last=last,
                                        size=PAGE, callback_timeout=timeout)
-        if not page["records"]:
-            break
         records.extend(page["records"])
-        cursor = max(cursor, page["oldest"]) + len(page["records"])
+        cursor = page["next"] if page["records"] else last
     compute, server = worker_profiles(client, list(facts["worker_names"]), start, stop)
     return StageData(
         start=start, stop=stop,

@@ -68,9 +68,10 @@ def _summary_html(data: StageData, stage: str) -> str:
     stream = data.stream
     cut = ""
     if stream.cut:
-        cut = (f"\n<li> <b>report cut: {stream.kept} of {stream.total} tasks shown</b> (the "
-               f"run's task records keep the last {stream.limit}, as Dask's task stream "
-               "would; the others finished before this report was drawn) </li>")
+        cut = (f"\n<li> <b>report sampled: {stream.kept} of {stream.total} tasks shown</b>, "
+               "spread over the stage's whole time with its longest tasks (the run's task "
+               f"records keep at most {stream.limit}); the run's summary counts every task "
+               "</li>")
     info = data.info
     return f"""
         <h1> {TITLE} </h1>

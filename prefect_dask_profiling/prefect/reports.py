@@ -106,7 +106,7 @@ def open_window(client: Client, plugin: str) -> ReportWindow:
     """Mark the start of a report window on the task records of ``plugin``, the run's
     ``TaskTimings`` (installed with ``task_records=True``; ``RuntimeError`` otherwise)."""
     start = time()
-    state = client.run_on_scheduler(report_data.window_state, name=plugin)
+    state = client.run_on_scheduler(report_data.window_state, name=plugin, opening=True)
     return ReportWindow(start=start, last_count=state["count"], index=state["index"],
                         stream_limit=state["limit"], plugin=plugin)
 
@@ -418,7 +418,8 @@ class StageReports:
                        "truncated": rendered.truncated, "spooled": result.spooled,
                        "renderer": rendered.renderer}
         self.note(info, None if not rendered.truncated else (
-            f"report truncated: it shows {rendered.shown} of the stage's {rendered.tasks} "
-            f"tasks (the run's task records keep the last {window.stream_limit})"))
+            f"report sampled: it shows {rendered.shown} of the stage's {rendered.tasks} "
+            f"tasks, spread over its whole time with its longest (the run's task records "
+            f"keep at most {window.stream_limit}); the summary has every task"))
         if post_link and self.publisher is not None:
             self.publisher.report_stored(info)

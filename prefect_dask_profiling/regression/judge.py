@@ -521,6 +521,8 @@ def load_history(store: RunStore, pipeline: str, version: str, rules: Rules, *,
         Only acknowledgements made up to this ISO time count (a stored run is judged again
         with the acknowledgements it was judged with, not later ones).
 
+    Notes
+    -----
     One read of the history serves every family: the replay's nights
     (:func:`~.alert_history.read_nights`), the time baseline's tables, the drift series and
     the memory, request and idle baselines' manifests all leave out the same nights, those

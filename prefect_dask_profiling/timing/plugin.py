@@ -36,7 +36,7 @@ from prefect_dask_profiling.timing.scope import (
     STAGE_ANNOTATION,
     RunScope,
 )
-from prefect_dask_profiling.timing.tasks import TaskRecords, TaskStream
+from prefect_dask_profiling.timing.tasks import MAX_TASK_RECORDS, TaskRecords, TaskStream
 from prefect_dask_profiling.timing.workers import Incidents, WorkerLifetimes
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ class TaskTimings(SchedulerPlugin):
         self.started = time.time()
         try:
             if self.task_records:
-                self.tasks.records = TaskRecords(task_stream_length())
+                self.tasks.records = TaskRecords(min(task_stream_length(), MAX_TASK_RECORDS))
             self.lifetimes.record_threads()
             self.lifetimes.record_present(self.started)
             self._check_late_registration()

@@ -27,6 +27,8 @@ those runs failed.
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import itertools
 import time
 from collections import deque
@@ -41,6 +43,10 @@ if TYPE_CHECKING:
     from prefect_dask_profiling.timing.types import PrefixRow, TransferRow
 
 MAX_WRAPPERS = 10_000
+# The task records a stage report draws at most (Dask's own task stream keeps 100,000): a
+# report of 40,000 tasks is ~8 MB of HTML and ~1.5 s of the flow process's CPU to draw, at
+# any stage size (a larger stage is sampled over its whole time, TaskRecords)
+MAX_TASK_RECORDS = 40_000
 MAX_PROCESSING_SCAN = 64  # tasks looked at per worker and sample to find running stages
 _INF = float("inf")
 
@@ -155,7 +161,7 @@ class WrapperWait:
 
 
 class TaskRecords:
-    """The run's finished task runs as Dask's task stream shows them, the last ``limit`` kept.
+    """The run's finished task runs as Dask's task stream shows them, at most ``limit`` kept.
 
     What the stage reports draw. Dask's own recorder (``TaskStreamPlugin``) is another
     scheduler plugin, called on every transition of every client's tasks and shared with
@@ -163,29 +169,87 @@ class TaskRecords:
     owns them (removing them never takes a recorder from under the dashboard). ``index``
     counts every record ever added, so a window read as ``[first, last)`` of it holds
     exactly the tasks that finished in between, whatever the clocks say.
+
+    Bounded at any size, and a window's records always span its whole time: Dask's
+    recorder keeps the last 100,000 tasks, so a stage of a million shows only its end. When
+    full, the records of earlier windows leave first (oldest first); then the open window's
+    own are thinned evenly: every other one is dropped and from then on only every
+    ``stride``-th task is kept, the stride doubling at each thinning. The longest tasks of
+    the window (the :data:`STRAGGLERS`-th part of ``limit``) survive each thinning, so a
+    straggler stays in the picture. A thinning costs one pass over the buffer, after
+    ``limit / 2`` kept appends: amortised O(1) per task. The exact figures are the
+    summary's, not the picture's.
     """
 
-    __slots__ = ("limit", "buffer", "index")
+    #: the longest tasks of a window kept through a thinning: ``limit // STRAGGLERS`` of them
+    STRAGGLERS = 20
+
+    __slots__ = ("limit", "buffer", "index", "start", "stride", "floor")
 
     def __init__(self, limit: int) -> None:
+        #: at most this many records are held
         self.limit = max(int(limit), 0)
-        self.buffer: deque[TaskRecord] = deque(maxlen=self.limit)
+        #: ``(counter, record)`` of the records held, oldest first
+        self.buffer: deque[tuple[int, TaskRecord]] = deque()
+        #: records ever added
         self.index = 0
+        #: the counter at which the newest window opened (:meth:`mark`)
+        self.start = 0
+        #: of the newest window's tasks, every ``stride``-th is kept
+        self.stride = 1
+        #: and every one longer than this (compute seconds; the shortest straggler kept)
+        self.floor = _INF
+
+    def mark(self) -> int:
+        """A report window opens: its tasks are kept one by one again; the counter."""
+        self.start, self.stride, self.floor = self.index, 1, _INF
+        return self.index
 
     def add(self, key: Hashable, kwargs: Mapping[str, Any]) -> None:
         """Record one finished (or erred) task run from its transition's arguments."""
-        self.buffer.append((key, kwargs.get("worker"), kwargs.get("thread"),
-                            kwargs.get("startstops") or (), kwargs.get("status")))
+        counter = self.index
         self.index += 1
+        if not self.limit:
+            return
+        record = (key, kwargs.get("worker"), kwargs.get("thread"),
+                  kwargs.get("startstops") or (), kwargs.get("status"))
+        if (counter - self.start) % self.stride and _compute_s(record) <= self.floor:
+            return
+        self.buffer.append((counter, record))
+        if len(self.buffer) > self.limit:
+            self._make_room()
+
+    def _make_room(self) -> None:
+        """Drop an earlier window's oldest record, or thin the open window's records."""
+        if self.buffer[0][0] < self.start:
+            self.buffer.popleft()
+            return
+        self.stride *= 2
+        longest = heapq.nlargest(self.limit // self.STRAGGLERS, self.buffer,
+                                 key=lambda entry: _compute_s(entry[1]))
+        keep = {counter for counter, _ in longest}
+        if longest:  # a later task off the stride is kept when longer than these
+            self.floor = _compute_s(longest[-1][1])
+        self.buffer = deque(entry for entry in self.buffer
+                            if (entry[0] - self.start) % self.stride == 0 or entry[0] in keep)
 
     def page(self, first: int, last: int, size: int) -> tuple[int, list[TaskRecord]]:
-        """The counter of the oldest record held, and up to ``size`` records of
-        ``[first, last)`` still held, from ``max(first, oldest)`` on (a record that left
-        the buffer is never replaced by a later one)."""
-        oldest = self.index - len(self.buffer)
-        lo = max(first, oldest)
-        hi = min(last, lo + size, self.index)
-        return oldest, list(itertools.islice(self.buffer, lo - oldest, max(lo, hi) - oldest))
+        """Up to ``size`` records of ``[first, last)`` still held, oldest first, and the
+        counter to read on from (``last`` when none is left: the caller's page loop ends)."""
+        lo = bisect.bisect_left(self.buffer, first, key=lambda entry: entry[0])
+        found: list[TaskRecord] = []
+        for counter, record in itertools.islice(self.buffer, lo, None):
+            if counter >= last:
+                break
+            if len(found) == size:
+                return counter, found
+            found.append(record)
+        return last, found
+
+
+def _compute_s(record: TaskRecord) -> float:
+    """A record's compute seconds (its ``startstops`` of action ``compute``)."""
+    return sum(ss["stop"] - ss["start"] for ss in record[3] if ss.get("action") == "compute")
 
 
 class TaskStream:

@@ -72,6 +72,12 @@ def inc(x: int) -> int:
     return x + 1
 
 
+def _numbers(html: str, prefix: str) -> list[int]:
+    """The ``<n>`` of each distinct key ``<prefix>-<n>`` shown, sorted (tasks finish in about
+    their submission order: the spread of these says which part of a window is shown)."""
+    return sorted(int(key.rsplit("-", 1)[1]) for key in _keys(html, prefix))
+
+
 def _run(client: Client, prefix: str, n: int) -> None:
     futures = client.map(inc, range(n), key=[f"{prefix}-{i}" for i in range(n)])
     client.gather(futures)
@@ -131,11 +137,14 @@ def test_a_report_after_three_times_the_recorder_holds_only_its_own_tasks(
     end = reports.close_window(client, window)
     _run(client, "late-key", 150)  # 3x the recorder's limit finish after the stage
     cut = reports.render(client, window, end, renderer=renderer)
-    assert (cut.tasks, cut.shown, cut.truncated) == (20, 0, True)
-    assert not _keys(cut.html, "late-key") and not _keys(cut.html, "early-key")
+    # no window opened after it: its records were thinned evenly (a sample, its longest
+    # among them), never replaced by the later tasks (on 5beef4d: all 20 gone)
+    assert (cut.tasks, cut.truncated) == (20, True) and 0 < cut.shown < 20
+    assert not _keys(cut.html, "late-key")
+    assert _numbers(cut.html, "early-key")[0] <= 5  # the window's first to finish is kept
     if renderer == "flow":
         assert "number of tasks: 20 " in cut.html
-        assert "report cut: 0 of 20 tasks shown" in cut.html
+        assert f"report sampled: {cut.shown} of 20 tasks shown" in cut.html
 
 
 @RENDERERS
@@ -145,10 +154,12 @@ def test_a_partly_overwritten_stage_keeps_exactly_what_is_left_of_it(
     window = reports.open_window(client, plugin)
     _run(client, "early-key", 40)
     end = reports.close_window(client, window)
-    _run(client, "late-key", 30)  # the recorder keeps the last 50: 20 of the stage's 40
+    _run(client, "late-key", 30)  # 70 tasks, 50 kept: the stage's thinned to every other
     cut = reports.render(client, window, end, renderer=renderer)
-    assert (cut.tasks, cut.shown, cut.truncated) == (40, 20, True)
-    assert len(_keys(cut.html, "early-key")) == 20  # the stage's last 20 to finish
+    # every other of the stage's 40 (its whole time), and up to 2 of its longest besides
+    assert (cut.tasks, cut.truncated) == (40, True) and 20 <= cut.shown <= 22
+    shown = _numbers(cut.html, "early-key")
+    assert len(shown) == cut.shown and shown[0] <= 5 and shown[-1] >= 30  # its whole time
     assert not _keys(cut.html, "late-key")
 
 
@@ -236,11 +247,14 @@ def test_each_flow_report_holds_exactly_its_stage_s_tasks(s3_run):
     _, manifest, html = s3_run
     stages = {s["name"]: s for s in manifest["stages"]}
     late = stages["late"]["report"]
-    # the late stage alone ran 3x the recorder's limit: its last 50 are shown, and it says so
-    assert (late["tasks"], late["shown"], late["truncated"]) == (LATE, 50, True)
-    assert len(_keys(html["late"], "late-key")) == 50
-    assert "report cut: 50 of 150 tasks shown" in html["late"]
-    assert stages["late"]["note"].startswith("report truncated: it shows 50 of the stage's 150")
+    # the late stage alone ran 3x the recorder's limit: a sample over its whole time is
+    # shown (every 4th, and its longest), and it says so (on 5beef4d: its last 50 only)
+    assert (late["tasks"], late["truncated"]) == (LATE, True) and 37 <= late["shown"] <= 41
+    shown = _numbers(html["late"], "late-key")
+    assert len(shown) == late["shown"] and shown[0] <= 20 and shown[-1] >= 130
+    assert f"report sampled: {late['shown']} of 150 tasks shown" in html["late"]
+    assert stages["late"]["note"].startswith(
+        f"report sampled: it shows {late['shown']} of the stage's 150")
     assert not _keys(html["late"], "early-key")
     # the early stage's report was drawn while the late stage ran: whole, or cut if the late
     # tasks overtook it, but never showing a late task

@@ -552,7 +552,9 @@ def test_two_runs_share_a_cluster(cluster) -> None:
                 da.random.RandomState(seed).random((400, 400), chunks=100).sum().compute()
                 own.submit(wrapper, 4, inner_stage=f"inner-{label}", pure=False).result()
             results[label] = collect(own, name)
-            results[label + "-records"] = [key_split(r[0]) for r in plugin.tasks.records.buffer]
+            held = plugin.tasks.records
+            results[label + "-records"] = [key_split(r[0])
+                                           for r in held.page(0, held.index, held.index)[1]]
             pc = plugin._pc
         # the owning client disconnected: the plugin removed itself and stopped sampling
         results[label + "-gone"] = _removed(cluster, name) and not pc.is_running()

@@ -1,5 +1,6 @@
 """The task records the stage reports draw (:class:`TaskRecords`): a bounded buffer read by
-its append counter, so a window ``[first, last)`` holds exactly its tasks or says what left."""
+its append counter, so a window ``[first, last)`` holds exactly its tasks, or an even sample
+of them over its whole time with its longest, and says how many it shows."""
 
 from __future__ import annotations
 
@@ -22,27 +23,69 @@ def _keys(page: list) -> list[str]:
 
 
 def test_a_record_holds_what_the_task_stream_draws() -> None:
-    [(key, worker, thread, startstops, status)] = _filled(5, 1).buffer
-    assert (key, worker, thread, status) == ("t-0", "w", 1, "OK")
+    [(counter, (key, worker, thread, startstops, status))] = _filled(5, 1).buffer
+    assert (counter, key, worker, thread, status) == (0, "t-0", "w", 1, "OK")
     assert startstops[0]["action"] == "compute"
 
 
-@pytest.mark.parametrize("first, last, size, oldest, keys", [
-    (0, 10, 100, 7, ["t-7", "t-8", "t-9"]),  # the first 7 left: never replaced by later ones
-    (8, 10, 100, 7, ["t-8", "t-9"]),
-    (7, 10, 2, 7, ["t-7", "t-8"]),  # one page of 2
-    (9, 9, 100, 7, []),  # an empty window
-    (0, 5, 100, 7, []),  # a window whose records all left
+@pytest.mark.parametrize("first, last, size, after, keys", [
+    # 10 records of one window, 3 kept: thinned to every 4th (the stride doubles until they
+    # fit) and never replaced by later ones; the longest (t-9: 3 // 20 = 0 kept) aside
+    (0, 10, 100, 10, ["t-0", "t-4", "t-8"]),
+    (5, 10, 100, 10, ["t-8"]),
+    (0, 10, 2, 8, ["t-0", "t-4"]),  # one page of 2: read on from t-8
+    (9, 9, 100, 9, []),  # an empty window
+    (9, 10, 100, 10, []),  # a window whose records were all thinned
 ])
-def test_a_window_reads_exactly_its_records_still_held(first, last, size, oldest,
+def test_a_window_reads_exactly_its_records_still_held(first, last, size, after,
                                                        keys) -> None:
     records = _filled(3, 10)
-    assert (records.index, records.limit) == (10, 3)
-    got_oldest, page = records.page(first, last, size)
-    assert got_oldest == oldest and _keys(page) == keys
+    assert (records.index, records.limit, records.stride) == (10, 3, 4)
+    got_after, page = records.page(first, last, size)
+    assert got_after == after and _keys(page) == keys
 
 
 def test_a_limit_of_zero_counts_but_keeps_nothing() -> None:
     records = _filled(0, 4)
     assert records.index == 4 and records.page(0, 4, 10) == (4, [])
     assert TaskRecords(-3).limit == 0
+
+
+def _timed(records: TaskRecords, prefix: str, seconds: list[float]) -> None:
+    for i, s in enumerate(seconds):
+        records.add(f"{prefix}-{i}", {"worker": "w", "thread": 1, "status": "OK",
+                                      "startstops": ({"action": "compute", "start": 0.0,
+                                                      "stop": s},)})
+
+
+def test_a_window_of_a_million_tasks_is_sampled_over_its_whole_time() -> None:
+    """Issue 58: 1M tasks through a 40k recorder: bounded, evenly spread from the first to
+    about the last, the stragglers kept (on 5beef4d: the last 40k only, none before)."""
+    records = TaskRecords(40_000)
+    records.mark()
+    seconds = [0.05] * 1_000_000
+    for straggler in (3, 123_457, 999_000):
+        seconds[straggler] = 3.0
+    _timed(records, "t", seconds)
+    after, page = records.page(0, records.index, 2_000_000)
+    assert after == records.index == 1_000_000
+    numbers = [int(key.rsplit("-", 1)[1]) for key, *_ in page]
+    assert 20_000 <= len(page) <= 40_000
+    assert numbers[0] == 0 and numbers[-1] >= 1_000_000 - 2 * records.stride
+    gaps = {b - a for a, b in zip(numbers, numbers[1:], strict=False)}
+    assert max(gaps) <= records.stride  # no part of the window is missing
+    assert {3, 123_457, 999_000} <= set(numbers)  # every straggler is in the picture
+
+
+def test_earlier_windows_leave_before_the_open_window_is_thinned() -> None:
+    records = TaskRecords(10)
+    records.mark()
+    _timed(records, "a", [0.1] * 6)
+    second = records.mark()
+    _timed(records, "b", [0.1] * 8)  # 14 > 10: four of the first window's leave, oldest first
+    assert records.stride == 1
+    assert _keys(records.page(0, second, 100)[1]) == ["a-4", "a-5"]
+    assert _keys(records.page(second, records.index, 100)[1]) == [f"b-{i}" for i in range(8)]
+    _timed(records, "c", [0.1] * 4)  # the open window itself must now be thinned
+    assert records.stride == 2 and records.page(0, second, 100)[1] == []
+    assert len(records.buffer) <= 10

@@ -1,0 +1,1 @@
+"""Helpers the tests (and the benchmarks that reuse their data) share; no tests here."""
