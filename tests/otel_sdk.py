@@ -1,0 +1,44 @@
+"""An OpenTelemetry SDK ``TracerProvider`` installed as the process's global for one test.
+
+The API lets a process set its provider once; tests that configure one put the API's
+globals back afterwards (as ``opentelemetry-test-utils``'s ``reset_trace_globals`` does), so
+the tests after them run with no SDK configured, as a user's flow without OpenTelemetry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.util._once import Once
+
+
+def reset_trace_globals() -> None:
+    """No provider set: the API's proxy default again."""
+    trace._TRACER_PROVIDER_SET_ONCE = Once()
+    trace._TRACER_PROVIDER = None
+
+
+@contextmanager
+def sdk_provider(exporter: SpanExporter | None = None,
+                 processor_class: type = SimpleSpanProcessor
+                 ) -> Iterator[tuple[TracerProvider, SpanExporter]]:
+    """A real SDK provider exporting to ``exporter`` (default in memory), set globally."""
+    exporter = exporter or InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(processor_class(exporter))
+    reset_trace_globals()
+    trace.set_tracer_provider(provider)
+    try:
+        yield provider, exporter
+    finally:
+        provider.shutdown()
+        reset_trace_globals()
+
+
+def by_name(spans: tuple[ReadableSpan, ...] | list[ReadableSpan]) -> dict[str, ReadableSpan]:
+    return {span.name: span for span in spans}
