@@ -51,6 +51,9 @@ MAX_PREFIXES = 20
 #: collector that is down, makes each span slow); the spans left are not made.
 EMIT_BUDGET_S = 3.0
 TRACER_NAME = "prefect_dask_profiling"
+#: The most prefixes per stage with metric points of their own; the rest fold into "other".
+MAX_METRIC_PREFIXES = 20
+OTHER = "other"
 
 Attributes = dict[str, str | bool | int | float]
 
@@ -76,6 +79,110 @@ def tracing_configured() -> bool:
         return False
     provider = trace.get_tracer_provider()
     return not isinstance(provider, trace.NoOpTracerProvider | trace.ProxyTracerProvider)
+
+
+def metrics_configured() -> bool:
+    """Whether a real ``MeterProvider`` is set: not the API's no-op or proxy default."""
+    try:
+        from opentelemetry import metrics
+    except ImportError:
+        return False
+    return not type(metrics.get_meter_provider()).__module__.startswith("opentelemetry.metrics")
+
+
+@dataclass(frozen=True)
+class MetricPoint:
+    """One figure of the night as an OTLP gauge point: the instrument, its unit, the value
+    and its attributes (pipeline, version, stage and, per prefix, prefix: nothing else)."""
+
+    instrument: str
+    unit: str
+    value: float
+    attributes: dict[str, str]
+
+
+#: The gauges a run records once at its end: name -> (unit, description).
+INSTRUMENTS = {
+    f"{NS}.stage.wall_time": ("s", "a stage's wall seconds"),
+    f"{NS}.stage.utilisation": ("1", "a stage's compute seconds over its thread-seconds"),
+    f"{NS}.stage.memory.peak": ("By", "the largest worker process memory while a stage ran"),
+    f"{NS}.stage.idle_worker_hours": ("h", "worker-hours allocated that no task used"),
+    f"{NS}.stage.storage.requests": ("{request}", "GDAL/s3fs storage requests of a stage"),
+    f"{NS}.prefix.compute_time": ("s", "task compute seconds of a prefix in a stage"),
+}
+
+
+def metric_points(result: FinishResult) -> list[MetricPoint]:
+    """The night's figures as gauge points (pure): per stage its wall time, utilisation,
+    peak memory, idle worker-hours and storage requests (each where recorded); per prefix
+    its compute seconds, the :data:`MAX_METRIC_PREFIXES` largest of each stage with the
+    rest summed into ``"other"`` (bounded cardinality)."""
+    points: list[MetricPoint] = []
+    for info in result.manifest.get("stages") or []:
+        name = str(info["name"])
+        attrs = {f"{NS}.pipeline": result.pipeline, f"{NS}.version": result.version,
+                 f"{NS}.stage": name}
+        figures = stage_attributes(result, info)
+        for instrument, key in ((f"{NS}.stage.wall_time", f"{NS}.wall_s"),
+                                (f"{NS}.stage.utilisation", f"{NS}.utilisation"),
+                                (f"{NS}.stage.memory.peak", f"{NS}.memory.peak_bytes"),
+                                (f"{NS}.stage.idle_worker_hours", f"{NS}.idle_worker_hours"),
+                                (f"{NS}.stage.storage.requests", f"{NS}.storage.requests")):
+            value = figures.get(key)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                points.append(MetricPoint(instrument, INSTRUMENTS[instrument][0],
+                                          float(value), attrs))
+        points += _prefix_points(result, name, attrs)
+    return points
+
+
+def _prefix_points(result: FinishResult, stage: str,
+                   attrs: dict[str, str]) -> list[MetricPoint]:
+    frame = result.summary
+    if frame is None or frame.empty or "stage" not in frame:
+        return []
+    seconds = frame[frame["stage"] == stage].groupby("prefix")["total_s"].sum()
+    seconds = seconds.sort_values(ascending=False)
+    kept = seconds.head(MAX_METRIC_PREFIXES)
+    folded = float(seconds.iloc[MAX_METRIC_PREFIXES:].sum())
+    unit = INSTRUMENTS[f"{NS}.prefix.compute_time"][0]
+    points = [MetricPoint(f"{NS}.prefix.compute_time", unit, float(value),
+                          {**attrs, f"{NS}.prefix": str(prefix)})
+              for prefix, value in kept.items()]
+    if len(seconds) > MAX_METRIC_PREFIXES:
+        points.append(MetricPoint(f"{NS}.prefix.compute_time", unit, folded,
+                                  {**attrs, f"{NS}.prefix": OTHER}))
+    return points
+
+
+def record_metrics(points: list[MetricPoint], budget_s: float = EMIT_BUDGET_S) -> list[str]:
+    """Record ``points`` on the configured ``MeterProvider`` and push them once (a flush
+    bounded by ``budget_s``: a batch cluster is gone before anything could scrape it).
+    Returns the warnings (at most one); never raises."""
+    try:
+        from opentelemetry import metrics
+
+        meter = metrics.get_meter(TRACER_NAME)
+        gauges = {name: meter.create_gauge(name, unit=unit, description=text)
+                  for name, (unit, text) in INSTRUMENTS.items()}
+        for point in points:
+            gauges[point.instrument].set(point.value, attributes=point.attributes)
+        flush = getattr(metrics.get_meter_provider(), "force_flush", None)
+        if flush is not None and flush(timeout_millis=budget_s * 1000) is False:
+            return [f"OpenTelemetry metrics not pushed within {budget_s:.0f} s"]
+    except Exception as exc:  # the user's reader or exporter, or a bug here
+        logger.debug("dask-profiling: metrics not recorded", exc_info=True)
+        return [f"OpenTelemetry metrics not recorded: {type(exc).__name__}: {exc}"]
+    return []
+
+
+def prepare_metrics(result: FinishResult, *, mode: str = "auto",
+                    budget_s: float = EMIT_BUDGET_S) -> Callable[[], list[str]] | None:
+    """The job that records and pushes the night's figures as OTLP metrics, or ``None``
+    (nothing built) when ``mode`` is ``"off"`` or no ``MeterProvider`` is configured."""
+    if mode == "off" or not metrics_configured():
+        return None
+    return functools.partial(record_metrics, metric_points(result), budget_s)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -42,3 +43,42 @@ def sdk_provider(exporter: SpanExporter | None = None,
 
 def by_name(spans: tuple[ReadableSpan, ...] | list[ReadableSpan]) -> dict[str, ReadableSpan]:
     return {span.name: span for span in spans}
+
+
+def reset_metrics_globals() -> None:
+    """No meter provider set: the API's proxy default again."""
+    from opentelemetry.metrics import _internal
+
+    _internal._METER_PROVIDER_SET_ONCE = Once()
+    _internal._METER_PROVIDER = None
+
+
+@contextmanager
+def sdk_meter_provider() -> Iterator[Any]:
+    """A real SDK ``MeterProvider`` with an in-memory reader, set globally; yields the
+    reader."""
+    from opentelemetry import metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    reset_metrics_globals()
+    metrics.set_meter_provider(provider)
+    try:
+        yield reader
+    finally:
+        provider.shutdown()
+        reset_metrics_globals()
+
+
+def gauge_points(reader: Any) -> dict[str, list[tuple[dict, float]]]:
+    """``{instrument: [(attributes, value), ...]}`` of what ``reader`` holds."""
+    out: dict[str, list[tuple[dict, float]]] = {}
+    data = reader.get_metrics_data()
+    for resource in data.resource_metrics if data else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                out.setdefault(metric.name, []).extend(
+                    (dict(p.attributes), p.value) for p in metric.data.data_points)
+    return out

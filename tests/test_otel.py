@@ -218,3 +218,59 @@ def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# -- the night's figures as OTLP metrics --------------------------------------------------------
+
+
+def test_the_nights_figures_are_gauges_with_pipeline_version_stage_and_prefix_only(regressed):
+    from otel_sdk import gauge_points, sdk_meter_provider
+
+    store, result = regressed
+    with sdk_meter_provider() as reader:
+        job = otel.prepare_metrics(result)
+        assert job is not None
+        assert job() == []
+        points = gauge_points(reader)
+    stored = {s["name"]: s for s in store.read_manifest(PIPELINE, result.run_id)["stages"]}
+    walls = {a[f"{NS}.stage"]: v for a, v in points[f"{NS}.stage.wall_time"]}
+    assert walls == pytest.approx({n: s["wall_s"] for n, s in stored.items()})
+    peaks = {a[f"{NS}.stage"]: v for a, v in points[f"{NS}.stage.memory.peak"]}
+    assert peaks == {n: s["memory"]["peak_bytes"] for n, s in stored.items()}
+    assert {a[f"{NS}.stage"] for a, _ in points[f"{NS}.stage.utilisation"]} == set(stored)
+    assert f"{NS}.stage.idle_worker_hours" in points
+    prefix = {(a[f"{NS}.stage"], a[f"{NS}.prefix"]): v
+              for a, v in points[f"{NS}.prefix.compute_time"]}
+    expected = result.summary.groupby(["stage", "prefix"])["total_s"].sum().to_dict()
+    assert prefix == pytest.approx(expected)
+    allowed = {f"{NS}.pipeline", f"{NS}.version", f"{NS}.stage", f"{NS}.prefix"}
+    for instrument in points.values():
+        for attributes, _ in instrument:
+            assert set(attributes) <= allowed
+            assert (attributes[f"{NS}.pipeline"], attributes[f"{NS}.version"]) == (
+                PIPELINE, "7")
+
+
+def test_prefixes_beyond_twenty_fold_into_other(regressed):
+    _, result = regressed
+    extra = pd.DataFrame([{**result.summary.iloc[0].to_dict(), "stage": "read",
+                           "prefix": f"p{i:02d}", "total_s": float(i)} for i in range(45)])
+    many = replace(result, summary=pd.concat([result.summary, extra], ignore_index=True))
+    read = {p.attributes[f"{NS}.prefix"]: p.value for p in otel.metric_points(many)
+            if p.instrument == f"{NS}.prefix.compute_time"
+            and p.attributes[f"{NS}.stage"] == "read"}
+    seconds = many.summary[many.summary["stage"] == "read"].groupby("prefix")["total_s"].sum()
+    top = seconds.nlargest(otel.MAX_METRIC_PREFIXES)
+    assert set(read) == {*top.index, otel.OTHER}
+    assert read[otel.OTHER] == pytest.approx(seconds.sum() - top.sum())
+
+
+def test_without_a_meter_provider_no_metrics_are_built(regressed, monkeypatch):
+    _, result = regressed
+
+    def no_points(*args, **kwargs):
+        raise AssertionError("metric points were built without a meter provider")
+
+    monkeypatch.setattr(otel, "metric_points", no_points)
+    assert not otel.metrics_configured()
+    assert otel.prepare_metrics(result) is None

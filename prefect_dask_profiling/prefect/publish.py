@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from prefect_dask_profiling.finishing import draw_views
-from prefect_dask_profiling.otel import prepare_spans
+from prefect_dask_profiling.otel import prepare_metrics, prepare_spans
 from prefect_dask_profiling.prefect import artifacts, reports
 from prefect_dask_profiling.prefect.background import Background
 
@@ -271,16 +271,24 @@ class Publisher:
             logger.warning("dask-profiling: %s", w)
 
     def spans(self, result: FinishResult, links: dict[str, str], trend: str | None) -> None:
-        """Queue the run's spans on the background service when OpenTelemetry is
-        configured (:func:`~prefect_dask_profiling.otel.prepare_spans`: nothing is built
-        otherwise); their warning, if any, is logged once. The views queued next wait for
-        them (one queue), so the runner's exit does too."""
-        job = prepare_spans(result, links, trend, mode=self.otel)
-        if job is None:
+        """Queue the run's spans and metrics on the background service when OpenTelemetry
+        is configured (:func:`~prefect_dask_profiling.otel.prepare_spans`,
+        :func:`~prefect_dask_profiling.otel.prepare_metrics`: nothing is built otherwise);
+        one warning at most is logged. The runner's exit waits for them
+        (:meth:`wait_views`)."""
+        problems: list[str] = []  # a bug building one leaves the other
+        jobs = [job for job in (
+            _attempt(lambda: prepare_spans(result, links, trend, mode=self.otel),
+                     "OpenTelemetry spans", problems, None),
+            _attempt(lambda: prepare_metrics(result, mode=self.otel),
+                     "OpenTelemetry metrics", problems, None)) if job is not None]
+        for w in problems[:1]:
+            logger.warning("dask-profiling: %s", w)
+        if not jobs:
             return
 
         def make() -> None:
-            for w in job()[:1]:
+            for w in [w for job in jobs for w in job()][:1]:
                 run_log(logging.WARNING, f"dask-profiling: {w}")
 
         self._spans = Background.instance().submit(make, label="the run's spans")
