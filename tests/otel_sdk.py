@@ -26,11 +26,11 @@ def reset_trace_globals() -> None:
 
 @contextmanager
 def sdk_provider(exporter: SpanExporter | None = None,
-                 processor_class: type = SimpleSpanProcessor
+                 processor_class: type = SimpleSpanProcessor, resource: Any = None
                  ) -> Iterator[tuple[TracerProvider, SpanExporter]]:
     """A real SDK provider exporting to ``exporter`` (default in memory), set globally."""
     exporter = exporter or InMemorySpanExporter()
-    provider = TracerProvider()
+    provider = TracerProvider(**({"resource": resource} if resource is not None else {}))
     provider.add_span_processor(processor_class(exporter))
     reset_trace_globals()
     trace.set_tracer_provider(provider)

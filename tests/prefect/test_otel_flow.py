@@ -12,23 +12,23 @@ from __future__ import annotations
 
 import logging
 import socket
-from datetime import UTC, datetime
 
-import dask.array as da
-import pandas as pd
 import pytest
 from distributed import LocalCluster
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import StatusCode
-from otel_sdk import reset_trace_globals, sdk_provider
-from prefect import flow
-from prefect_dask import get_dask_client
-from profiled_flows import slow_block
+from otel_flows import regressing_flow, seed, the_run
+from otel_sdk import (
+    gauge_points,
+    reset_metrics_globals,
+    reset_trace_globals,
+    sdk_meter_provider,
+    sdk_provider,
+)
 from tiers import starts_processes
 
-from prefect_dask_profiling import otel, stage
-from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner, profiled
-from prefect_dask_profiling.store.runs import TASKS_COLUMNS, RunStore, new_run_id
+from prefect_dask_profiling import otel
+from prefect_dask_profiling.store.runs import RunStore
 
 pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.timeout(600)]
 
@@ -46,43 +46,10 @@ def cluster():
 @pytest.fixture(autouse=True)
 def no_provider():
     reset_trace_globals()
+    reset_metrics_globals()
     yield
     reset_trace_globals()
-
-
-def seed(store: RunStore, pipeline: str) -> set[str]:
-    """Three healthy earlier nights in which ``compute/slow_block`` took a tenth of a second."""
-    seeded = set()
-    for second in range(3):
-        tasks = pd.DataFrame([{"stage": "compute", "prefix": "slow_block", "tasks": 8,
-                               "total_s": 0.1, "p50_s": 0.0125, "p95_s": 0.0125,
-                               "gb_out": 0.0}], columns=TASKS_COLUMNS)
-        run_id = new_run_id(datetime(2026, 1, 1, 0, 0, second, tzinfo=UTC))
-        store.write_run(pipeline, run_id, {"tasks": tasks},
-                        {"version": "1", "status": "healthy", "state": "COMPLETED"})
-        seeded.add(run_id)
-    return seeded
-
-
-def regressing_flow(address: str, store: RunStore, name: str):
-    """A profiled two-stage flow: ``load`` (fast, new) and ``compute`` (8 tasks of 0.2 s)."""
-    runner = ProfiledDaskTaskRunner(address=address, store=store.url, stage_reports=False)
-
-    @profiled
-    def body() -> float:
-        with get_dask_client() as client:
-            with stage("load"):
-                x = client.persist(da.ones((80, 10), chunks=(10, 10)))
-            with stage("compute"):
-                y = client.persist(x.map_blocks(slow_block, 0.2, dtype=float))
-                return float(client.compute(y.sum()).result())
-
-    return flow(name=name, version="1", task_runner=runner)(body)
-
-
-def the_run(store: RunStore, pipeline: str, seeded: set[str]) -> dict:
-    [run_id] = [r["run_id"] for r in store.list_runs(pipeline) if r["run_id"] not in seeded]
-    return store.read_manifest(pipeline, run_id)
+    reset_metrics_globals()
 
 
 def span_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -95,9 +62,11 @@ def span_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 def test_the_stages_are_children_of_prefects_flow_run_span(cluster, tmp_path, caplog):
     store = RunStore(str(tmp_path / "store"))
     seeded = seed(store, "otel-flow")
-    with sdk_provider() as (_, exporter), caplog.at_level(logging.WARNING):
+    with sdk_provider() as (_, exporter), sdk_meter_provider() as reader, \
+            caplog.at_level(logging.WARNING):
         state = regressing_flow(cluster, store, "otel-flow")(return_state=True)
         spans = exporter.get_finished_spans()
+        points = gauge_points(reader)
     assert state.is_failed() and "regression" in state.message
     manifest = the_run(store, "otel-flow", seeded)
     [flow_span] = [s for s in spans if s.attributes.get("prefect.run.type") == "flow"]
@@ -124,6 +93,12 @@ def test_the_stages_are_children_of_prefects_flow_run_span(cluster, tmp_path, ca
     assert run_span.attributes[f"{NS}.regressed"] is True
     assert flow_span.attributes[f"{NS}.run_id"] == manifest["run_id"]
     assert span_warnings(caplog) == []
+    # the night's figures as metrics, with their attributes
+    walls = {a[f"{NS}.stage"]: v for a, v in points[f"{NS}.stage.wall_time"]}
+    assert walls == pytest.approx({n: s["wall_s"] for n, s in stored.items()})
+    assert ({"dask_profiling.pipeline": "otel-flow", "dask_profiling.version": "1",
+             "dask_profiling.stage": "compute", "dask_profiling.prefix": "slow_block"}
+            in [a for a, _ in points[f"{NS}.prefix.compute_time"]])
 
 
 def test_without_an_sdk_the_flow_makes_no_spans_and_no_errors(cluster, tmp_path, caplog,
