@@ -274,3 +274,12 @@ def test_without_a_meter_provider_no_metrics_are_built(regressed, monkeypatch):
     monkeypatch.setattr(otel, "metric_points", no_points)
     assert not otel.metrics_configured()
     assert otel.prepare_metrics(result) is None
+
+
+def test_the_runner_takes_otel_and_refuses_an_unknown_value():
+    from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner, ProfilingOptions
+
+    assert ProfiledDaskTaskRunner(otel="off").duplicate().profiling.otel == "off"
+    assert ProfilingOptions().otel == "auto"
+    with pytest.raises(InvalidInput, match=r"otel must be one of \('auto', 'off'\), got 'on'"):
+        ProfiledDaskTaskRunner(otel="on")
