@@ -251,18 +251,26 @@ def _failing_stages(result: FinishResult) -> set[str]:
     return {str(item[0]) for item in result.judgement.outcome.failing}
 
 
+#: Prefix verdicts, most notable first: a stage's verdict is the first its prefixes have.
+STAGE_VERDICT_ORDER = ("regression", "new", "vanished", "improved", "insufficient-history",
+                       "ok")
+
+
 def stage_verdict(result: FinishResult, stage: str) -> str:
-    """The stage's verdict: ``regression`` when it counted in the run's regression, else
-    the most notable verdict of its prefixes (``ok`` when all are; ``unjudged`` without
-    any)."""
+    """The stage's verdict: ``regression`` when it counted in the run's regression;
+    ``regression-not-counted`` when a prefix was flagged but did not count (a suspected
+    night, a run that failed); else the most notable verdict of its prefixes
+    (:data:`STAGE_VERDICT_ORDER`), ``unjudged`` without any."""
     if stage in _failing_stages(result):
         return "regression"
     frame = result.verdicts
     if frame is None or frame.empty or "stage" not in frame or "verdict" not in frame:
         return "unjudged"
     verdicts = {str(v) for v in frame.loc[frame["stage"] == stage, "verdict"] if v}
-    notable = sorted(verdicts - {"ok"})
-    return notable[0] if notable else ("ok" if verdicts else "unjudged")
+    if "regression" in verdicts:
+        return "regression-not-counted"
+    ranked = [v for v in STAGE_VERDICT_ORDER if v in verdicts]
+    return ranked[0] if ranked else (sorted(verdicts)[0] if verdicts else "unjudged")
 
 
 def _utilisation(result: FinishResult, stage: str) -> float | None:

@@ -283,3 +283,22 @@ def test_the_runner_takes_otel_and_refuses_an_unknown_value():
     assert ProfilingOptions().otel == "auto"
     with pytest.raises(InvalidInput, match=r"otel must be one of \('auto', 'off'\), got 'on'"):
         ProfiledDaskTaskRunner(otel="on")
+
+
+def test_a_flow_that_failed_has_no_error_span_and_says_its_regression_did_not_count(
+        record, tmp_path):
+    """The same slow night in a flow that failed (state FAILED): stored ``failed``, not
+    regressed; its flagged stage's span is not ERROR and says the regression did not
+    count."""
+    store = RunStore(str(tmp_path / "store"))
+    for n in range(5):
+        when = START + timedelta(days=n)
+        ctx = RunContext(run_id=new_run_id(when), pipeline=PIPELINE, version="7", started=when)
+        result = finish_run(store, scaled(record, {"read": 5.0} if n == 4 else None), ctx, [],
+                            LOOSE, ended=when + timedelta(hours=1),
+                            state="FAILED" if n == 4 else None)
+    assert (result.status, result.regressed) == ("failed", False)
+    _, spans, _ = spans_under_a_flow_span(result)
+    read = by_name(spans)["dask-profiling stage read"]
+    assert read.status.status_code is StatusCode.UNSET
+    assert read.attributes[f"{NS}.verdict"] == "regression-not-counted"
