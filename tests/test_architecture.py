@@ -34,7 +34,7 @@ ROOT = Path(prefect_dask_profiling.__file__).parent
 # The layers, lowest first: a part may import its own modules and any part listed before it
 # in LAYERS; ``bench`` (the benchmark protocol) stands aside and imports only BENCH_USES.
 LAYERS = ["errors", "_util", "_bokeh", "environment", "pricing", "timing", "stages", "summary",
-          "store", "regression", "diagnosis", "export", "finishing", "prefect", "cli"]
+          "store", "regression", "diagnosis", "export", "finishing", "otel", "prefect", "cli"]
 BENCH_USES = {"errors", "_util", "environment", "timing", "summary", "diagnosis"}
 ALLOWED: dict[str, set[str]] = {part: set(LAYERS[:i]) for i, part in enumerate(LAYERS)}
 ALLOWED["bench"] = BENCH_USES

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from prefect_dask_profiling.finishing import draw_views
+from prefect_dask_profiling.otel import prepare_metrics, prepare_spans
 from prefect_dask_profiling.prefect import artifacts, reports
 from prefect_dask_profiling.prefect.background import Background
 
@@ -42,6 +43,9 @@ logger = logging.getLogger("prefect_dask_profiling")
 #: The longest the runner's exit waits for the run's views (a few store writes, each bounded
 #: by the store's own timeout, and one Bokeh page).
 VIEWS_TIMEOUT_S = 120.0
+#: The longest the runner's exit waits for the run's spans: the budget for starting them
+#: (:data:`~prefect_dask_profiling.otel.EMIT_BUDGET_S`) and one synchronous export.
+SPANS_TIMEOUT_S = 30.0
 
 T = TypeVar("T")
 
@@ -67,11 +71,15 @@ class Publisher:
     retry_on_regression
         ``True``: a regression fails the attempt and Prefect may retry it
         (:meth:`stop_retries` does nothing).
+    otel
+        ``"auto"``: the run's stages become spans under the flow-run span when an
+        OpenTelemetry SDK is configured (:mod:`prefect_dask_profiling.otel`); ``"off"``: never.
     """
 
     def __init__(self, ctx: RunContext, store: Callable[[], RunStore], retention_days: int,
-                 retry_on_regression: bool = False) -> None:
+                 retry_on_regression: bool = False, otel: str = "auto") -> None:
         self.ctx = ctx
+        self.otel = otel
         self._store = store
         self.retention_days = retention_days
         self.retry_on_regression = retry_on_regression
@@ -80,6 +88,7 @@ class Publisher:
         self._early_links: dict[str, str] = {}
         self._summary_posted = False
         self._views: Any = None  # the views' future (Future[list[str]])
+        self._spans: Any = None  # the spans' future (Future[None])
 
     # -- links ------------------------------------------------------------------------------
 
@@ -255,8 +264,34 @@ class Publisher:
         posted = [*(_attempt(posting.wait, "artifacts", problems, [])
                     if posting is not None else []),
                   *_attempt(self._wait_early, "early artifacts", problems, [])]
+        # last: the stages as spans under the flow-run span, made off the flow's path
+        _attempt(lambda: self.spans(result, links, trend), "OpenTelemetry spans", problems,
+                 None)
         for w in [*posted, *event_warnings, *problems]:
             logger.warning("dask-profiling: %s", w)
+
+    def spans(self, result: FinishResult, links: dict[str, str], trend: str | None) -> None:
+        """Queue the run's spans and metrics on the background service when OpenTelemetry
+        is configured (:func:`~prefect_dask_profiling.otel.prepare_spans`,
+        :func:`~prefect_dask_profiling.otel.prepare_metrics`: nothing is built otherwise);
+        one warning at most is logged. The runner's exit waits for them
+        (:meth:`wait_views`)."""
+        problems: list[str] = []  # a bug building one leaves the other
+        jobs = [job for job in (
+            _attempt(lambda: prepare_spans(result, links, trend, mode=self.otel),
+                     "OpenTelemetry spans", problems, None),
+            _attempt(lambda: prepare_metrics(result, mode=self.otel),
+                     "OpenTelemetry metrics", problems, None)) if job is not None]
+        for w in problems[:1]:
+            logger.warning("dask-profiling: %s", w)
+        if not jobs:
+            return
+
+        def make() -> None:
+            for w in [w for job in jobs for w in job()][:1]:
+                run_log(logging.WARNING, f"dask-profiling: {w}")
+
+        self._spans = Background.instance().submit(make, label="the run's spans")
 
     def views(self, result: FinishResult) -> None:
         """Queue the run's views (trend page, fleet rows) on the background service, after
@@ -267,7 +302,13 @@ class Publisher:
 
     def wait_views(self) -> None:
         """Wait for the views being drawn; log what failed (the run and its artifacts are
-        stored: a view can be drawn again)."""
+        stored: a view can be drawn again). The run's spans first, if any (:meth:`spans`)."""
+        if self._spans is not None:
+            try:
+                self._spans.result(timeout=SPANS_TIMEOUT_S)
+            except Exception as exc:
+                run_log(logging.WARNING, f"dask-profiling: the run's OpenTelemetry spans were "
+                        f"not made within {SPANS_TIMEOUT_S:.0f} s: {exc!r}")
         if self._views is None:
             return
         try:

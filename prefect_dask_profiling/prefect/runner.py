@@ -41,6 +41,7 @@ from prefect_dask import DaskTaskRunner
 
 from prefect_dask_profiling._util import positive_int, positive_number, validate_name
 from prefect_dask_profiling.errors import InvalidInput
+from prefect_dask_profiling.otel import check_otel_mode
 from prefect_dask_profiling.prefect.reports import check_renderer
 from prefect_dask_profiling.pricing import CostRates, CostSpec, parse_cost
 from prefect_dask_profiling.regression.eta import (
@@ -162,6 +163,11 @@ class ProfilingOptions:
         Seconds (or a ``timedelta``) before the deadline the ETA's upper end must stay.
     eta_interval
         Seconds (or a ``timedelta``) between two ETA updates inside a stage (default 30).
+    otel
+        ``"auto"`` (default): when the flow process has an OpenTelemetry SDK
+        ``TracerProvider``, the run's stages become spans under the flow-run span once the
+        run is stored (docs/observability.md); without one nothing is built. ``"off"``:
+        never.
     """
 
     store: str | None = None
@@ -184,9 +190,11 @@ class ProfilingOptions:
     deadline: str | timedelta | None = None
     deadline_margin: float | timedelta = 0.0
     eta_interval: float | timedelta = DEFAULT_ETA_INTERVAL_S
+    otel: str = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cost", parse_cost(self.cost))
+        check_otel_mode(self.otel)
         if self.cost_regression not in COST_REGRESSION:
             raise ValueError(f"cost_regression must be one of {COST_REGRESSION}, "
                              f"got {self.cost_regression!r}")
@@ -287,7 +295,7 @@ class ProfiledDaskTaskRunner(DaskTaskRunner):
                  cost_regression: str = "warn", deadline: str | timedelta | None = None,
                  deadline_margin: float | timedelta = 0.0,
                  eta_interval: float | timedelta = DEFAULT_ETA_INTERVAL_S,
-                 profiling: ProfilingOptions | None = None) -> None:
+                 otel: str = "auto", profiling: ProfilingOptions | None = None) -> None:
         self.profiling = profiling or ProfilingOptions(
             store=store, storage_options=storage_options, pipeline=pipeline, version=version,
             report_retention_days=report_retention_days, stage_reports=stage_reports,
@@ -297,7 +305,7 @@ class ProfiledDaskTaskRunner(DaskTaskRunner):
             sample_interval=sample_interval, check_options=_copy_dict(check_options),
             store_timeout=store_timeout, cost=cost, cost_regression=cost_regression,
             deadline=deadline, deadline_margin=deadline_margin,
-            eta_interval=eta_interval)
+            eta_interval=eta_interval, otel=otel)
         super().__init__(cluster=cluster, address=address, cluster_class=cluster_class,
                          cluster_kwargs=cluster_kwargs, adapt_kwargs=adapt_kwargs,
                          client_kwargs=client_kwargs,

@@ -64,7 +64,7 @@ class Session:
         self.warnings: list[str] = []
         self.publisher = Publisher(self.ctx, lambda: self.store,
                                    self.options.report_retention_days,
-                                   self.options.retry_on_regression)
+                                   self.options.retry_on_regression, self.options.otel)
         self.reports = reports.StageReports(
             client, plugin_name, self.ctx, self.warnings, lambda: self.store,
             reports.ReportSettings(
