@@ -9,12 +9,9 @@ and what is stored for each attempt.
 
 from __future__ import annotations
 
-import time
-import uuid
 from datetime import UTC, datetime
 
 import dask.array as da
-import httpx
 import pandas as pd
 import pytest
 from distributed import LocalCluster
@@ -22,6 +19,7 @@ from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.states import Completed, Failed
 from prefect_dask import get_dask_client
+from prefect_events import events_of_run
 from profiled_flows import fails, slow_block, write_hook_file
 from tiers import starts_processes
 
@@ -35,7 +33,6 @@ from prefect_dask_profiling.store.runs import TASKS_COLUMNS, RunStore, new_run_i
 pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.timeout(600)]
 
 SLOW, FAST = 0.2, 0.0  # seconds per slow_block task; 8 tasks; the seeded nights took 0.1 s
-SENTINEL = "dask-profiling-test.sentinel"
 
 
 @pytest.fixture(scope="module")
@@ -112,31 +109,8 @@ def server_run(state):
 
 
 def detected_events(api_url: str, run_id: str, wait_s: float = 60.0) -> list[dict]:
-    """The ``regression.detected`` events naming ``run_id`` that reached the server.
-
-    A sentinel event is emitted after the flow and waited for: everything the flow emitted
-    before it (from the same process's events worker) has reached the server by then.
-    """
-    from prefect.events import emit_event
-    from prefect.events.worker import EventsWorker
-
-    marker = uuid.uuid4().hex
-    emit_event(SENTINEL, resource={"prefect.resource.id": f"dask-profiling-test.{marker}"},
-               payload={"run_id": marker})
-    EventsWorker.drain_all()
-
-    def named(name: str, wanted: str) -> list[dict]:
-        response = httpx.post(f"{api_url}/events/filter", json={
-            "filter": {"event": {"name": [name]}, "order": "DESC"}, "limit": 50}, timeout=10)
-        response.raise_for_status()
-        return [e for e in response.json()["events"]
-                if (e.get("payload") or {}).get("run_id") == wanted]
-
-    deadline = time.monotonic() + wait_s
-    while not named(SENTINEL, marker):
-        assert time.monotonic() < deadline, "the sentinel event never reached the server"
-        time.sleep(0.5)
-    return named(REGRESSION_EVENT, run_id)
+    """The ``regression.detected`` events naming ``run_id`` that reached the server."""
+    return events_of_run(api_url, REGRESSION_EVENT, run_id, wait_s)
 
 
 # -- defect 8: a failed flow is judged by its final state on every path ------------------------
