@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from prefect_dask_profiling.errors import StoreError
+from prefect_dask_profiling.regression.alerts import JUDGED_STATUSES
 
 if TYPE_CHECKING:
     from prefect_dask_profiling.store.runs import RunStore
@@ -30,7 +31,7 @@ BLIND_AFTER_NIGHTS = 2
 LOOKBACK_NIGHTS = 30
 UNJUDGED_EVENT = "dask-profiling.judgement.unjudged"
 # The statuses of nights whose flow completed: each is judged, or should have been.
-JUDGEABLE = frozenset({"healthy", "suspected", "regressed", "acknowledged", "unjudged"})
+JUDGEABLE = frozenset({*JUDGED_STATUSES, "unjudged"})
 
 
 @dataclass(frozen=True)
