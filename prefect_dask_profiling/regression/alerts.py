@@ -647,7 +647,8 @@ def priors(book: Book, metric: str = METRIC) -> dict[tuple[str, str], Prior]:
     for ep in book.open():
         if ep.metric == metric:
             out[(ep.stage, ep.prefix)] = Prior(
-                episode=ep.state, ratio=book.ratios.get(ep.key, math.nan), nights=ep.nights)
+                episode=ep.state, ratio=book.ratios.get(ep.key, math.nan), nights=ep.nights,
+                level=ep.peak_ratio)
     return out
 
 

@@ -134,11 +134,20 @@ class Prior:
         The prefix's ratio on the previous run (NaN when unknown).
     nights
         The nights the open episode was flagged on so far (0 without one).
+    level
+        The highest ratio the open episode reached (NaN: unknown; then ``ratio``): the
+        suspected level that tonight's threshold is held against.
     """
 
     episode: str | None = None
     ratio: float = math.nan
     nights: int = 0
+    level: float = math.nan
+
+    @property
+    def suspected_level(self) -> float:
+        """:attr:`level` when known, else :attr:`ratio`."""
+        return self.level if math.isfinite(self.level) else self.ratio
 
 
 @dataclass(frozen=True)
@@ -229,12 +238,12 @@ def decide(tonight: Evidence, prior: Prior, rule: RegressionRule, reach: float) 
     if rule.confirm == "never":
         return Decision("regression", "one night") if tonight.flagged else Decision("")
     if prior.episode == "suspected":
-        if not _below_threshold(prior.ratio, rule):
+        if not _below_threshold(prior.suspected_level, rule):
             return _second_night(tonight, prior, rule)
         if not tonight.flagged:
             return Decision("cleared", f"not a regression under tonight's threshold "
                                        f"{rule.threshold:g}x: the suspected "
-                                       f"{_x(prior.ratio)} is below it")
+                                       f"{_x(prior.suspected_level)} is below it")
         prior = Prior(ratio=prior.ratio)  # judged afresh under tonight's rule
     if not tonight.flagged:
         return Decision("")
@@ -376,12 +385,13 @@ def confirm_signals(rows: pd.DataFrame, priors: dict[tuple[str, str], Prior],
     for row in rows.to_dict("records"):
         prior = priors.get((str(row["stage"]), str(row["metric"])), Prior())
         is_flagged = row["verdict"] in flagged
+        level = prior.suspected_level
         if prior.episode == "suspected" and threshold is not None \
-                and math.isfinite(prior.ratio) and prior.ratio < threshold:
+                and math.isfinite(level) and level < threshold:
             if not is_flagged:
                 decisions.append(Decision("cleared", f"not a regression under tonight's "
                                                      f"threshold {threshold:g}x: the "
-                                                     f"suspected {_x(prior.ratio)} is below it"))
+                                                     f"suspected {_x(level)} is below it"))
                 continue
             prior = Prior(ratio=prior.ratio)  # judged afresh under tonight's rule
         decisions.append(_decide_signal(
