@@ -102,7 +102,7 @@ from typing import Any, NotRequired, TypedDict
 import pandas as pd
 
 from prefect_dask_profiling._util import InvalidInput, float_or_nan
-from prefect_dask_profiling.regression.confirm import Prior, nearer
+from prefect_dask_profiling.regression.confirm import Prior, metric_threshold, nearer
 from prefect_dask_profiling.regression.rule import RegressionRule
 
 __all__ = ["ABSOLUTE", "CARRIED_RUNS", "EVENT_KINDS", "EVENT_PREFIX", "FAMILIES",
@@ -647,7 +647,8 @@ def priors(book: Book, metric: str = METRIC) -> dict[tuple[str, str], Prior]:
     for ep in book.open():
         if ep.metric == metric:
             out[(ep.stage, ep.prefix)] = Prior(
-                episode=ep.state, ratio=book.ratios.get(ep.key, math.nan), nights=ep.nights)
+                episode=ep.state, ratio=book.ratios.get(ep.key, math.nan), nights=ep.nights,
+                level=ep.peak_ratio)
     return out
 
 
@@ -947,11 +948,8 @@ def _back(metric: str, signal: Signal, rule: RegressionRule) -> bool:
         return False
     if metric in ABSOLUTE or metric == "drift":
         return True
-    threshold = {"peak_bytes": rule.memory_threshold, "spilled_bytes": rule.memory_threshold,
-                 "requests_per_chunk": rule.requests_threshold,
-                 "bytes_per_chunk": rule.requests_threshold,
-                 "idle_hours": rule.threshold}.get(metric, rule.threshold)
-    return not nearer(signal.ratio, threshold)
+    threshold = metric_threshold(metric, rule)
+    return not nearer(signal.ratio, rule.threshold if threshold is None else threshold)
 
 
 def _acknowledge(ep: Episode, acks: list[Ack]) -> Episode:

@@ -65,7 +65,7 @@ from prefect_dask_profiling._util import InvalidInput, float_or_nan
 from prefect_dask_profiling.regression.rule import RegressionRule
 
 __all__ = ["ALERT_COLUMNS", "ALERTS", "CONCLUSIVE_SIGMAS", "EXTREME_FACTOR", "Decision",
-           "confirm_signals",
+           "confirm_signals", "metric_threshold",
            "Evidence", "Prior", "confirm_verdicts", "decide", "nearer", "noise_reach"]
 
 # A jump this many times the threshold is conclusive on one night whatever the noise.
@@ -134,11 +134,20 @@ class Prior:
         The prefix's ratio on the previous run (NaN when unknown).
     nights
         The nights the open episode was flagged on so far (0 without one).
+    level
+        The highest ratio the open episode reached (NaN: unknown; then ``ratio``): the
+        suspected level that tonight's threshold is held against.
     """
 
     episode: str | None = None
     ratio: float = math.nan
     nights: int = 0
+    level: float = math.nan
+
+    @property
+    def suspected_level(self) -> float:
+        """:attr:`level` when known, else :attr:`ratio`."""
+        return self.level if math.isfinite(self.level) else self.ratio
 
 
 @dataclass(frozen=True)
@@ -229,12 +238,12 @@ def decide(tonight: Evidence, prior: Prior, rule: RegressionRule, reach: float) 
     if rule.confirm == "never":
         return Decision("regression", "one night") if tonight.flagged else Decision("")
     if prior.episode == "suspected":
-        if not _below_threshold(prior.ratio, rule):
+        if not _below_threshold(prior.suspected_level, rule):
             return _second_night(tonight, prior, rule)
         if not tonight.flagged:
             return Decision("cleared", f"not a regression under tonight's threshold "
                                        f"{rule.threshold:g}x: the suspected "
-                                       f"{_x(prior.ratio)} is below it")
+                                       f"{_x(prior.suspected_level)} is below it")
         prior = Prior(ratio=prior.ratio)  # judged afresh under tonight's rule
     if not tonight.flagged:
         return Decision("")
@@ -327,9 +336,19 @@ def _x(ratio: float) -> str:
     return f"{ratio:.2f}x" if math.isfinite(ratio) else "from zero"
 
 
+def metric_threshold(metric: str, rule: RegressionRule) -> float | None:
+    """The ratio ``rule`` flags ``metric`` at (``None``: a metric judged without a ratio
+    threshold, ``headroom`` and ``drift``)."""
+    return {"total_s": rule.threshold, "peak_bytes": rule.memory_threshold,
+            "spilled_bytes": rule.memory_threshold,
+            "requests_per_chunk": rule.requests_threshold,
+            "bytes_per_chunk": rule.requests_threshold,
+            "idle_hours": rule.threshold}.get(metric)
+
+
 def confirm_signals(rows: pd.DataFrame, priors: dict[tuple[str, str], Prior],
                     rule: RegressionRule, *, flagged: tuple[str, ...],
-                    conclusive: bool) -> pd.DataFrame:
+                    conclusive: bool, threshold: float | None = None) -> pd.DataFrame:
     """A per-stage verdict table (memory, storage requests) with :data:`ALERT_COLUMNS`.
 
     The same lifecycle as time (:func:`decide`), for metrics whose one night is never
@@ -350,6 +369,10 @@ def confirm_signals(rows: pd.DataFrame, priors: dict[tuple[str, str], Prior],
         The verdicts that flag a row.
     conclusive
         Whether one flagged night is enough under ``confirm="auto"`` and ``"always"``.
+    threshold
+        Tonight's ratio threshold of the rows' metric (:func:`metric_threshold`): a
+        suspicion whose level is below it is no suspicion under tonight's rule (``None``:
+        every suspicion holds).
     """
     if not isinstance(rule, RegressionRule):
         raise InvalidInput(f"rule must be a RegressionRule, got {type(rule).__name__}")
@@ -361,11 +384,21 @@ def confirm_signals(rows: pd.DataFrame, priors: dict[tuple[str, str], Prior],
     decisions = []
     for row in rows.to_dict("records"):
         prior = priors.get((str(row["stage"]), str(row["metric"])), Prior())
+        is_flagged = row["verdict"] in flagged
+        level = prior.suspected_level
+        if prior.episode == "suspected" and threshold is not None \
+                and math.isfinite(level) and level < threshold:
+            if not is_flagged:
+                decisions.append(Decision("cleared", f"not a regression under tonight's "
+                                                     f"threshold {threshold:g}x: the "
+                                                     f"suspected {_x(level)} is below it"))
+                continue
+            prior = Prior(ratio=prior.ratio)  # judged afresh under tonight's rule
         decisions.append(_decide_signal(
             _Tonight(float_or_nan(row.get("ratio")), float_or_nan(row.get("delta")),
                      float_or_nan(row.get("min_effect")),
                      float_or_nan(row.get("nights_needed"))),
-            row["verdict"] in flagged, prior, rule, conclusive))
+            is_flagged, prior, rule, conclusive))
     return rows.assign(alert=[d.alert for d in decisions],
                        alert_reason=[d.reason for d in decisions])
 

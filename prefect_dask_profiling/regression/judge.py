@@ -69,6 +69,7 @@ from prefect_dask_profiling.regression.baseline import (
 from prefect_dask_profiling.regression.confirm import (
     confirm_signals,
     confirm_verdicts,
+    metric_threshold,
     noise_reach,
 )
 from prefect_dask_profiling.regression.cost import (
@@ -870,7 +871,8 @@ def _confirm_stage_rows(rows: pd.DataFrame, book: Book, rule: RegressionRule,
             continue
         prior = {(stage, metric): p for (stage, _), p in priors(book, metric).items()}
         parts.append(confirm_signals(part, prior, rule, flagged=flagged,
-                                     conclusive=conclusive))
+                                     conclusive=conclusive,
+                                     threshold=metric_threshold(metric, rule)))
     return pd.concat(parts).loc[rows.index] if parts else rows.assign(alert="",
                                                                       alert_reason="")
 

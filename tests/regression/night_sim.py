@@ -1084,11 +1084,13 @@ class Simulation:
 
     def _settled(self) -> list[str]:
         """Stages at their level 1.0, not drifting or watched, that ran on each of the
-        newest :data:`BASELINE_NIGHTS` nights (their baseline knows them) and hold no open
-        episode: a flag there opens a new episode."""
+        newest :data:`BASELINE_NIGHTS` nights (their baseline knows them), hold no open
+        episode (a flag there opens a new episode) and were never acknowledged (the
+        baseline check holds every night flagged at an acknowledged key out for good)."""
         recent = self.log[-BASELINE_NIGHTS:]
         held = {k[0] for k in self.open_ids.get(self.v, {})}
-        return [s for s in self._free() if self.level[s] == 1.0 and s not in held
+        acked = {k[0] for k in self.acked.values()}
+        return [s for s in self._free() if self.level[s] == 1.0 and s not in held | acked
                 and not any(s in n.spec.absent for n in recent)]
 
     def _check_pages(self, run: NightRun) -> None:

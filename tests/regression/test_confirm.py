@@ -169,3 +169,22 @@ def test_benchmark_targets_calm_and_rough():
     # and today's rule alarms for nothing tens of times in the rough regime
     assert rough["never"].false_failures >= 5 * max(rough["auto"].false_failures, 1)
     assert rough["auto"].cleared >= 0.9 * rough["auto"].suspected
+
+
+def test_a_memory_suspicion_below_tonights_memory_threshold_clears():
+    """Tonight's rule confirms per-stage metrics too: a peak suspected at 1.6x under a
+    memory threshold of 1.5 is no suspicion once the threshold is 2; a night still at 1.6x
+    clears it instead of confirming it "still 1.60x"."""
+    from prefect_dask_profiling.regression.confirm import confirm_signals, metric_threshold
+
+    rows = pd.DataFrame({"stage": ["reduce"], "metric": ["peak_bytes"], "verdict": ["ok"],
+                         "ratio": [1.6], "delta": [2e9], "min_effect": [1e9]})
+    prior = {("reduce", "peak_bytes"): Prior(episode="suspected", ratio=1.6, nights=1)}
+    raised = RegressionRule(memory_threshold=2.0)
+    kept = RegressionRule(memory_threshold=1.5)
+    decide_with = [confirm_signals(rows, prior, rule, flagged=("memory-regression",),
+                                   conclusive=False,
+                                   threshold=metric_threshold("peak_bytes", rule))
+                   for rule in (raised, kept)]
+    assert list(decide_with[0]["alert"]) == ["cleared"], decide_with[0]
+    assert list(decide_with[1]["alert"]) == ["regression"], decide_with[1]
