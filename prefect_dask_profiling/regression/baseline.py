@@ -131,7 +131,8 @@ def read_baseline(store: RunStore, pipeline: str, version: str, book: Book, n: i
         When the store does not answer for one of those tables (``StoreUnavailable``).
     """
     positive_int(n, "n")
-    candidates = [r for r in book.baseline_runs(family) if r not in set(exclude)]
+    left_out = set(exclude)
+    candidates = [r for r in book.baseline_runs(family) if r not in left_out]
     tables: dict[str, pd.DataFrame] = {}
     skipped: list[tuple[str, str]] = []
     while candidates and len(tables) < n:

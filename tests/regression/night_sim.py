@@ -726,18 +726,19 @@ class Simulation:
             self._expect(ra.status == "regressed",
                          f"a 10x night overlapping a later run is stored {ra.status}")
 
-    def _do_damage(self) -> None:
+    def _do_damage(self, name: str | None = None, for_good: bool | None = None) -> None:
         """Damage a judged night at any position of the replay window (its verdict table,
-        tasks table, manifest or ``carried`` field), for tonight only or for good: tonight
-        is judged all the same, and names the night when it reads it (issue 56)."""
+        tasks table, manifest or ``carried`` field: ``name``, default drawn), for tonight
+        only or for good (``for_good``, default drawn): tonight is judged all the same, and
+        names the night when it reads it (issue 56)."""
         window = [n for n in self.log if n.judged and n.spec.version == self.v
                   and n.run_id not in self.damaged][-60:]
         if not window:
             return self._do_plain()
         victim = window[int(self.rng.integers(len(window)))]
-        name = str(self.rng.choice(["regression.csv", "tasks.csv", "manifest.json",
-                                    "carried"]))
-        for_good = bool(self.rng.random() < 0.5)
+        name = name or str(self.rng.choice(["regression.csv", "tasks.csv", "manifest.json",
+                                            "carried"]))
+        for_good = bool(self.rng.random() < 0.5) if for_good is None else for_good
         restore = self.driver.damage(victim.run_id, name)
         if for_good:
             self.damaged[victim.run_id] = name

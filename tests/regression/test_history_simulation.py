@@ -39,7 +39,6 @@ S3_NIGHTS = int(os.environ.get("SIM_S3_NIGHTS", "8"))
 SEEDS = [int(s) for s in os.environ.get("SIM_SEEDS", "11 12").split()]
 BUCKET = "sim-history"
 
-pytestmark = pytest.mark.slow  # generated nights through finish_run: > 10 s a test
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +60,7 @@ def simulate(store: RunStore, record, seed: int, nights: int, workdir) -> Simula
     return sim
 
 
+@pytest.mark.slow  # generated nights through finish_run: > 10 s a test
 @pytest.mark.parametrize("seed", SEEDS)
 def test_generated_nights_keep_the_history_model(record, tmp_path, seed):
     store = RunStore(str(tmp_path / "store"), spool_dir=tmp_path / "spool")
@@ -68,6 +68,7 @@ def test_generated_nights_keep_the_history_model(record, tmp_path, seed):
     assert not sim.violations, sim.report()
 
 
+@pytest.mark.slow
 def test_the_same_sequences_on_s3(record, tmp_path, moto):
     reset_moto(moto)
     boto_client(moto).create_bucket(Bucket=BUCKET)
@@ -75,3 +76,23 @@ def test_the_same_sequences_on_s3(record, tmp_path, moto):
                      timeout=20)
     sim = simulate(store, record, SEEDS[0], S3_NIGHTS, None)
     assert not sim.violations, sim.report()
+
+
+def test_damaged_nights_and_cancelled_reruns_keep_the_gate_judging(record, tmp_path):
+    """Fast tier (a few seconds): every kind of damage, for a night and for good, and a
+    cancelled rerun, between plain nights; the invariants hold after each (issue 56)."""
+    store = RunStore(str(tmp_path / "store"), spool_dir=tmp_path / "spool")
+    sim = Simulation(Driver(store, record), 56, tmp_path)
+
+    def night(action, *args) -> None:  # one action a day, as Simulation.one_day does
+        action(*args)
+        sim.day += 1
+
+    night(sim._do_plain)
+    night(sim._do_cancelled)
+    for name, for_good in (("carried", True), ("regression.csv", False), ("tasks.csv", True),
+                           ("manifest.json", True)):
+        night(sim._do_damage, name, for_good)
+    night(sim._do_plain)
+    assert len(sim.damaged) == 3 and not sim.violations, sim.report()
+    assert all(n.judged for n in sim.log), sim.report()
