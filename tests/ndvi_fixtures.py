@@ -15,8 +15,9 @@ import pytest
 
 HISTORY_RUNS = 3
 # the catalogue search returns ten times the scenes: the read stage runs 10x the chunks. The
-# judge fails a first night only when it is conclusive (>= 4x, regression/confirm.py); with 5x
-# the chunks the read stage measured 5.3x on a quiet machine and under 4x once on CI.
+# judge fails a first night only when it is conclusive (regression/confirm.py): 10x the tasks
+# is, whatever the load does to the seconds (CI once measured the read stage under the 4x
+# extreme bar; the machine's noise must not decide a count's verdict).
 SLOWED = {"slowdown": "more-tasks", "slowdown_stage": "read", "slowdown_factor": 10}
 # GDAL range merging off: more requests per chunk, whole objects (run after the history)
 MERGE_OFF = {"slowdown": "slower-tasks", "slowdown_stage": "read", "slowdown_factor": 3}

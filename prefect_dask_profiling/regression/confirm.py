@@ -11,8 +11,10 @@ fails) or **clears** it. :attr:`~.rule.RegressionRule.confirm` chooses the mode:
 ``"always"``
     Never conclusive on one night: every flagged prefix waits for a second night.
 ``"auto"`` (default)
-    Conclusive on one night when either
+    Conclusive on one night when
 
+    * the prefix ran **threshold times its tasks** or more (``tasks_ratio >= threshold``):
+      a count, which no timing noise moves (reruns are counted apart); or
     * the jump is **extreme**: ``ratio >= EXTREME_FACTOR * threshold`` (4x at the default
       threshold 2: no one-night blip of a pipeline whose verdicts are worth keeping reaches
       it); or
@@ -94,19 +96,24 @@ class Evidence:
         ``(latest - median) / spread``.
     delta_s
         ``latest - median`` in seconds.
+    tasks_ratio
+        ``latest tasks / baseline median tasks`` (NaN when unknown): a count, which timing
+        noise does not move.
     """
 
     verdict: str
     ratio: float
     robust_z: float
     delta_s: float
+    tasks_ratio: float = math.nan
 
     @classmethod
     def from_row(cls, row: Any) -> Evidence:
         """From a verdict-table row (a namedtuple or mapping with those fields)."""
-        get = row.get if isinstance(row, dict) else (lambda k: getattr(row, k))
+        get = row.get if isinstance(row, dict) else (lambda k: getattr(row, k, math.nan))
+        tasks = get("tasks_ratio")
         return cls(str(get("verdict")), float_or_nan(get("ratio")), float_or_nan(get("robust_z")),
-                   float_or_nan(get("delta_s")))
+                   float_or_nan(get("delta_s")), float_or_nan(tasks))
 
     @property
     def flagged(self) -> bool:
@@ -264,6 +271,9 @@ def conclusive(tonight: Evidence, rule: RegressionRule, reach: float) -> str:
     extreme = EXTREME_FACTOR * rule.threshold
     if ratio >= extreme:
         return f"conclusive: {_x(ratio)} >= {extreme:g}x"
+    if tonight.tasks_ratio >= rule.threshold:
+        return (f"conclusive: {tonight.tasks_ratio:.3g}x the baseline's tasks (a count, not "
+                f"timing noise)")
     spread = tonight.relative_spread
     if not (math.isfinite(spread) and ratio > 0 and reach >= 1):
         return ""
@@ -321,11 +331,14 @@ def confirm_verdicts(verdicts: pd.DataFrame, priors: dict[tuple[str, str], Prior
                if c not in verdicts]
     if missing:
         raise InvalidInput(f"verdicts is missing column(s): {', '.join(missing)}")
-    columns = (verdicts[c].to_numpy() for c in
-               ("stage", "prefix", "verdict", "ratio", "robust_z", "delta_s"))
-    decisions = [decide(Evidence(str(v), float_or_nan(r), float_or_nan(z), float_or_nan(d)),
+    columns = [verdicts[c].to_numpy() for c in
+               ("stage", "prefix", "verdict", "ratio", "robust_z", "delta_s")]
+    columns.append(verdicts["tasks_ratio"].to_numpy() if "tasks_ratio" in verdicts
+                   else np.full(len(verdicts), np.nan))
+    decisions = [decide(Evidence(str(v), float_or_nan(r), float_or_nan(z), float_or_nan(d),
+                                 float_or_nan(t)),
                         priors.get((str(s), str(p)), Prior()), rule, reach)
-                 for s, p, v, r, z, d in zip(*columns, strict=True)]
+                 for s, p, v, r, z, d, t in zip(*columns, strict=True)]
     return verdicts.assign(alert=[d.alert for d in decisions],
                            alert_reason=[d.reason for d in decisions])
 

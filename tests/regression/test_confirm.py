@@ -56,6 +56,26 @@ def test_an_extreme_jump_is_conclusive_whatever_the_noise_unless_always():
     assert decide(row(4.0), Prior(), ALWAYS, reach=1.0).alert == "suspected"
 
 
+def test_a_jump_in_the_task_count_is_conclusive_whatever_the_timing_noise():
+    """The nightly flow's injected "more tasks" night: 10x the chunks read. Under a loaded
+    machine the time ratio fell under 4x with a rough baseline, and the night waited a second
+    night; the count is not noise, so it fails at once (unless ``confirm="always"``)."""
+    more = Evidence("regression", 2.6, 5.0, 30.0, tasks_ratio=10.0)
+    same = Evidence("regression", 2.6, 5.0, 30.0, tasks_ratio=1.0)
+    decision = decide(more, Prior(), AUTO, reach=3.0)
+    assert decision.alert == "regression" and "tasks" in decision.reason
+    assert decide(same, Prior(), AUTO, reach=3.0).alert == "suspected"
+    assert decide(more, Prior(), ALWAYS, reach=1.0).alert == "suspected"
+    assert decide(Evidence("ok", 1.2, 1.0, 1.0, tasks_ratio=10.0), Prior(), AUTO,
+                  reach=1.0).alert == ""
+    table = pd.DataFrame({"stage": ["read"] * 2, "prefix": ["getitem", "open"],
+                          "verdict": ["regression"] * 2, "ratio": [2.6, 2.6],
+                          "robust_z": [5.0, 5.0], "delta_s": [30.0, 30.0],
+                          "tasks_ratio": [10.0, 1.0]})
+    assert confirm_verdicts(table, {}, AUTO, reach=3.0)["alert"].tolist() == [
+        "regression", "suspected"]
+
+
 def test_the_second_night_confirms_when_still_nearer_the_flagged_level_else_clears():
     suspected = Prior(episode="suspected", ratio=2.4)
     assert decide(row(2.3), suspected, AUTO, 2.5).alert == "regression"  # flagged again
