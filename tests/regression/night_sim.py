@@ -870,8 +870,12 @@ class Simulation:
         self._expect(seen == held, f"alerts --runs {SMALL_WINDOW} holds other open "
                                    f"episodes than the full window: {seen} vs {held}")
         previous = self.open_ids.get(version, {})
+        # a night that started earlier but landed later (an overlap) folds the key into its
+        # own episode, which keeps the id paged before as an alias (alerts.adopt): ack and
+        # resolve still find it by that id
+        answers = {e.key: e.ids for e in full.open()}
         changed = {key: (previous[key], ids[key]) for key in previous.keys() & ids.keys()
-                   if previous[key] != ids[key]}
+                   if previous[key] not in answers[key]}
         self._expect(not changed, f"open episodes changed their ids overnight: {changed}")
         self.open_ids[version] = ids
 
