@@ -419,6 +419,8 @@ def _judge(end: RunEnd) -> None:
     if end.history is None:  # the history step failed and said why: the run is unjudged
         return
     if end.summary is None:
+        # not user input: the summary step failed (and said why); this isolated step fails
+        # too, so the run is stored unjudged (JUDGING_STEPS). Never reaches the caller.
         raise RuntimeError("no summary could be computed")
     tonight = Tonight(
         run_id=end.ctx.run_id, pipeline=end.ctx.pipeline, version=end.ctx.version,

@@ -62,6 +62,7 @@ from prefect_dask_profiling.diagnosis.signals import (
     sampled_cpu_seconds,
     storage_signals,
 )
+from prefect_dask_profiling.errors import InvalidInput
 from prefect_dask_profiling.store.manifest import StageDiagnosis
 
 MIN_SKEW_TASKS = 10
@@ -137,7 +138,7 @@ def stage_signals(record, stage: str) -> Signals:
     tasks = record.stage_rows("tasks", stage)
     if tasks.empty:
         known = ", ".join(map(str, record.stages)) or "none"
-        raise ValueError(f"stage {stage!r} has no tasks in this run (stages: {known})")
+        raise InvalidInput(f"stage {stage!r} has no tasks in this run (stages: {known})")
     window = record.window(stage)
     signals: Signals = {}
     if window is None or window[1] <= window[0]:
