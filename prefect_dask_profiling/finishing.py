@@ -323,7 +323,7 @@ def _history(end: RunEnd) -> None:
                                end.settings.rules, run_id=end.ctx.run_id,
                                started=end.ctx.started.isoformat(),
                                flow_run_id=end.ctx.flow_run_id,
-                               attempt=getattr(end.ctx, "attempt", None))
+                               attempt=end.ctx.attempt)
     end.warnings.extend(end.history.warnings)
 
 
@@ -392,7 +392,7 @@ def read_history_early(store: RunStore, ctx: RunContext, rules: Rules,
 
     pipeline, version, run_id = ctx.pipeline, ctx.version, ctx.run_id
     started, flow_run_id = ctx.started.isoformat(), ctx.flow_run_id
-    attempt = getattr(ctx, "attempt", None)
+    attempt = ctx.attempt
 
     def read() -> History:
         with store.remembering_reads():

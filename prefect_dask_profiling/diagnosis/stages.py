@@ -312,7 +312,7 @@ def _scheduler_load(record, stage: str, tasks: int, median_s: float | None) -> S
     task (``scheduler.overhead_ratio``); ``scheduler.loop_busy`` its CPU plus run-queue wait
     per second: the time the loop wanted a core.
     """
-    entry = (getattr(record, "scheduler", None) or {}).get(stage)
+    entry = (record.scheduler or {}).get(stage)
     if not entry or not entry.get("seconds") or tasks < MIN_SCHEDULER_TASKS:
         return {}
     cpu = float(entry.get("loop_cpu_s") or 0.0)
