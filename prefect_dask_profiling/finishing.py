@@ -323,7 +323,7 @@ def _history(end: RunEnd) -> None:
                                end.settings.rules, run_id=end.ctx.run_id,
                                started=end.ctx.started.isoformat(),
                                flow_run_id=end.ctx.flow_run_id,
-                               attempt=getattr(end.ctx, "attempt", None))
+                               attempt=end.ctx.attempt)
     end.warnings.extend(end.history.warnings)
 
 
@@ -392,7 +392,7 @@ def read_history_early(store: RunStore, ctx: RunContext, rules: Rules,
 
     pipeline, version, run_id = ctx.pipeline, ctx.version, ctx.run_id
     started, flow_run_id = ctx.started.isoformat(), ctx.flow_run_id
-    attempt = getattr(ctx, "attempt", None)
+    attempt = ctx.attempt
 
     def read() -> History:
         with store.remembering_reads():
@@ -419,6 +419,8 @@ def _judge(end: RunEnd) -> None:
     if end.history is None:  # the history step failed and said why: the run is unjudged
         return
     if end.summary is None:
+        # not user input: the summary step failed (and said why); this isolated step fails
+        # too, so the run is stored unjudged (JUDGING_STEPS). Never reaches the caller.
         raise RuntimeError("no summary could be computed")
     tonight = Tonight(
         run_id=end.ctx.run_id, pipeline=end.ctx.pipeline, version=end.ctx.version,

@@ -38,6 +38,7 @@ import dask
 from dask.callbacks import Callback
 
 from prefect_dask_profiling._util import validate_name
+from prefect_dask_profiling.errors import InvalidInput
 from prefect_dask_profiling.timing.plugin import DEFAULT_STAGE, RUN_ANNOTATION, STAGE_ANNOTATION
 
 
@@ -139,8 +140,8 @@ def stage(name: str) -> Iterator[str]:
     """
     validate_name(name, "stage")
     if name == RESERVED_STAGE:
-        raise ValueError(f"stage must not be {RESERVED_STAGE!r}: that name is the whole-run row "
-                         "of utilisation()")
+        raise InvalidInput(f"stage must not be {RESERVED_STAGE!r}: that name is the whole-run row "
+                           "of utilisation()")
     annotations: StageAnnotations = {"stage": name}
     run = dask.get_annotations().get(RUN_ANNOTATION) or running_task_annotations().get(
         RUN_ANNOTATION)

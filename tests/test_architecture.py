@@ -511,3 +511,55 @@ def test_every_benchmark_imports(path, benchmark_imports):
     """A benchmark that no longer imports is a figure nobody can re-measure (scale.py
     imported ``load_baseline`` from a module it had left)."""
     assert path.stem not in benchmark_imports, benchmark_imports[path.stem][-2000:]
+
+
+# ------------------------------------------------------------- bad input: the error tree
+# Bad input raises the package's error tree (:mod:`prefect_dask_profiling.errors`): a value
+# the caller gave is ``InvalidInput`` (a ``ValueError`` still), a malformed stored file
+# ``DamagedRecord``... (issue 57). These builtins are never raised bare, except here:
+BARE_RAISES = {"ValueError", "TypeError", "KeyError"}
+BARE_ALLOWED = {
+    # The scheduler runs these modules, sent by value to schedulers without the package:
+    # they may import no package module outside timing/ (the checks above), errors.py
+    # included. Their callers catch these builtins (``KeyError``: no such plugin).
+    f"{PACKAGE}.timing.client": {"ValueError", "KeyError"},
+    f"{PACKAGE}.timing.sketch": {"ValueError"},
+}
+
+
+def bare_raises(text: str) -> list[tuple[str, int]]:
+    """``raise ValueError(...)`` (or ``TypeError``, ``KeyError``; called or not) in ``text``."""
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            if isinstance(exc, ast.Name) and exc.id in BARE_RAISES:
+                found.append((exc.id, node.lineno))
+    return found
+
+
+def test_bad_input_raises_the_error_tree_not_a_bare_builtin():
+    wrong = [f"{source}: raise {name} (line {line})" for source in MODULES
+             for name, line in bare_raises(MODULES[source].read_text())
+             if name not in BARE_ALLOWED.get(source, set())]
+    assert not wrong, ("raise the package's errors (errors.py: InvalidInput for a value the "
+                       "caller gave, DamagedRecord for a malformed stored file...), not bare "
+                       "builtins:\n" + "\n".join(wrong))
+
+
+def test_the_bare_raise_allow_list_is_needed_and_shipped():
+    """Each allowed module runs on the scheduler, and still raises what it is allowed."""
+    assert set(BARE_ALLOWED) <= shipped()
+    for source, names in BARE_ALLOWED.items():
+        assert {n for n, _ in bare_raises(MODULES[source].read_text())} == names, source
+
+
+def test_the_bare_raise_check_sees_a_bare_raise():
+    text = ("def f(x):\n"
+            "    if x:\n        raise ValueError(f'bad {x}')\n"
+            "    raise TypeError\n"
+            "    raise InvalidInput('fine')\n"
+            "    raise RuntimeError('internal')\n"
+            "    raise errors.KeyError('an attribute: not the builtin')\n")
+    assert sorted(bare_raises(text), key=lambda hit: hit[1]) == [("ValueError", 3),
+                                                              ("TypeError", 4)]

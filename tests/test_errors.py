@@ -82,3 +82,133 @@ def test_guarded_maps_a_verdict_failure_to_exit_1():
     with pytest.raises(typer.Exit) as done:
         output.guarded(body)()
     assert done.value.exit_code == 1
+
+
+# -------------------------------------------------- bad input raises the tree (issue 57)
+def _options(**kwargs):
+    from prefect_dask_profiling.prefect.runner import ProfilingOptions
+
+    return ProfilingOptions(**kwargs)
+
+
+def _rule(**kwargs):
+    from prefect_dask_profiling.regression.rule import RegressionRule
+
+    return RegressionRule(**kwargs)
+
+
+def _store_url(url):
+    from prefect_dask_profiling.store.url import check_store_url
+
+    return check_store_url(url)
+
+
+def _older_than(text):
+    from prefect_dask_profiling.cli.store import parse_age
+
+    return parse_age(text)
+
+
+def _classes(classes):
+    from prefect_dask_profiling.diagnosis.classify import check_classes
+
+    return check_classes(classes)
+
+
+def _stage(name):
+    from prefect_dask_profiling.stages import stage
+
+    with stage(name):
+        pass
+
+
+def _series(**kwargs):
+    from prefect_dask_profiling.regression.drift import read_series
+
+    return read_series(None, "p", "v", **kwargs)  # refused before the store is used
+
+
+def _flagged(nights):
+    from prefect_dask_profiling.regression.drift import flagged_series
+
+    return flagged_series(pd.DataFrame(), None, nights=nights)
+
+
+def _regressions(history):
+    from prefect_dask_profiling.regression.verdict import detect_regressions
+
+    return detect_regressions(history, pd.DataFrame())
+
+
+def _explain(manifest):
+    from prefect_dask_profiling.regression.explain import explain_stage
+
+    return explain_stage("reduce", manifest, [])
+
+
+def _manifest(manifest):
+    from prefect_dask_profiling.store.manifest import complete_manifest
+
+    return complete_manifest("p", "r1", manifest, {})
+
+
+def _partition(partition):
+    from prefect_dask_profiling.store.layout import index_partition_dir
+
+    return index_partition_dir("p", "v", partition)
+
+
+def _tables(tables):
+    from prefect_dask_profiling.store.tables import encode_files
+
+    return encode_files(tables, None)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (lambda: _rule(threshold=0.5), "threshold"),
+    (lambda: _rule(history=0), "history"),
+    (lambda: _store_url(""), "store URL must be a non-empty string"),
+    (lambda: _store_url("s3://"), "names no bucket"),
+    (lambda: _store_url("nosuchprotocol://bucket/x"), "unknown protocol 'nosuchprotocol'"),
+    (lambda: _options(cost="cheap"), "cost must be a mapping"),
+    (lambda: _options(cost={"cpu-fortnight": 1.0}), "unknown key or unit 'cpu-fortnight'"),
+    (lambda: _options(eta_interval=-1), "eta_interval"),
+    (lambda: _options(deadline="soon"), "deadline"),
+    (lambda: _options(on_regression="explode"), "on_regression must be one of"),
+    (lambda: _options(cost_regression="maybe"), "cost_regression must be one of"),
+    (lambda: _options(retry_on_regression="yes"), "retry_on_regression must be True"),
+    (lambda: _options(stage_reports="some"), "stage_reports must be one of"),
+    (lambda: _options(report_renderer="ascii"), "report_renderer must be one of"),
+    (lambda: _options(storage_options="key=k"), "storage_options must be a dict"),
+    (lambda: _older_than("soon"), "--older-than must look like 30d"),
+    (lambda: _classes(["slow"]), "unknown bottleneck class"),
+    (lambda: _classes([]), "no bottleneck class selected"),
+    (lambda: _stage("run"), "stage must not be 'run'"),
+    (lambda: _series(max_runs=0), "max_runs must be a whole number >= 1"),
+    (lambda: _series(max_runs=3, keep_first=3), r"keep_first \(3\) must be below"),
+    (lambda: _flagged(0), "nights must be >= 1"),
+    (lambda: _regressions("history.csv"), "history must be a pandas DataFrame"),
+    (lambda: _explain(["not", "a", "dict"]), "manifest must be a dict"),
+    (lambda: _manifest({"pipeline": "other"}), "manifest pipeline 'other' differs"),
+    (lambda: _partition("last-week"), "not an index partition"),
+    (lambda: _tables({"tasks": [1, 2]}), "table 'tasks' must be a pandas DataFrame"),
+])
+def test_bad_input_raises_invalid_input_naming_the_problem(bad, match):
+    """One representative of each kind of bad argument: ``InvalidInput`` (exit code 2 at the
+    command line), never a bare ``ValueError`` (a bug, exit code 3)."""
+    with pytest.raises(errors.InvalidInput, match=match) as raised:
+        bad()
+    assert output.exit_code(raised.value) == 2
+
+
+def test_a_stored_run_missing_fields_is_a_damaged_record():
+    """The fleet view of a run whose stored manifest or tasks table lacks a field: the
+    rebuild skips such a run (a ``StoreError``) rather than failing on it."""
+    from prefect_dask_profiling.export.fleet import fleet_rows
+
+    tasks = pd.DataFrame({"stage": ["s"], "prefix": ["p"], "tasks": [1], "total_s": [1.0]})
+    with pytest.raises(errors.DamagedRecord, match="manifest lacks status"):
+        fleet_rows({"run_id": "r", "pipeline": "p", "version": "v"}, tasks)
+    with pytest.raises(errors.DamagedRecord, match="tasks table of run r lacks total_s"):
+        fleet_rows({"run_id": "r", "pipeline": "p", "version": "v", "status": "ok"},
+                   tasks.drop(columns="total_s"))

@@ -39,6 +39,8 @@ import dask.array as da
 import numpy as np
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from prefect_dask_profiling.errors import BenchInputError
+
 if TYPE_CHECKING:
     from botocore.client import BaseClient
 
@@ -191,7 +193,7 @@ def s3_read_ranges(n: int, seed: int):
     spec = os.environ.get(S3_ENDPOINT_ENV, "")
     parts_of = spec.split(",")
     if len(parts_of) != 3:
-        raise ValueError(f"{S3_ENDPOINT_ENV} must be 'endpoint,bucket,key', got {spec!r}")
+        raise BenchInputError(f"{S3_ENDPOINT_ENV} must be 'endpoint,bucket,key', got {spec!r}")
     endpoint, bucket, key = parts_of
     size = 256 * 1024
     parts = [dask.delayed(_read_ranges, pure=True)(endpoint, bucket, key,

@@ -24,6 +24,7 @@ from prefect_dask_profiling.cli._params import (
     StoreOption,
     make_store,
 )
+from prefect_dask_profiling.errors import InvalidInput
 
 if TYPE_CHECKING:
     from prefect_dask_profiling.store.runs import RunStore
@@ -126,7 +127,8 @@ def parse_age(text: str) -> float:
     """Days from ``30d``, ``12h`` or a plain number of days (``--older-than``)."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([dh]?)\s*", str(text), re.IGNORECASE)
     if not match or float(match.group(1)) <= 0:
-        raise ValueError(f"--older-than must look like 30d, 12h or a number of days, got {text!r}")
+        raise InvalidInput("--older-than must look like 30d, 12h or a number of days, "
+                           f"got {text!r}")
     value = float(match.group(1))
     return value / 24 if match.group(2).lower() == "h" else value
 

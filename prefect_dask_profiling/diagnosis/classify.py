@@ -72,6 +72,7 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from prefect_dask_profiling._util import finite_number
+from prefect_dask_profiling.errors import InvalidInput
 
 Signals = dict[str, float | str | None]
 """Measured signals, ``"<instrument>.<name>" -> number`` (``None``: not measured; plus a
@@ -380,10 +381,10 @@ def check_classes(classes: Any) -> tuple[str, ...]:
     names = list(classes)
     unknown = [c for c in names if c not in CLASSES]
     if unknown:
-        raise ValueError(f"unknown bottleneck class(es) {', '.join(map(repr, unknown))}; "
-                         f"known: {', '.join(CLASSES)}")
+        raise InvalidInput(f"unknown bottleneck class(es) {', '.join(map(repr, unknown))}; "
+                           f"known: {', '.join(CLASSES)}")
     if not names:
-        raise ValueError(f"no bottleneck class selected; known: {', '.join(CLASSES)}")
+        raise InvalidInput(f"no bottleneck class selected; known: {', '.join(CLASSES)}")
     return tuple(c for c in CLASSES if c in names)
 
 
@@ -439,8 +440,8 @@ def classify(signals: Signals, classes: Any = None) -> Classification:
         When ``classes`` names an unknown class, or ``signals`` is not a mapping.
     """
     if not isinstance(signals, dict):
-        raise ValueError(f"signals must be a dict of name -> number, got "
-                         f"{type(signals).__name__}")
+        raise InvalidInput(f"signals must be a dict of name -> number, got "
+                           f"{type(signals).__name__}")
     allowed = check_classes(classes)
     evidence = [e for e in evaluate(signals) if e["class"] in allowed]
     scores = {k: _score(k, evidence, signals) for k in allowed}

@@ -62,6 +62,7 @@ from prefect_dask_profiling.diagnosis.signals import (
     sampled_cpu_seconds,
     storage_signals,
 )
+from prefect_dask_profiling.errors import InvalidInput
 from prefect_dask_profiling.store.manifest import StageDiagnosis
 
 MIN_SKEW_TASKS = 10
@@ -137,7 +138,7 @@ def stage_signals(record, stage: str) -> Signals:
     tasks = record.stage_rows("tasks", stage)
     if tasks.empty:
         known = ", ".join(map(str, record.stages)) or "none"
-        raise ValueError(f"stage {stage!r} has no tasks in this run (stages: {known})")
+        raise InvalidInput(f"stage {stage!r} has no tasks in this run (stages: {known})")
     window = record.window(stage)
     signals: Signals = {}
     if window is None or window[1] <= window[0]:
@@ -311,7 +312,7 @@ def _scheduler_load(record, stage: str, tasks: int, median_s: float | None) -> S
     task (``scheduler.overhead_ratio``); ``scheduler.loop_busy`` its CPU plus run-queue wait
     per second: the time the loop wanted a core.
     """
-    entry = (getattr(record, "scheduler", None) or {}).get(stage)
+    entry = (record.scheduler or {}).get(stage)
     if not entry or not entry.get("seconds") or tasks < MIN_SCHEDULER_TASKS:
         return {}
     cpu = float(entry.get("loop_cpu_s") or 0.0)

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast, overload
 import pandas as pd
 
 from prefect_dask_profiling._util import float_or_nan, validate_name
+from prefect_dask_profiling.errors import DamagedRecord
 from prefect_dask_profiling.store import layout
 from prefect_dask_profiling.store.manifest import Manifest
 from prefect_dask_profiling.store.runs import RunStore, StoreError
@@ -136,11 +137,11 @@ def fleet_rows(manifest: Manifest, tasks: pd.DataFrame) -> pd.DataFrame:
     """
     missing = [k for k in ("run_id", "pipeline", "version", "status") if k not in manifest]
     if missing:
-        raise ValueError(f"manifest lacks {', '.join(missing)}")
+        raise DamagedRecord(f"manifest lacks {', '.join(missing)}")
     need = ["stage", "prefix", "tasks", "total_s"]
     absent = [c for c in need if c not in tasks.columns]
     if absent:
-        raise ValueError(f"tasks table of run {manifest['run_id']} lacks {', '.join(absent)}")
+        raise DamagedRecord(f"tasks table of run {manifest['run_id']} lacks {', '.join(absent)}")
     util = manifest.get("utilisation") or {}
     stage_util = util.get("stages") or {}
     out = pd.DataFrame({

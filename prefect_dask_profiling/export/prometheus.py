@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from prefect_dask_profiling.errors import InvalidInput
 from prefect_dask_profiling.regression.alerts import Episode
 from prefect_dask_profiling.store.manifest import Manifest
 from prefect_dask_profiling.store.runs import RunStore, StoreError
@@ -265,8 +266,8 @@ def push(runs: list[LatestRun], gateway: str, job: str = DEFAULT_JOB,
     from prometheus_client import push_to_gateway
 
     if not gateway or not isinstance(gateway, str):
-        raise ValueError(f"gateway must be a URL such as http://pushgateway:9091, "
-                         f"got {gateway!r}")
+        raise InvalidInput(f"gateway must be a URL such as http://pushgateway:9091, "
+                           f"got {gateway!r}")
     pushed = []
     for run in runs:
         push_to_gateway(gateway, job=job, registry=build_registry([run]),

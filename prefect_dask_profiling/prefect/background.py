@@ -33,6 +33,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from prefect_dask_profiling.errors import InvalidInput
+
 logger = logging.getLogger("prefect_dask_profiling")
 
 #: How long the process waits at exit for the jobs still queued (seconds).
@@ -118,7 +120,7 @@ class Background:
             Its result, or the exception it raised.
         """
         if not callable(fn):
-            raise TypeError(f"submit() needs a callable, got {fn!r}")
+            raise InvalidInput(f"submit() needs a callable, got {fn!r}")
         context = contextvars.copy_context()
         return self._queue(lambda: context.run(fn, *args, **kwargs), 0.0,
                            label or getattr(fn, "__name__", repr(fn)))
@@ -132,7 +134,7 @@ class Background:
         (runs never overlap), and other jobs queued meanwhile run in between.
         """
         if not (isinstance(interval, int | float) and interval > 0):
-            raise ValueError(f"every() needs an interval > 0 seconds, got {interval!r}")
+            raise InvalidInput(f"every() needs an interval > 0 seconds, got {interval!r}")
         context = contextvars.copy_context()
         periodic = Periodic(self, float(interval), lambda: context.run(fn),
                             label or getattr(fn, "__name__", repr(fn)))
@@ -209,7 +211,7 @@ class Background:
             are said in a warning).
         """
         if timeout is not None and timeout < 0:
-            raise ValueError(f"drain() needs a timeout >= 0 seconds, got {timeout!r}")
+            raise InvalidInput(f"drain() needs a timeout >= 0 seconds, got {timeout!r}")
         with self._changed:
             drained = self._changed.wait_for(lambda: self._busy == 0, timeout=timeout)
             left = [j.label for j in self._heap if j.periodic is None]

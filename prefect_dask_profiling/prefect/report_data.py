@@ -104,7 +104,7 @@ def window_state(dask_scheduler, name: str, opening: bool = False) -> dict:
     """Cursor of run ``name``'s task records and of the system monitor; ``opening``: a
     report window opens here (its tasks are kept one by one again, see ``TaskRecords``)."""
     records = _records(dask_scheduler, name)
-    if records is None:
+    if records is None:  # a state of the scheduler (this runs there), not user input
         raise RuntimeError(f"the scheduler plugin {name!r} keeps no task records (not "
                            "installed, removed, or installed without task_records=True)")
     index = records.mark() if opening else records.index

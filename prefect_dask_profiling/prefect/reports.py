@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from distributed.metrics import time
 
+from prefect_dask_profiling.errors import InvalidInput
 from prefect_dask_profiling.prefect import report_data
 from prefect_dask_profiling.prefect.background import Background
 
@@ -150,9 +151,9 @@ def render(client: Client, window: ReportWindow, end: WindowEnd | None = None,
 def check_renderer(renderer: str) -> str:
     """``renderer`` if it names a renderer; ``ValueError`` naming the choices otherwise."""
     if renderer in _REMOVED:
-        raise ValueError(_REMOVED[renderer])
+        raise InvalidInput(_REMOVED[renderer])
     if renderer not in RENDERERS:
-        raise ValueError(f"report_renderer must be one of {RENDERERS}, got {renderer!r}")
+        raise InvalidInput(f"report_renderer must be one of {RENDERERS}, got {renderer!r}")
     return renderer
 
 

@@ -196,24 +196,24 @@ class ProfilingOptions:
         object.__setattr__(self, "cost", parse_cost(self.cost))
         check_otel_mode(self.otel)
         if self.cost_regression not in COST_REGRESSION:
-            raise ValueError(f"cost_regression must be one of {COST_REGRESSION}, "
-                             f"got {self.cost_regression!r}")
+            raise InvalidInput(f"cost_regression must be one of {COST_REGRESSION}, "
+                               f"got {self.cost_regression!r}")
         parse_deadline(self.deadline)  # each refused here, naming its option
         check_margin(self.deadline_margin)
         check_eta_interval(self.eta_interval)
         positive_int(self.report_retention_days, "report_retention_days")
         if self.on_regression not in ON_REGRESSION:
-            raise ValueError(f"on_regression must be one of {ON_REGRESSION}, "
-                             f"got {self.on_regression!r}")
+            raise InvalidInput(f"on_regression must be one of {ON_REGRESSION}, "
+                               f"got {self.on_regression!r}")
         if not isinstance(self.retry_on_regression, bool):
-            raise ValueError("retry_on_regression must be True or False, "
-                             f"got {self.retry_on_regression!r}")
+            raise InvalidInput("retry_on_regression must be True or False, "
+                               f"got {self.retry_on_regression!r}")
         self.rule  # noqa: B018 - threshold, history and check_options: refused here if bad
         positive_number(self.sample_interval, "sample_interval (seconds)", allow_zero=True)
         if not any(self.stage_reports is v or self.stage_reports == v == "auto"
                    for v in STAGE_REPORTS):
-            raise ValueError(f"stage_reports must be one of {STAGE_REPORTS}, "
-                             f"got {self.stage_reports!r}")
+            raise InvalidInput(f"stage_reports must be one of {STAGE_REPORTS}, "
+                               f"got {self.stage_reports!r}")
         positive_number(self.report_min_seconds, "report_min_seconds", allow_zero=True)
         check_renderer(self.report_renderer)
         positive_number(self.store_timeout, "store_timeout (seconds)")
@@ -224,7 +224,7 @@ class ProfilingOptions:
         if self.store is not None:
             check_store_url(self.store)
         if self.storage_options is not None and not isinstance(self.storage_options, dict):
-            raise ValueError("storage_options must be a dict")
+            raise InvalidInput("storage_options must be a dict")
 
     def __repr__(self) -> str:
         """Every field, with the credential values of ``storage_options`` as ``***``."""
@@ -389,7 +389,7 @@ class ProfiledDaskTaskRunner(DaskTaskRunner):
                 f"dask-profiling could not start: {self._startup_error}. The flow's cluster "
                 "or its scheduler could not be prepared; see the message above for the "
                 "fix.") from self._startup_error
-        if self._session is None:
+        if self._session is None:  # a state, not a bad value: stays a RuntimeError
             raise RuntimeError("the task runner has not been started in this process")
         return self._session
 
@@ -441,7 +441,7 @@ def finish(error: BaseException | None = None, store: str | None = None):
         not re-run the pipeline on it.
     """
     runner = _live_runner()
-    if runner is None:
+    if runner is None:  # called in the wrong place, not with a bad value: a RuntimeError
         raise RuntimeError("finish() must be called inside a flow run whose task runner is "
                            "ProfiledDaskTaskRunner")
     return runner.finish(error=error, store=store)

@@ -163,8 +163,8 @@ def detect_drift(history: pd.DataFrame, rule: Rules | DriftRule | None = None, *
     rules = _rules(rule)
     missing = [c for c in SERIES_COLUMNS if c not in history.columns]
     if missing:
-        raise ValueError(f"history lacks column(s) {', '.join(missing)}; it needs "
-                         f"{', '.join(SERIES_COLUMNS)}")
+        raise InvalidInput(f"history lacks column(s) {', '.join(missing)}; it needs "
+                           f"{', '.join(SERIES_COLUMNS)}")
     if history.empty:
         return pd.DataFrame(columns=DRIFT_COLUMNS)
     wide, started = _wide(history, judged_run)
@@ -278,9 +278,9 @@ def read_series(store: RunStore, pipeline: str, version: str, *,
     """
     for name, value in (("max_runs", max_runs), ("keep_first", keep_first)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+            raise InvalidInput(f"{name} must be a whole number >= 1, got {value!r}")
     if keep_first >= max_runs:
-        raise ValueError(f"keep_first ({keep_first}) must be below max_runs ({max_runs})")
+        raise InvalidInput(f"keep_first ({keep_first}) must be below max_runs ({max_runs})")
     try:
         accepted = [a for a in store.accepted(pipeline, version)
                     if before is None or a <= before]
@@ -376,7 +376,7 @@ def flagged_series(verdicts: pd.DataFrame, drift: pd.DataFrame | None,
         is regression or drift; ``recent`` is ``[latest_s]`` when no series is known.
     """
     if nights < 1:
-        raise ValueError(f"nights must be >= 1, got {nights!r}")
+        raise InvalidInput(f"nights must be >= 1, got {nights!r}")
     series: dict[tuple[str, str], list] = {}
     if drift is not None and not drift.empty and "series" in drift.columns:
         series = {(str(s), str(p)): v for s, p, v in
@@ -510,7 +510,7 @@ def _wide(history: pd.DataFrame, judged_run: str | None = None) -> tuple[pd.Data
     if judged_run is not None:
         judged_run = str(judged_run)
         if judged_run not in order:
-            raise ValueError(f"judged_run {judged_run!r} is not in the history")
+            raise InvalidInput(f"judged_run {judged_run!r} is not in the history")
         order = [r for r in order if r != judged_run] + [judged_run]
     wide = wide.reindex(order)
     return wide, {r: (None if pd.isna(v) else str(v)) for r, v in started.items()}

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from prefect_dask_profiling.environment import Environment, RasterStack, mismatch_key
+from prefect_dask_profiling.errors import InvalidInput
 from prefect_dask_profiling.store.manifest import Manifest, StageDiagnosis, StageEntry
 
 if TYPE_CHECKING:
@@ -99,9 +100,9 @@ def explain_stage(stage: str, manifest: Manifest, baselines: list[Manifest],
         When ``manifest`` is not a dict or ``stage`` is empty.
     """
     if not isinstance(manifest, dict):
-        raise ValueError(f"manifest must be a dict, got {type(manifest).__name__}")
+        raise InvalidInput(f"manifest must be a dict, got {type(manifest).__name__}")
     if not stage:
-        raise ValueError("stage must be a non-empty name")
+        raise InvalidInput("stage must be a non-empty name")
     base = [b for b in baselines or [] if isinstance(b, dict)]
     bottleneck = _bottleneck_change(stage, manifest, base, ratio)
     context = context_changes(stage, manifest, base)

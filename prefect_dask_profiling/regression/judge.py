@@ -651,7 +651,7 @@ def judge(tonight: Tonight, history: History, rules: Rules | None = None) -> Jud
     """
     rules = rules if rules is not None else Rules()
     if not isinstance(rules, Rules):
-        raise TypeError(f"rules must be a Rules, got {type(rules).__name__}")
+        raise InvalidInput(f"rules must be a Rules, got {type(rules).__name__}")
     one_night = detect_regressions(history.baseline.history, tonight.summary,
                                    rule=rules.regression)
     one_night = confirm_verdicts(one_night, priors(history.alerts), rules.regression,

@@ -351,10 +351,10 @@ def _rule(rule: RegressionRule | None, settings: RuleSettings) -> RegressionRule
 
 def _require(frame: pd.DataFrame, columns: list[str], name: str) -> None:
     if not isinstance(frame, pd.DataFrame):
-        raise ValueError(f"{name} must be a pandas DataFrame, got {type(frame).__name__}")
+        raise InvalidInput(f"{name} must be a pandas DataFrame, got {type(frame).__name__}")
     missing = [c for c in columns if c not in frame.columns]
     if missing:
-        raise ValueError(f"{name} is missing column(s): {', '.join(missing)}")
+        raise InvalidInput(f"{name} is missing column(s): {', '.join(missing)}")
 
 
 def _verdicts(out: dict[str, np.ndarray], n_runs_ok: bool, rule: RegressionRule) -> np.ndarray:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Required, TypedDict
 
 from prefect_dask_profiling._util import validate_name
+from prefect_dask_profiling.errors import InvalidInput
 from prefect_dask_profiling.store import layout, s3
 from prefect_dask_profiling.store import url as store_url
 from prefect_dask_profiling.store.errors import (
@@ -127,10 +128,10 @@ class StoreAccess:
         if storage_options is None:
             storage_options = store_url.env_storage_options()
         if not isinstance(storage_options, dict):
-            raise ValueError("storage_options must be a dict")
+            raise InvalidInput("storage_options must be a dict")
         if not (isinstance(timeout, int | float) and not isinstance(timeout, bool)
                 and math.isfinite(timeout) and timeout > 0):
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+            raise InvalidInput(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.timeout = float(timeout)
         self._secrets = store_url.secret_values(storage_options)
         protocol, path = fsspec.core.split_protocol(raw)
@@ -173,7 +174,7 @@ class StoreAccess:
         prefix = f"{self.url}/"
         rel = location[len(prefix):] if location.startswith(prefix) else location
         if "://" in rel or rel.startswith("/") or not rel:
-            raise ValueError(f"location {location!r} is not inside store {self.url!r}")
+            raise InvalidInput(f"location {location!r} is not inside store {self.url!r}")
         for part in rel.split("/"):
             validate_name(part, "location")
         return rel

@@ -11,6 +11,7 @@ import math
 import time
 from collections.abc import Callable
 
+from prefect_dask_profiling.errors import InvalidInput
 from prefect_dask_profiling.store import layout
 from prefect_dask_profiling.store.access import StoreAccess
 from prefect_dask_profiling.store.errors import StoreConflict
@@ -52,7 +53,7 @@ class Delivery(StoreAccess):
         budget = self.timeout if budget_s is None else budget_s
         if isinstance(budget, bool) or not isinstance(budget, int | float) \
                 or not math.isfinite(budget) or budget < 0:
-            raise ValueError(f"budget_s must be a number of seconds >= 0, got {budget_s!r}")
+            raise InvalidInput(f"budget_s must be a number of seconds >= 0, got {budget_s!r}")
         pending = self.spool.pending()
         if not pending:
             return None

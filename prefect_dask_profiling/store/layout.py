@@ -27,6 +27,7 @@ import re
 from typing import NamedTuple
 
 from prefect_dask_profiling._util import validate_name
+from prefect_dask_profiling.errors import InvalidInput
 
 RUNS = "runs"
 REPORTS = "reports"
@@ -102,7 +103,7 @@ def report_file(pipeline: str, run_id: str, stage: str) -> str:
 def index_dir(pipeline: str | None = None, version: str | None = None) -> str:
     """``index``, ``index/<pipeline>`` or ``index/<pipeline>/<version>``."""
     if version is not None and pipeline is None:
-        raise ValueError("an index folder of a version needs its pipeline")
+        raise InvalidInput("an index folder of a version needs its pipeline")
     return join(INDEX, validate_name(pipeline, "pipeline") if pipeline is not None else "",
                 validate_name(version, "version") if version is not None else "")
 
@@ -134,7 +135,7 @@ def is_partition(name: str) -> bool:
 def index_partition_dir(pipeline: str, version: str, partition: str) -> str:
     """``index/<pipeline>/<version>/<partition>``: one month's markers."""
     if not is_partition(partition):
-        raise ValueError(f"not an index partition: {partition!r}")
+        raise InvalidInput(f"not an index partition: {partition!r}")
     return join(index_dir(pipeline, version), partition)
 
 

@@ -18,6 +18,7 @@ import pandas as pd
 from prefect_dask_profiling._util import json_clean, validate_name
 from prefect_dask_profiling.environment import Environment
 from prefect_dask_profiling.environment import environment as environment  # re-exported
+from prefect_dask_profiling.errors import InvalidInput
 from prefect_dask_profiling.store import layout
 from prefect_dask_profiling.store.errors import DamagedRecord
 from prefect_dask_profiling.store.tables import totals_of
@@ -338,17 +339,17 @@ def complete_manifest(pipeline: str, run_id: str, manifest: Manifest | Mapping[s
     status.
     """
     if not isinstance(manifest, dict):
-        raise ValueError("manifest must be a dict")
+        raise InvalidInput("manifest must be a dict")
     doc = dict(manifest)
     for key, value in (("pipeline", pipeline), ("run_id", run_id)):
         if doc.setdefault(key, value) != value:
-            raise ValueError(f"manifest {key} {doc[key]!r} differs from {value!r}")
+            raise InvalidInput(f"manifest {key} {doc[key]!r} differs from {value!r}")
     if doc.setdefault("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
-        raise ValueError(f"manifest schema_version must be {SCHEMA_VERSION}")
+        raise InvalidInput(f"manifest schema_version must be {SCHEMA_VERSION}")
     validate_name(doc.setdefault("version", "unknown"), "version")
     if doc.setdefault("status", "incomplete") not in STATUSES:
-        raise ValueError(f"manifest status must be one of {', '.join(STATUSES)}, "
-                         f"got {doc['status']!r}")
+        raise InvalidInput(f"manifest status must be one of {', '.join(STATUSES)}, "
+                           f"got {doc['status']!r}")
     doc.setdefault("state", "UNKNOWN")
     doc.setdefault("warnings", [])
     doc["files"] = {name: {"size": len(data), "sha256": sha256(data)}

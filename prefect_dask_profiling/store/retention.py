@@ -9,6 +9,7 @@ import logging
 import math
 from datetime import UTC, datetime, timedelta
 
+from prefect_dask_profiling.errors import InvalidInput
 from prefect_dask_profiling.store import layout, s3
 from prefect_dask_profiling.store.access import FileInfo, StoreAccess
 from prefect_dask_profiling.store.tables import first_line
@@ -27,7 +28,8 @@ class Retention(StoreAccess):
         """
         if isinstance(retention_days, bool) or not isinstance(retention_days, int) \
                 or retention_days < 1:
-            raise ValueError(f"retention_days must be a whole number >= 1, got {retention_days!r}")
+            raise InvalidInput("retention_days must be a whole number >= 1, "
+                               f"got {retention_days!r}")
         if self.kind != "s3":
             return None
         bucket, _, prefix = self.root.partition("/")
@@ -57,7 +59,8 @@ class Retention(StoreAccess):
         """
         if isinstance(older_than_days, bool) or not isinstance(older_than_days, int | float) \
                 or not math.isfinite(older_than_days) or older_than_days <= 0:
-            raise ValueError(f"older_than_days must be a positive number, got {older_than_days!r}")
+            raise InvalidInput("older_than_days must be a positive number, "
+                               f"got {older_than_days!r}")
         cutoff = (now or datetime.now(UTC)) - timedelta(days=older_than_days)
         ages: dict[tuple[str, str], list[datetime | None]] = {}
         for rel, info in self._find(layout.REPORTS).items():
@@ -86,7 +89,7 @@ class Retention(StoreAccess):
         session token (the link would contain it).
         """
         if isinstance(expires_s, bool) or not isinstance(expires_s, int) or expires_s <= 0:
-            raise ValueError(f"expires_s must be a positive whole number, got {expires_s!r}")
+            raise InvalidInput(f"expires_s must be a positive whole number, got {expires_s!r}")
         rel = self._relative(location)
         if self.kind != "s3":
             return None

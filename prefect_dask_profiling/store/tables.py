@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from prefect_dask_profiling._util import validate_name
+from prefect_dask_profiling.errors import InvalidInput
 from prefect_dask_profiling.store.errors import DamagedRecord
 from prefect_dask_profiling.store.layout import MANIFEST
 
@@ -36,12 +37,12 @@ def encode_files(tables: dict[str, pd.DataFrame],
     for name, frame in tables.items():
         validate_name(name, "table name")
         if not isinstance(frame, pd.DataFrame):
-            raise ValueError(f"table {name!r} must be a pandas DataFrame")
+            raise InvalidInput(f"table {name!r} must be a pandas DataFrame")
         files[f"{name}.csv"] = frame.to_csv(index=False).encode()
     for name, data in (extra_files or {}).items():
         validate_name(name, "file name")
         if name == MANIFEST or name in files:
-            raise ValueError(f"file name {name!r} clashes with a table or the manifest")
+            raise InvalidInput(f"file name {name!r} clashes with a table or the manifest")
         files[name] = data.encode() if isinstance(data, str) else bytes(data)
     return files
 

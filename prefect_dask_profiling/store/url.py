@@ -14,6 +14,8 @@ import re
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from prefect_dask_profiling.errors import InvalidInput
+
 DEFAULT_URL = "./.dask-profiling"
 STORE_ENV = "DASK_PROFILING_STORE"
 OPTIONS_ENV = "DASK_PROFILING_STORAGE_OPTIONS"
@@ -68,22 +70,22 @@ def check_store_url(url: object) -> str:
 
     if not isinstance(url, str) or not url.strip():
         shown = public_url(url) if isinstance(url, str) else type(url).__name__
-        raise ValueError(f"store URL must be a non-empty string, got {shown!r}")
+        raise InvalidInput(f"store URL must be a non-empty string, got {shown!r}")
     protocol = protocol_of(url)
     if protocol in LOCAL_PROTOCOLS:
         return url
     if protocol in S3_PROTOCOLS and not s3_root(url):
-        raise ValueError(f"store URL {public_url(url)!r} names no bucket: use "
-                         "s3://bucket[/prefix]")
+        raise InvalidInput(f"store URL {public_url(url)!r} names no bucket: use "
+                           "s3://bucket[/prefix]")
     try:
         fsspec.get_filesystem_class(protocol)
     except ValueError:
-        raise ValueError(f"store URL {public_url(url)!r} has an unknown protocol "
-                         f"{protocol!r}") from None
+        raise InvalidInput(f"store URL {public_url(url)!r} has an unknown protocol "
+                           f"{protocol!r}") from None
     except ImportError as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-        raise ValueError(f"store protocol {protocol!r} needs a package that is not "
-                         f"installed ({first})") from None
+        raise InvalidInput(f"store protocol {protocol!r} needs a package that is not "
+                           f"installed ({first})") from None
     return url
 
 
@@ -112,9 +114,9 @@ def env_storage_options() -> dict[str, Any]:
     try:
         options = json.loads(raw)
     except ValueError:
-        raise ValueError(f"{OPTIONS_ENV} is not valid JSON") from None
+        raise InvalidInput(f"{OPTIONS_ENV} is not valid JSON") from None
     if not isinstance(options, dict):
-        raise ValueError(f"{OPTIONS_ENV} must be a JSON object")
+        raise InvalidInput(f"{OPTIONS_ENV} must be a JSON object")
     return options
 
 

@@ -12,6 +12,7 @@ from typing import TypedDict
 import numpy as np
 import pandas as pd
 
+from prefect_dask_profiling.errors import InvalidInput
 from prefect_dask_profiling.summary.record import RunRecord
 from prefect_dask_profiling.timing.sketch import QuantileSketch
 
@@ -75,7 +76,7 @@ def summarise(record: RunRecord, by: str = "stage") -> pd.DataFrame:
     (it is in ``record.orchestration``); their own work is.
     """
     if by not in ("stage", "prefix"):
-        raise ValueError(f"by must be 'stage' or 'prefix', got {by!r}")
+        raise InvalidInput(f"by must be 'stage' or 'prefix', got {by!r}")
     keys = ["stage", "prefix"] if by == "stage" else ["prefix"]
     t = record.tasks
     if t.empty:

@@ -13,6 +13,7 @@ from s3_servers import boto_client, moto_server, reset_moto, s3_options
 from typer.testing import CliRunner
 
 from prefect_dask_profiling.cli import app
+from prefect_dask_profiling.errors import DamagedRecord
 from prefect_dask_profiling.export.fleet import (
     COLUMNS,
     STORAGE_COLUMNS,
@@ -66,9 +67,9 @@ def test_rows_carry_the_run_and_a_nullable_bottleneck():
         {"name": "read", "diagnosis": {"primary": "io-bound", "confidence": "high"}},
         {"name": "reduce", "diagnosis": None}]), tasks())
     assert per_stage["bottleneck"].tolist() == ["io-bound", "transfer-bound"]
-    with pytest.raises(ValueError, match="status"):
+    with pytest.raises(DamagedRecord, match="status"):  # a stored run missing a field
         fleet_rows({"run_id": "r", "pipeline": "p", "version": "v"}, tasks())
-    with pytest.raises(ValueError, match="total_s"):
+    with pytest.raises(DamagedRecord, match="total_s"):
         fleet_rows(manifest("ndvi", "r1", 0), tasks().drop(columns="total_s"))
 
 

@@ -12,6 +12,7 @@ from tiers import starts_processes
 
 from faults import fault_flows
 from faults.report import LEDGER
+from prefect_dask_profiling.errors import InvalidInput
 
 
 class FaultRecorder:
@@ -48,7 +49,7 @@ class BadInputRecorder:
     """Tries bad inputs; counts those that got one clear error naming the problem."""
 
     def expect_error(self, call: Callable[[], object], *needles: str,
-                     exc: type[BaseException] | tuple = ValueError) -> str:
+                     exc: type[BaseException] | tuple = InvalidInput) -> str:
         """Call ``call``; it must raise ``exc`` with a one-line message containing ``needles``."""
         LEDGER.bad_tried += 1
         with pytest.raises(exc) as info:
