@@ -255,17 +255,12 @@ class Phases:
 
 def instrument(phases: Phases) -> None:
     """Wrap the profiled runner's steps that cost time in the flow process."""
-    from prefect_dask_profiling import finishing
-    from prefect_dask_profiling.prefect import (
-        artifacts,
-        events,
-        publish,
-        report_data,
-        report_html,
-        reports,
-        session,
-        stages,
-    )
+    from prefect_dask_profiling.prefect import artifacts, events, publish, session
+    from prefect_dask_profiling.reports import data as report_data
+    from prefect_dask_profiling.reports import html as report_html
+    from prefect_dask_profiling.reports import stage_reports as reports
+    from prefect_dask_profiling.run import pipeline as finishing
+    from prefect_dask_profiling.run import stages
     from prefect_dask_profiling.store import runs
     from prefect_dask_profiling.timing import client as timing_client
     from prefect_dask_profiling.timing import storage_io

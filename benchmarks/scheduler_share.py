@@ -51,8 +51,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # dask_p
 import dask_processes  # noqa: E402
 
 from benchmarks.flow_overhead import ndvi_graph  # noqa: E402
-from prefect_dask_profiling.prefect import report_data, reports  # noqa: E402
-from prefect_dask_profiling.regression.eta import DEFAULT_ETA_INTERVAL_S  # noqa: E402
+from prefect_dask_profiling.forecast.model import DEFAULT_ETA_INTERVAL_S  # noqa: E402
+from prefect_dask_profiling.reports import data as report_data  # noqa: E402
+from prefect_dask_profiling.reports import stage_reports as reports  # noqa: E402
 from prefect_dask_profiling.stages import stage  # noqa: E402
 from prefect_dask_profiling.timing import client as timing_client  # noqa: E402
 from prefect_dask_profiling.timing import storage_io  # noqa: E402

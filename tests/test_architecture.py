@@ -33,8 +33,8 @@ ROOT = Path(prefect_dask_profiling.__file__).parent
 
 # The layers, lowest first: a part may import its own modules and any part listed before it
 # in LAYERS; ``bench`` (the benchmark protocol) stands aside and imports only BENCH_USES.
-LAYERS = ["errors", "_util", "_bokeh", "environment", "pricing", "timing", "stages", "summary",
-          "store", "regression", "diagnosis", "export", "finishing", "otel", "prefect", "cli"]
+LAYERS = ["errors", "_util", "environment", "timing", "stages", "summary", "cost", "forecast",
+          "store", "reports", "regression", "diagnosis", "export", "run", "otel", "prefect", "cli"]
 BENCH_USES = {"errors", "_util", "environment", "timing", "summary", "diagnosis"}
 ALLOWED: dict[str, set[str]] = {part: set(LAYERS[:i]) for i, part in enumerate(LAYERS)}
 ALLOWED["bench"] = BENCH_USES
@@ -428,14 +428,17 @@ def test_the_z_test_check_sees_a_copy():
     assert len(z_test_copies(text)) == 5
 
 
-# ------------------------------------------------------------------ threads only in prefect/
-# Calls that start a thread (or a pool of them). Nothing outside ``prefect/`` may make one:
-# the flow process has one background service (prefect/background.py).
+# ------------------------------------------------- threads only in the one background service
+# Calls that start a thread (or a pool of them). Nothing but ``prefect/`` and the flow
+# process's one background service (``run/background.py``, Prefect-free) may make one.
 THREAD_STARTERS = {"Thread", "Timer", "ThreadPoolExecutor", "start_new_thread", "to_thread",
                    "run_in_executor"}
 # Known starters outside prefect/, each with why it is there. Remove an entry when its
 # thread goes; add none.
 THREADS_ALLOWED = {
+    # The flow process's one background service: the thread everything after the verdict,
+    # the stage reports and the live ETA run on.
+    f"{PACKAGE}.run.background": "the flow process's one background service",
     # A benchmark fault (the "slow worker" plugin) burning CPU inside a Dask worker process
     # it is installed in: not the flow process, and the point of the workload.
     f"{PACKAGE}.bench.workloads": "worker-side CPU burners of the slow-worker fault",
@@ -465,8 +468,8 @@ def test_nothing_outside_prefect_starts_a_thread():
     wrong = [f"{source}: {hit}" for source in MODULES
              if part(source) != "prefect" and source not in THREADS_ALLOWED
              for hit in thread_starts(MODULES[source].read_text())]
-    assert not wrong, ("threads are started only in prefect/ (the flow process's one "
-                       "background service, prefect/background.py); found:\n"
+    assert not wrong, ("threads are started only in prefect/ and the flow process's one "
+                       "background service, run/background.py; found:\n"
                        + "\n".join(wrong))
 
 
