@@ -263,7 +263,7 @@ def instrument(phases: Phases) -> None:
     from prefect_dask_profiling.run import stages
     from prefect_dask_profiling.store import runs
     from prefect_dask_profiling.timing import client as timing_client
-    from prefect_dask_profiling.timing import storage_io
+    from prefect_dask_profiling.timing import io_client
 
     cls = session.Session
     targets = [
@@ -273,7 +273,7 @@ def instrument(phases: Phases) -> None:
         (cls, "preflight", "  preflight (worker loadability)"),
         (cls, "stage_opened", "stage opened (total)"),
         (reports, "open_window", "  report window open"),
-        (storage_io, "io_counters", "  workers' storage counters"),
+        (io_client, "io_counters", "  workers' storage counters"),
         (cls, "stage_closed", "stage closed (total)"),
         (timing_client, "snapshot", "  plugin snapshot (stage ends + collect)"),
         (reports.StageReports, "_draw", "  stage report render+upload"),
@@ -293,7 +293,7 @@ def instrument(phases: Phases) -> None:
         (artifacts.Posting, "__init__", "  artifacts: posting started"),
         (artifacts.Posting, "wait", "  artifacts: waited for"),
         (publish.Publisher, "links", "  report links (presign)"),
-        (storage_io, "raster_fingerprint", "  workers' raster stack"),
+        (io_client, "raster_fingerprint", "  workers' raster stack"),
         (events, "emit_detection_events", "  Prefect events"),
         (session, "read_history_early", "  history read started (at the run's start)"),
         (cls, "finish", "finish() (total)"),

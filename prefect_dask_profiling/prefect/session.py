@@ -38,7 +38,7 @@ from prefect_dask_profiling.run.stages import OpenStage, StageBook
 from prefect_dask_profiling.stages import reset_listener, set_listener
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.timing import client as timing_client
-from prefect_dask_profiling.timing import storage_io
+from prefect_dask_profiling.timing import io_client
 from prefect_dask_profiling.timing.scope import RUN_ANNOTATION
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ class Session:
                                      sample_interval=runner.profiling.sample_interval,
                                      task_records=bool(runner.profiling.stage_reports))
         session = cls(runner, client, name, scope)
-        session.io.counted = storage_io.install(client)
+        session.io.counted = io_client.install(client)
         exit_stack.callback(session.close)  # LIFO: runs before the client closes
         token = set_listener(session)
         exit_stack.callback(_reset_quietly, token)
@@ -115,7 +115,7 @@ class Session:
         try:
             if self.io.counted and self.scope == "cluster":
                 # on a shared cluster (scope "run") it stays: another run may count with it
-                storage_io.uninstall(self.client)
+                io_client.uninstall(self.client)
             try:
                 timing_client.uninstall(self.client, self.plugin_name)
             except Exception:

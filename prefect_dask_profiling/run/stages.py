@@ -21,7 +21,7 @@ from prefect_dask_profiling.store.manifest import LocalWork, StageInfo
 from prefect_dask_profiling.summary.io import io_frame
 from prefect_dask_profiling.summary.record import RunRecord
 from prefect_dask_profiling.timing import client as timing_client
-from prefect_dask_profiling.timing import storage_io
+from prefect_dask_profiling.timing import io_client
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -187,7 +187,7 @@ class StageBook:
         alive = _alive(self.client)
         env = environment(self.client) if alive else environment()
         if self.io.counted and alive:
-            raster = storage_io.raster_fingerprint(self.client)
+            raster = io_client.raster_fingerprint(self.client)
             if raster is not None:
                 env["raster"] = raster
         return env

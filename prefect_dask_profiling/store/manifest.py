@@ -234,7 +234,7 @@ class StageInfo:
     # storage requests of the stage summed over workers (summary.io.stage_io_summary);
     # None when no storage source was counted
     io: StageIO | None = None
-    # Dask chunks read against the files' internal blocks (timing.storage_io.chunks_against_
+    # Dask chunks read against the files' internal blocks (timing.io_client.chunks_against_
     # blocks); None when the stage read no files through GDAL
     chunks_vs_blocks: ChunksVsBlocks | None = None
     # peak / start / added bytes, headroom, spilled bytes... (summary.memory.StageMemory);
