@@ -3,7 +3,7 @@ with every night judged in sequence through the stored history, as the judge bui
 
 Per regime, ``--trials`` trials (160) of a 20-prefix pipeline. Each trial is a fresh local
 run store in which ``--warmup`` nights (10) and then two judged nights J1 and J2 are
-finished one after the other by the real :func:`~prefect_dask_profiling.finishing.finish_run`:
+finished one after the other by the real :func:`~prefect_dask_profiling.run.pipeline.finish_run`:
 the baseline of every night is the one the judge builds from the nights stored before it
 (which runs count, suspicions, episodes, confirmation priors), nothing is handed in. On J1
 one prefix per trial steps up U(2.2, 4)x and stays there on J2 (160 steps, 3,200 J1
@@ -29,7 +29,7 @@ Counted per regime:
 The record is real (one small job on an in-process LocalCluster, once), its tasks table
 rewritten into the 20 prefixes. To keep a run to minutes, the steps of ``finish_run`` that
 do not feed the verdict (spool delivery, lifecycle, diagnosis, flagged reports, trend page,
-fleet view) are left out of :data:`~prefect_dask_profiling.finishing.STEPS`; summary,
+fleet view) are left out of :data:`~prefect_dask_profiling.run.pipeline.STEPS`; summary,
 history and judgement run as in production.
 
 Run with::
@@ -171,7 +171,7 @@ def memory_failed(result) -> bool:
 def run_trial(record, rng: np.random.Generator, regime: Regime, warmup: int,
               step_jitter: bool, counts: SequentialCounts, where: Path) -> None:
     """One trial on a fresh store: warm-up nights, J1 and J2, counted into ``counts``."""
-    from prefect_dask_profiling.finishing import FinishSettings, finish_run
+    from prefect_dask_profiling.run.pipeline import FinishSettings, finish_run
     from prefect_dask_profiling.store.manifest import RunContext
     from prefect_dask_profiling.store.runs import RunStore, new_run_id
 
@@ -210,7 +210,7 @@ def run_trial(record, rng: np.random.Generator, regime: Regime, warmup: int,
 def sequential(regime: Regime, trials: int, seed: int, warmup: int = 10,
                step_jitter: bool = False, record=None) -> SequentialCounts:
     """The counts of ``trials`` sequential trials of ``regime`` from ``seed``."""
-    from prefect_dask_profiling import finishing
+    from prefect_dask_profiling.run import pipeline as finishing
 
     record = record if record is not None else base_record()
     kept_steps, kept_final = finishing.STEPS, finishing.FINAL

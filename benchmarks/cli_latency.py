@@ -3,7 +3,7 @@
 Starts a moto S3 server in this process (on 127.0.0.1), stores ``--runs`` nights of one
 pipeline there with the project's own writing code (one record of a small staged job on an
 in-process ``LocalCluster``, its times scaled a little per night, each night stored and judged
-by :func:`~prefect_dask_profiling.finishing.finish_run`, as a flow's end does), then runs each
+by :func:`~prefect_dask_profiling.run.pipeline.finish_run`, as a flow's end does), then runs each
 command ``--repeats`` times as a new process — as a user's shell does — and prints the median,
 the fastest and the slowest wall time:
 
@@ -91,7 +91,7 @@ def scaled(record, factor: float):
 def store_nights(url: str, options: dict, spool: Path, runs: int) -> list[str]:
     """Store ``runs`` judged nights of :data:`PIPELINE` at ``url``; their run ids, oldest
     first."""
-    from prefect_dask_profiling.finishing import FinishSettings, finish_run
+    from prefect_dask_profiling.run.pipeline import FinishSettings, finish_run
     from prefect_dask_profiling.store.manifest import RunContext
     from prefect_dask_profiling.store.runs import RunStore, new_run_id
 

@@ -49,7 +49,7 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pandas as pd
 
-from prefect_dask_profiling.regression.eta import (
+from prefect_dask_profiling.forecast.model import (
     MIN_NIGHTS,
     HistoryStats,
     NightLayout,
@@ -265,7 +265,7 @@ class StoredNight:
         return float(self.manifest["wall_s"])
 
     def layout(self) -> NightLayout:
-        """The night as the ETA reads it (:func:`~prefect_dask_profiling.regression.eta.
+        """The night as the ETA reads it (:func:`~prefect_dask_profiling.forecast.model.
         night_layout`: lead, stages, tail)."""
         return night_layout(self.manifest)
 

@@ -255,20 +255,15 @@ class Phases:
 
 def instrument(phases: Phases) -> None:
     """Wrap the profiled runner's steps that cost time in the flow process."""
-    from prefect_dask_profiling import finishing
-    from prefect_dask_profiling.prefect import (
-        artifacts,
-        events,
-        publish,
-        report_data,
-        report_html,
-        reports,
-        session,
-        stages,
-    )
+    from prefect_dask_profiling.prefect import artifacts, events, publish, session
+    from prefect_dask_profiling.reports import data as report_data
+    from prefect_dask_profiling.reports import html as report_html
+    from prefect_dask_profiling.reports import stage_reports as reports
+    from prefect_dask_profiling.run import pipeline as finishing
+    from prefect_dask_profiling.run import stages
     from prefect_dask_profiling.store import runs
     from prefect_dask_profiling.timing import client as timing_client
-    from prefect_dask_profiling.timing import storage_io
+    from prefect_dask_profiling.timing import io_client
 
     cls = session.Session
     targets = [
@@ -278,7 +273,7 @@ def instrument(phases: Phases) -> None:
         (cls, "preflight", "  preflight (worker loadability)"),
         (cls, "stage_opened", "stage opened (total)"),
         (reports, "open_window", "  report window open"),
-        (storage_io, "io_counters", "  workers' storage counters"),
+        (io_client, "io_counters", "  workers' storage counters"),
         (cls, "stage_closed", "stage closed (total)"),
         (timing_client, "snapshot", "  plugin snapshot (stage ends + collect)"),
         (reports.StageReports, "_draw", "  stage report render+upload"),
@@ -298,7 +293,7 @@ def instrument(phases: Phases) -> None:
         (artifacts.Posting, "__init__", "  artifacts: posting started"),
         (artifacts.Posting, "wait", "  artifacts: waited for"),
         (publish.Publisher, "links", "  report links (presign)"),
-        (storage_io, "raster_fingerprint", "  workers' raster stack"),
+        (io_client, "raster_fingerprint", "  workers' raster stack"),
         (events, "emit_detection_events", "  Prefect events"),
         (session, "read_history_early", "  history read started (at the run's start)"),
         (cls, "finish", "finish() (total)"),

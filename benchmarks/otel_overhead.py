@@ -33,7 +33,7 @@ def finished_run(stages: int):
     from distributed import Client, LocalCluster
     from run_records import record_stages
 
-    from prefect_dask_profiling.finishing import FinishSettings, finish_run
+    from prefect_dask_profiling.run.pipeline import FinishSettings, finish_run
     from prefect_dask_profiling.store.manifest import RunContext
     from prefect_dask_profiling.store.runs import RunStore, new_run_id
 

@@ -22,7 +22,7 @@ import time
 import dask.array as da
 from distributed import Client, LocalCluster
 
-from prefect_dask_profiling.prefect import reports
+from prefect_dask_profiling.reports import stage_reports as reports
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 from prefect_dask_profiling.timing.client import install
 
@@ -47,8 +47,8 @@ def stage_once(client: Client, plugin: str, tasks: int, with_report: bool,
 def page_cpu(client: Client, plugin: str, tasks: int, pages: int) -> tuple[float, int]:
     """Median thread CPU seconds to draw the HTML of one stage of ``tasks`` tasks from its
     copied data (after a first page), and the page's length."""
-    from prefect_dask_profiling.prefect import report_data
-    from prefect_dask_profiling.prefect.report_html import render_html
+    from prefect_dask_profiling.reports import data as report_data
+    from prefect_dask_profiling.reports.html import render_html
 
     window = reports.open_window(client, plugin)
     x = da.ones(tasks, chunks=1)

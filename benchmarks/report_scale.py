@@ -4,7 +4,7 @@ Feeds ``N`` task records of a real run's shape (``--workers`` × ``--threads`` t
 of ``--seconds`` each back to back, one straggler of 60× every 100,000) through the run's
 recorder (:class:`~prefect_dask_profiling.timing.tasks.TaskRecords` at its default bound,
 as the scheduler plugin keeps them), copies what it holds, and draws the page as the flow
-process does (:func:`~prefect_dask_profiling.prefect.report_html.render_html`). Prints, per
+process does (:func:`~prefect_dask_profiling.reports.html.render_html`). Prints, per
 ``N``: the records shown, whether the page says it is sampled, the page's size, the thread
 CPU seconds to draw it (a first page, then the median of ``--pages`` more) and the peak
 Python memory while drawing a page (tracemalloc, in a pass of its own).
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from helpers.report_records import stage_data_of  # noqa: E402
 
-from prefect_dask_profiling.prefect.report_html import render_html  # noqa: E402
+from prefect_dask_profiling.reports.html import render_html  # noqa: E402
 
 
 def main() -> None:

@@ -45,10 +45,10 @@ import numpy as np
 import pandas as pd
 from distributed import Client, LocalCluster, wait
 
-from prefect_dask_profiling.finishing import FinishSettings, finish_run
-from prefect_dask_profiling.prefect import reports
 from prefect_dask_profiling.regression.baseline import load_baseline
 from prefect_dask_profiling.regression.drift import load_series
+from prefect_dask_profiling.reports import stage_reports as reports
+from prefect_dask_profiling.run.pipeline import FinishSettings, finish_run
 from prefect_dask_profiling.store.manifest import RunContext, StageInfo
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 from prefect_dask_profiling.summary import collect, summarise

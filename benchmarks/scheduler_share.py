@@ -51,11 +51,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # dask_p
 import dask_processes  # noqa: E402
 
 from benchmarks.flow_overhead import ndvi_graph  # noqa: E402
-from prefect_dask_profiling.prefect import report_data, reports  # noqa: E402
-from prefect_dask_profiling.regression.eta import DEFAULT_ETA_INTERVAL_S  # noqa: E402
+from prefect_dask_profiling.forecast.model import DEFAULT_ETA_INTERVAL_S  # noqa: E402
+from prefect_dask_profiling.reports import data as report_data  # noqa: E402
+from prefect_dask_profiling.reports import stage_reports as reports  # noqa: E402
 from prefect_dask_profiling.stages import stage  # noqa: E402
 from prefect_dask_profiling.timing import client as timing_client  # noqa: E402
-from prefect_dask_profiling.timing import storage_io  # noqa: E402
+from prefect_dask_profiling.timing import io_client  # noqa: E402
 from prefect_dask_profiling.timing.scope import RUN_ANNOTATION  # noqa: E402
 
 SHAPE, CHUNKS = (24, 1024, 1024), (1, 256, 256)
@@ -164,7 +165,7 @@ def calls(client: Client, n: int, wall: float) -> tuple[dict[str, float], dict[s
     """Loop CPU seconds of each per-stage and each per-run scheduler call of a profiled run
     (the worker sampler's ticks: as many as a stage of ``wall`` seconds gets)."""
     name = timing_client.install(client, scope="run", task_records=True)
-    storage_io.install(client)
+    io_client.install(client)
     with dask.annotate(**{RUN_ANNOTATION: name}), stage("calls"):
         window = reports.open_window(client, name)
         client.compute(ndvi_graph(SHAPE, 7, CHUNKS)).result()
@@ -177,8 +178,8 @@ def calls(client: Client, n: int, wall: float) -> tuple[dict[str, float], dict[s
         f"ETA task counts ({wall / DEFAULT_ETA_INTERVAL_S:.2f} ticks)":
             wall / DEFAULT_ETA_INTERVAL_S * per_call(
                 client, lambda: timing_client.task_counts(client, name), n),
-        "storage counters (2)": per_call(client, lambda: (storage_io.io_counters(client),
-                                                          storage_io.io_counters(client)),
+        "storage counters (2)": per_call(client, lambda: (io_client.io_counters(client),
+                                                          io_client.io_counters(client)),
                                          n),
         "report data copy": per_call(client, lambda: report_data.fetch(
             client, plugin=name, start=window.start, stop=end.stop, first=window.index,

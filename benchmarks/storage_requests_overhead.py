@@ -36,21 +36,21 @@ BOUNDARY: list[float] = []  # stage-close cost: counters, deltas, chunks against
 def one_run(client, catalog: str, options: dict, plan, counted: bool) -> float:
     from distributed import wait
 
-    from prefect_dask_profiling.timing import storage_io
+    from prefect_dask_profiling.timing import io_client
     from tasks import raster, scenes
 
     scenes.configure_workers(client, scenes.gdal_options(options))
     started = time.perf_counter()
-    before = storage_io.io_counters(client) if counted else None
+    before = io_client.io_counters(client) if counted else None
     ds = client.submit(raster.open_catalogue, catalog, plan, options, pure=False).result()
     ds = client.persist(ds)
     wait(ds)
     median = client.compute(raster.temporal_median(raster.ndvi(ds))).result()
     if counted:
         t = time.perf_counter()
-        after = storage_io.io_counters(client)
-        storage_io.stage_deltas("read", before, after)
-        storage_io.check_alignment(client, before, after)
+        after = io_client.io_counters(client)
+        io_client.stage_deltas("read", before, after)
+        io_client.check_alignment(client, before, after)
         BOUNDARY.append(time.perf_counter() - t)
     seconds = time.perf_counter() - started
     del ds, median
@@ -66,7 +66,7 @@ def main() -> None:
     from distributed import Client, LocalCluster
     from s3_servers import boto_client, moto_server
 
-    from prefect_dask_profiling.timing import storage_io
+    from prefect_dask_profiling.timing import io_client
     from tasks import raster, scenes
 
     plan = raster.plan_run(args.size)
@@ -78,7 +78,7 @@ def main() -> None:
                   "dashboard_address": ":0"}
         with LocalCluster(**kwargs) as c_on, Client(c_on) as on_client, \
                 LocalCluster(**kwargs) as c_off, Client(c_off) as off_client:
-            assert storage_io.install(on_client)
+            assert io_client.install(on_client)
             clients = {True: on_client, False: off_client}
             for counted, client in clients.items():  # warm-up: imports, first opens
                 one_run(client, catalog, options, plan, counted)
@@ -90,7 +90,7 @@ def main() -> None:
             boundary = []
             for _ in range(20):
                 t = time.perf_counter()
-                storage_io.io_counters(on_client)
+                io_client.io_counters(on_client)
                 boundary.append(time.perf_counter() - t)
     on, off = statistics.median(walls[True]), statistics.median(walls[False])
     print(f"size {args.size}: {plan.catalogue.dates} scenes of {plan.catalogue.size} px, "

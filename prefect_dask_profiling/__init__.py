@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 # ones are not imported here even so: tests/test_architecture.py counts every import, and
 # docs/api.md documents them at their home, prefect_dask_profiling.prefect.runner.
 if TYPE_CHECKING:
-    from prefect_dask_profiling.finishing import finish_run
     from prefect_dask_profiling.regression.drift import detect_drift
     from prefect_dask_profiling.regression.verdict import RegressionDetected, detect_regressions
+    from prefect_dask_profiling.run.pipeline import finish_run
     from prefect_dask_profiling.stages import stage
     from prefect_dask_profiling.summary import RunRecord, collect, summarise, utilisation
     from prefect_dask_profiling.timing import install, uninstall
@@ -47,7 +47,7 @@ _LAZY = {
     "ProfilingOptions": "prefect_dask_profiling.prefect.runner",
     "profiled": "prefect_dask_profiling.prefect.runner",
     "finish": "prefect_dask_profiling.prefect.runner",
-    "finish_run": "prefect_dask_profiling.finishing",
+    "finish_run": "prefect_dask_profiling.run.pipeline",
     "detect_regressions": "prefect_dask_profiling.regression.verdict",
     "detect_drift": "prefect_dask_profiling.regression.drift",
     "RegressionDetected": "prefect_dask_profiling.regression.verdict",

@@ -42,7 +42,7 @@ class ClusterVersions(TypedDict, total=False):
 
 
 class RasterStack(TypedDict):
-    """The workers' raster stack (``timing.storage_io.raster_fingerprint``): a value the
+    """The workers' raster stack (``timing.io_client.raster_fingerprint``): a value the
     workers disagree on is their distinct values joined by `` | ``; secrets are ``"<set>"``."""
 
     gdal: str | None

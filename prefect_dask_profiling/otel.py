@@ -2,7 +2,7 @@
 
 When the flow process has an OpenTelemetry SDK ``TracerProvider`` (the user's: set in code or
 by ``opentelemetry-instrument`` and the ``OTEL_*`` variables), :func:`emit_run_spans` turns
-a :class:`~prefect_dask_profiling.finishing.FinishResult` into spans under the span current
+a :class:`~prefect_dask_profiling.run.pipeline.FinishResult` into spans under the span current
 in the caller (inside a Prefect flow body: the flow-run span Prefect made current):
 
 * one span per stage (``dask-profiling stage <name>``), child of that span, with the stage's
@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from prefect_dask_profiling.errors import InvalidInput
 
 if TYPE_CHECKING:
-    from prefect_dask_profiling.finishing import FinishResult
+    from prefect_dask_profiling.run.pipeline import FinishResult
 
 logger = logging.getLogger("prefect_dask_profiling")
 

@@ -116,7 +116,7 @@ def set_gdal_environment(options: dict[str, str]) -> list[str]:
 
 def clear_gdal_cache() -> None:
     """Forget GDAL's cached remote file properties and ranges (when GDAL is loaded)."""
-    from prefect_dask_profiling.timing.storage_io import loaded_gdal_path
+    from prefect_dask_profiling.timing.worker_io import loaded_gdal_path
 
     path = loaded_gdal_path()
     if path is not None:

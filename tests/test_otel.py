@@ -23,7 +23,7 @@ from run_records import record_stages, scaled
 
 from prefect_dask_profiling import otel
 from prefect_dask_profiling.errors import InvalidInput
-from prefect_dask_profiling.finishing import FinishResult, FinishSettings, finish_run
+from prefect_dask_profiling.run.pipeline import FinishResult, FinishSettings, finish_run
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 

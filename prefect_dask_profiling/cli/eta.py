@@ -3,7 +3,7 @@ current estimate of each run in progress.
 
 Per stage the p50 / p90 of its duration over the time baseline (and from which nights), and
 the whole run's range as the ETA computes it at the start. A run in progress stores its
-current estimate (:mod:`~prefect_dask_profiling.store.live`) at each stage boundary and
+current estimate (:mod:`~prefect_dask_profiling.forecast.live_store`) at each stage boundary and
 every ``eta_interval``: the command lists each with its age. A run whose manifest exists
 has ended and is not listed; an estimate that cannot be read is named with the reason.
 
@@ -22,8 +22,8 @@ from prefect_dask_profiling.cli._params import JsonOption, PipelineOption, Store
 if TYPE_CHECKING:
     from datetime import datetime
 
-    from prefect_dask_profiling.regression.eta import HistoryStats
-    from prefect_dask_profiling.store.live import LiveEstimate, UnknownStage
+    from prefect_dask_profiling.forecast.live_store import LiveEstimate, UnknownStage
+    from prefect_dask_profiling.forecast.model import HistoryStats
     from prefect_dask_profiling.store.runs import RunStore
 
 IN_PROGRESS_NOTE = ("a run in progress stores its current estimate at each stage boundary "
@@ -54,7 +54,7 @@ class PlanRun(TypedDict):
 
 class PlanOutside(TypedDict):
     """The time before the first stage or after the last (``part``: ``LEAD`` / ``TAIL`` of
-    :mod:`~prefect_dask_profiling.regression.eta`) in :class:`Plan`."""
+    :mod:`~prefect_dask_profiling.forecast.model`) in :class:`Plan`."""
 
     part: str
     nights: int
@@ -146,7 +146,7 @@ def in_progress(run_store: RunStore, pipeline: str, now: datetime | None = None
     from datetime import UTC, datetime
 
     from prefect_dask_profiling.errors import StoreError
-    from prefect_dask_profiling.store.live import estimate_age, is_stale
+    from prefect_dask_profiling.forecast.live_store import estimate_age, is_stale
 
     now = now or datetime.now(UTC)
     try:
@@ -198,7 +198,7 @@ def plan_json(stats: HistoryStats) -> Plan:
     """The plan as JSON: per stage its figures, and the whole run's range at its start."""
     from datetime import UTC, datetime
 
-    from prefect_dask_profiling.regression.eta import RunProgress, estimate
+    from prefect_dask_profiling.forecast.model import RunProgress, estimate
 
     eta = estimate(stats, RunProgress(now=datetime.now(UTC), elapsed_s=0.0))
     low, high = eta.remaining_low_s, eta.remaining_high_s  # set when the ETA is known
@@ -219,7 +219,7 @@ def plan_json(stats: HistoryStats) -> Plan:
 
 def plan_lines(stats: HistoryStats, plan: Plan) -> list[str]:
     """The human form of :func:`plan_json`."""
-    from prefect_dask_profiling.regression.eta import unknown_text
+    from prefect_dask_profiling.forecast.model import unknown_text
 
     head = f"{stats.pipeline} {stats.version}: ETA plan from {len(stats.runs)} baseline night"
     head += "s" * (len(stats.runs) != 1)

@@ -185,7 +185,7 @@ def show_command(
 def _show_allocation(manifest: Manifest, title: str) -> None:
     """What the cluster allocated per stage (runs stored before: nothing); the rate used
     when the run was priced, and that its cost is an estimate."""
-    from prefect_dask_profiling.summary.allocation import allocation_table
+    from prefect_dask_profiling.cost.allocation import allocation_table
 
     doc = manifest.get("allocation")
     table = allocation_table(doc if isinstance(doc, dict) else None)

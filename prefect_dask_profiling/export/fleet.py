@@ -52,7 +52,7 @@ from prefect_dask_profiling.store.runs import RunStore, StoreError
 if TYPE_CHECKING:
     from pandas.api.extensions import ExtensionArray
 
-    from prefect_dask_profiling.summary.allocation import AllocationDoc, RunAllocationDoc
+    from prefect_dask_profiling.cost.allocation import AllocationDoc, RunAllocationDoc
     from prefect_dask_profiling.summary.io import StageIO
     from prefect_dask_profiling.summary.memory import StageMemory
 

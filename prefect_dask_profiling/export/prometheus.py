@@ -60,7 +60,7 @@ from prefect_dask_profiling.store.runs import RunStore, StoreError
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Gauge
 
-    from prefect_dask_profiling.pricing import CostRatesDoc
+    from prefect_dask_profiling.cost.rates import CostRatesDoc
     from prefect_dask_profiling.store.manifest import StageEntry
 
 logger = logging.getLogger(__name__)

@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from prefect_dask_profiling._util import artifact_key, json_clean
+from prefect_dask_profiling.cost.allocation import allocation_markdown
 from prefect_dask_profiling.regression.drift import flagged_markdown
-from prefect_dask_profiling.summary.allocation import allocation_markdown
 from prefect_dask_profiling.summary.io import io_text, raster_text
 from prefect_dask_profiling.summary.memory import describe_incident, memory_cells
 
 if TYPE_CHECKING:
-    from prefect_dask_profiling.finishing import FinishResult
+    from prefect_dask_profiling.run.pipeline import FinishResult
     from prefect_dask_profiling.store.manifest import Manifest
 
 SUMMARY_ARTIFACT_COLUMNS = ["stage", "prefix", "tasks", "errors", "total_s", "p50_s", "p95_s",
@@ -244,7 +244,7 @@ def create(artifacts: list[Any]) -> list[str]:
 
 class Posting:
     """Artifacts being created in the current flow run by the process's one background
-    service (:mod:`~prefect_dask_profiling.prefect.background`).
+    service (:mod:`~prefect_dask_profiling.run.background`).
 
     The Prefect API has no bulk endpoint for artifacts: each is one request. Started by
     :func:`post`, so a caller can go on with other work (the session posts the report
@@ -254,7 +254,7 @@ class Posting:
     """
 
     def __init__(self, artifacts: list[Any]) -> None:
-        from prefect_dask_profiling.prefect.background import Background
+        from prefect_dask_profiling.run.background import Background
 
         requests = _requests(artifacts)
         self._future: Future[list[BaseException]] | None = None

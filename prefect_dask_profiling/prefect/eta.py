@@ -3,11 +3,11 @@
 The :class:`~prefect_dask_profiling.prefect.session.Session` tells a :class:`LiveEta` when
 the run's history is being read and when stages open and close (a few dictionary updates in
 the flow thread); everything else runs as jobs of the process's one background service
-(:class:`~prefect_dask_profiling.prefect.background.Background`):
+(:class:`~prefect_dask_profiling.run.background.Background`):
 
 * at the run's start (once the history the judge reads early is there), at every stage
   boundary and every ``eta_interval`` seconds:
-  :func:`~prefect_dask_profiling.regression.eta.estimate` from the plugin's task counts — at
+  :func:`~prefect_dask_profiling.forecast.model.estimate` from the plugin's task counts — at
   a boundary those of the snapshot the stage's close already read
   (:func:`~prefect_dask_profiling.timing.client.counts_of`), otherwise one small read
   (:func:`~prefect_dask_profiling.timing.client.task_counts`);
@@ -15,8 +15,8 @@ the flow thread); everything else runs as jobs of the process's one background s
   going back, 100 at the end), its description the ETA line;
 * one flow-run log line per stage boundary;
 * the current estimate in the run store (``live/<pipeline>/<run_id>.json``:
-  :mod:`~prefect_dask_profiling.store.live`), replaced at each estimate and removed when the
-  run ends, for ``dask-profiling eta``; never spooled, bounded by the store's timeout (at
+  :mod:`~prefect_dask_profiling.forecast.live_store`), replaced at each estimate and removed
+  when the run ends, for ``dask-profiling eta``; never spooled, bounded by the store's timeout (at
   most :data:`LIVE_TIMEOUT_S`) and its breaker; at the start, the leftover estimates of the
   pipeline's earlier runs that died without ending are swept
   (:meth:`~prefect_dask_profiling.store.live.Live.sweep_live`);
@@ -45,7 +45,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from prefect_dask_profiling._util import json_clean
-from prefect_dask_profiling.regression.eta import (
+from prefect_dask_profiling.forecast.model import (
     Eta,
     EtaDoc,
     HistoryStats,
@@ -64,8 +64,8 @@ from prefect_dask_profiling.regression.eta import (
 if TYPE_CHECKING:
     from concurrent.futures import Future
 
-    from prefect_dask_profiling.prefect.background import Periodic
-    from prefect_dask_profiling.store.live import LiveEstimate
+    from prefect_dask_profiling.forecast.live_store import LiveEstimate
+    from prefect_dask_profiling.run.background import Periodic
 
 logger = logging.getLogger("prefect_dask_profiling")
 
@@ -185,7 +185,7 @@ class LiveEta:
     def start(self, history: Future | None) -> None:
         """The run's history is being read (``history``: its future): estimate once it is
         there, then every ``eta_interval``."""
-        from prefect_dask_profiling.prefect.background import Background
+        from prefect_dask_profiling.run.background import Background
 
         if self._periodic is not None or self._stopped:
             return
@@ -232,7 +232,7 @@ class LiveEta:
 
     def _in_run(self, job: Any, *args: Any) -> None:
         """Queue ``job`` on the background service inside the flow run's context."""
-        from prefect_dask_profiling.prefect.background import Background
+        from prefect_dask_profiling.run.background import Background
 
         context = self._context.copy() if self._context is not None else \
             contextvars.copy_context()
@@ -312,8 +312,8 @@ class LiveEta:
 
     def live_estimate(self, eta: Eta, progress: RunProgress) -> LiveEstimate:
         """The estimate as stored for ``dask-profiling eta`` (:class:`~prefect_dask_profiling.
-        store.live.LiveEstimate`)."""
-        from prefect_dask_profiling.store.live import estimate_doc
+        forecast.live_store.LiveEstimate`)."""
+        from prefect_dask_profiling.forecast.live_store import estimate_doc
 
         ctx = self.session.ctx
         fraction = None if eta.percent_done is None else round(eta.percent_done / 100.0, 4)

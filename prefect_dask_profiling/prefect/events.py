@@ -33,7 +33,7 @@ import pandas as pd
 from prefect_dask_profiling._util import json_clean
 
 if TYPE_CHECKING:
-    from prefect_dask_profiling.finishing import FinishResult
+    from prefect_dask_profiling.run.pipeline import FinishResult
 
 logger = logging.getLogger(__name__)
 

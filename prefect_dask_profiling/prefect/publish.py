@@ -26,15 +26,16 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from prefect_dask_profiling.finishing import draw_views
 from prefect_dask_profiling.otel import prepare_metrics, prepare_spans
-from prefect_dask_profiling.prefect import artifacts, reports
-from prefect_dask_profiling.prefect.background import Background
+from prefect_dask_profiling.prefect import artifacts
+from prefect_dask_profiling.reports import stage_reports as reports
+from prefect_dask_profiling.run.background import Background
+from prefect_dask_profiling.run.pipeline import draw_views
 
 if TYPE_CHECKING:
     from uuid import UUID
 
-    from prefect_dask_profiling.finishing import FinishResult
+    from prefect_dask_profiling.run.pipeline import FinishResult
     from prefect_dask_profiling.store.manifest import RunContext, StageInfo
     from prefect_dask_profiling.store.runs import RunStore
 

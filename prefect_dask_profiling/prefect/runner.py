@@ -40,21 +40,21 @@ from prefect import Flow
 from prefect_dask import DaskTaskRunner
 
 from prefect_dask_profiling._util import positive_int, positive_number, validate_name
+from prefect_dask_profiling.cost.rates import CostRates, CostSpec, parse_cost
 from prefect_dask_profiling.errors import InvalidInput
-from prefect_dask_profiling.otel import check_otel_mode
-from prefect_dask_profiling.prefect.reports import check_renderer
-from prefect_dask_profiling.pricing import CostRates, CostSpec, parse_cost
-from prefect_dask_profiling.regression.eta import (
+from prefect_dask_profiling.forecast.model import (
     DEFAULT_ETA_INTERVAL_S,
     check_eta_interval,
     check_margin,
     parse_deadline,
 )
+from prefect_dask_profiling.otel import check_otel_mode
 from prefect_dask_profiling.regression.rule import (
     COST_REGRESSION_MODES,
     CheckOptions,
     RegressionRule,
 )
+from prefect_dask_profiling.reports.stage_reports import check_renderer
 from prefect_dask_profiling.stages import running_task_annotations, running_task_key
 from prefect_dask_profiling.store.url import check_store_url, redacted_options
 from prefect_dask_profiling.timing.plugin import (
@@ -145,7 +145,7 @@ class ProfilingOptions:
         ``{"resources": {"GPU": {...}}}`` (a Dask resource tag the worker holds),
         ``{"workers": {"gpu-*": {...}}}`` (its name), ``{"clusters": {"FargateCluster":
         {...}, "*": {...}}}`` (this runner's cluster class)
-        (:func:`~prefect_dask_profiling.pricing.parse_cost`).
+        (:func:`~prefect_dask_profiling.cost.rates.parse_cost`).
         ``None`` (default): resource-hours only, no price anywhere.
     cost_regression
         ``"warn"`` (default): a stage whose idle worker-hours grew against the baseline

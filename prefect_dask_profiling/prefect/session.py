@@ -2,7 +2,7 @@
 
 Created by :class:`~prefect_dask_profiling.prefect.runner.ProfiledDaskTaskRunner` when Prefect
 enters it in the flow process. ``finish()`` is one straight pipeline: collect → store the
-record → judge → complete (:mod:`~prefect_dask_profiling.finishing`) → **the verdict decides
+record → judge → complete (:mod:`~prefect_dask_profiling.run.pipeline`) → **the verdict decides
 the flow's failure** → publish (:class:`~prefect_dask_profiling.prefect.publish.Publisher`,
 the one place that posts to Prefect) → the views, queued on the background service. Everything
 degrades to a warning (and a spool) when storage or artifacts fail — except the regression
@@ -19,7 +19,13 @@ from typing import TYPE_CHECKING, Any
 import dask
 
 from prefect_dask_profiling.errors import Unpicklable
-from prefect_dask_profiling.finishing import (
+from prefect_dask_profiling.prefect import flow_run
+from prefect_dask_profiling.prefect.eta import LiveEta
+from prefect_dask_profiling.prefect.publish import Publisher, run_log
+from prefect_dask_profiling.regression.verdict import RegressionDetected
+from prefect_dask_profiling.reports import stage_reports as reports
+from prefect_dask_profiling.run.background import Background
+from prefect_dask_profiling.run.pipeline import (
     EarlyHistory,
     FinishResult,
     FinishSettings,
@@ -28,16 +34,11 @@ from prefect_dask_profiling.finishing import (
     read_history_early,
     store_record,
 )
-from prefect_dask_profiling.prefect import flow_run, reports
-from prefect_dask_profiling.prefect.background import Background
-from prefect_dask_profiling.prefect.eta import LiveEta
-from prefect_dask_profiling.prefect.publish import Publisher, run_log
-from prefect_dask_profiling.prefect.stages import OpenStage, StageBook
-from prefect_dask_profiling.regression.verdict import RegressionDetected
+from prefect_dask_profiling.run.stages import OpenStage, StageBook
 from prefect_dask_profiling.stages import reset_listener, set_listener
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.timing import client as timing_client
-from prefect_dask_profiling.timing import storage_io
+from prefect_dask_profiling.timing import io_client
 from prefect_dask_profiling.timing.scope import RUN_ANNOTATION
 
 if TYPE_CHECKING:
@@ -70,9 +71,10 @@ class Session:
             reports.ReportSettings(
                 mode=self.options.stage_reports, min_seconds=self.options.report_min_seconds,
                 renderer=self.options.report_renderer,
-                retention_days=self.options.report_retention_days), self.publisher)
+                retention_days=self.options.report_retention_days), self.publisher,
+            submit=Background.instance().submit)
         self.book = StageBook(client, plugin_name, self.warnings, self.reports,
-                              self.options.cost)
+                              self.options.cost, log=run_log)
         self.stages, self.io = self.book.stages, self.book.io
         self.finished = False
         self.result: FinishResult | None = None
@@ -95,7 +97,7 @@ class Session:
                                      sample_interval=runner.profiling.sample_interval,
                                      task_records=bool(runner.profiling.stage_reports))
         session = cls(runner, client, name, scope)
-        session.io.counted = storage_io.install(client)
+        session.io.counted = io_client.install(client)
         exit_stack.callback(session.close)  # LIFO: runs before the client closes
         token = set_listener(session)
         exit_stack.callback(_reset_quietly, token)
@@ -113,7 +115,7 @@ class Session:
         try:
             if self.io.counted and self.scope == "cluster":
                 # on a shared cluster (scope "run") it stays: another run may count with it
-                storage_io.uninstall(self.client)
+                io_client.uninstall(self.client)
             try:
                 timing_client.uninstall(self.client, self.plugin_name)
             except Exception:
@@ -324,7 +326,7 @@ class Session:
 
     def _store_run(self, error: BaseException | None, state: str | None, publish: bool,
                    extra_warning: str | None) -> FinishResult:
-        """Collect, then the three seams of :mod:`~prefect_dask_profiling.finishing`: store
+        """Collect, then the three seams of :mod:`~prefect_dask_profiling.run.pipeline`: store
         the record, judge it (then draw the flagged stages' reports, so the final manifest
         lists them), complete it. The publisher starts posting the report links and the
         summary meanwhile (neither depends on the verdict). Raises only when the run could

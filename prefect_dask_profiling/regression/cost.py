@@ -1,6 +1,6 @@
 """Idle resources against the baseline: a verdict per stage, judged like storage requests.
 
-Reads the stages' ``allocation`` (:mod:`prefect_dask_profiling.summary.allocation`) of the
+Reads the stages' ``allocation`` (:mod:`prefect_dask_profiling.cost.allocation`) of the
 judged night and of its baseline runs' manifests. The metric is ``idle_hours``: idle
 worker-hours (idle share x allocated worker-hours). A stage is ``idle-regression`` when,
 with the rule's one-night settings (:class:`~.rule.RegressionRule`):

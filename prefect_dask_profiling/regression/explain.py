@@ -193,7 +193,7 @@ def raster_changes(now: RasterStack | None, baselines: list[RasterStack | None],
     base = [b for b in baselines if isinstance(b, dict)]
     if not base:
         return []
-    from prefect_dask_profiling.timing.storage_io import REQUEST_OPTION_DEFAULTS
+    from prefect_dask_profiling.timing.worker_io import REQUEST_OPTION_DEFAULTS
 
     out: list[ContextChange] = []
     for key, weight in RASTER_WEIGHT.items():

@@ -15,7 +15,7 @@ from prefect_dask_profiling.store.errors import StoreNotFound
 from prefect_dask_profiling.store.runs import RunStore, StoreError
 
 if TYPE_CHECKING:
-    from prefect_dask_profiling.regression.eta import HistoryStats
+    from prefect_dask_profiling.forecast.model import HistoryStats
     from prefect_dask_profiling.regression.explain import Explanation
     from prefect_dask_profiling.store.manifest import Baseline, ChunksVsBlocks, StageDiagnosis
     from prefect_dask_profiling.summary.io import StageIO
@@ -144,7 +144,7 @@ def eta_plan(store: RunStore, pipeline: str, version: str | None = None,
     StoreError
         When the pipeline has no runs (of ``version``).
     """
-    from prefect_dask_profiling.regression.eta import history_stats
+    from prefect_dask_profiling.forecast.model import history_stats
     from prefect_dask_profiling.regression.judge import load_history
     from prefect_dask_profiling.regression.rule import RegressionRule, Rules
 

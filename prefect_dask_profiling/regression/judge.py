@@ -10,7 +10,7 @@ manifest so that ``dask-profiling check`` re-judges a stored run exactly as it w
 
 Who uses it:
 
-* :func:`~prefect_dask_profiling.finishing.finish_run` (the end of every run) calls
+* :func:`~prefect_dask_profiling.run.pipeline.finish_run` (the end of every run) calls
   :func:`load_history` then :func:`judge`;
 * ``dask-profiling check`` and ``dask-profiling drift`` call :func:`judge_stored`;
 * the artifacts, the events and the exports read the :class:`Judgement` (or what it stored).

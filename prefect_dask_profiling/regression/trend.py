@@ -11,7 +11,7 @@ import html
 import numpy as np
 import pandas as pd
 
-from prefect_dask_profiling._bokeh import FrozenPage, LayoutPool
+from prefect_dask_profiling.reports.bokeh_pages import FrozenPage, LayoutPool
 
 MAX_LINES = 12
 LATEST = "latest"

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any, Required, TypedDict, cast
 import pandas as pd
 
 from prefect_dask_profiling._util import json_clean, validate_name
+from prefect_dask_profiling.cost.allocation import AllocationDoc, RunAllocationDoc
 from prefect_dask_profiling.environment import Environment
 from prefect_dask_profiling.environment import environment as environment  # re-exported
 from prefect_dask_profiling.errors import InvalidInput
 from prefect_dask_profiling.store import layout
 from prefect_dask_profiling.store.errors import DamagedRecord
 from prefect_dask_profiling.store.tables import totals_of
-from prefect_dask_profiling.summary.allocation import AllocationDoc, RunAllocationDoc
 from prefect_dask_profiling.summary.io import StageIO
 from prefect_dask_profiling.summary.memory import StageMemory
 from prefect_dask_profiling.timing.types import ChunksVsBlocks as ChunksVsBlocks  # re-exported
@@ -136,13 +136,13 @@ class StageEntry(TypedDict, total=False):
 
 
 class ManifestExtra(TypedDict, total=False):
-    """The manifest keys the steps of a run's end add (``finishing.RunEnd.manifest_extra``)."""
+    """The manifest keys the steps of a run's end add (``run.pipeline.RunEnd.manifest_extra``)."""
 
     incidents: list[Incident]
     finish_seconds: dict[str, float]
     spool_delivery: DeliveryReport
     history_read: dict[str, str]  # at (ISO), when ("run start" or "finish"), why (re-read)
-    # per stage, outside stages, run (summary.allocation.RunAllocation.to_dict); rates if priced
+    # per stage, outside stages, run (cost.allocation.RunAllocation.to_dict); rates if priced
     allocation: RunAllocationDoc
     # an unjudged run's streak: nights in a row unjudged, the cause, the command, blind or not
     # (regression.blind.Blindness.to_json)
@@ -235,14 +235,14 @@ class StageInfo:
     # storage requests of the stage summed over workers (summary.io.stage_io_summary);
     # None when no storage source was counted
     io: StageIO | None = None
-    # Dask chunks read against the files' internal blocks (timing.storage_io.chunks_against_
+    # Dask chunks read against the files' internal blocks (timing.io_client.chunks_against_
     # blocks); None when the stage read no files through GDAL
     chunks_vs_blocks: ChunksVsBlocks | None = None
     # peak / start / added bytes, headroom, spilled bytes... (summary.memory.StageMemory);
     # absent in old runs, start_bytes / added_bytes absent in runs before issue 35
     memory: StageMemory | None = None
     # worker-, thread- and GiB-hours allocated, busy and idle seconds, idle share and, when
-    # priced, cost (summary.allocation.Allocation.to_dict); absent in runs before issue 37
+    # priced, cost (cost.allocation.Allocation.to_dict); absent in runs before issue 37
     allocation: AllocationDoc | None = None
 
 

@@ -81,7 +81,7 @@ def make_s3fs(storage_options: dict[str, Any] | None, timeout: float) -> Any:
     options.setdefault("max_concurrency", 1)
     fs = s3fs.S3FileSystem(config_kwargs=config, **options)
     fs.retries = 1  # s3fs's own outer retry loop (default 5) on top of botocore's attempts
-    # the store's own calls are not a stage's storage requests (timing.storage_io's
+    # the store's own calls are not a stage's storage requests (timing.worker_io's
     # UNCOUNTED_ATTRIBUTE)
     fs.dask_profiling_uncounted = True
     return fs

@@ -1,6 +1,6 @@
 """The ``io`` table of a run: storage requests per stage and worker, and per-stage metrics.
 
-Rows come from :func:`prefect_dask_profiling.timing.storage_io.stage_deltas` (one per stage
+Rows come from :func:`prefect_dask_profiling.timing.io_client.stage_deltas` (one per stage
 and process: each worker process, and the flow process, ``process == "flow"``, whose
 requests are the files it opened while the graph was built). :func:`stage_io_metrics` is the
 pure per-stage view the regression judge and the tables use: ``requests_per_chunk``
@@ -91,7 +91,7 @@ def stage_io_metrics(io: pd.DataFrame) -> pd.DataFrame:
     -------
     One row per stage that made GDAL requests, indexed by stage, with ``requests`` (GDAL
     GET + HEAD + LIST), ``get``, ``head``, ``list``, ``bytes`` (downloaded), ``chunks`` (the
-    source chunks of reading prefixes, :mod:`~prefect_dask_profiling.timing.storage_io`),
+    source chunks of reading prefixes, :mod:`~prefect_dask_profiling.timing.worker_io`),
     ``requests_per_chunk``, ``bytes_per_chunk``, ``read_amplification`` (bytes fetched /
     bytes of decoded pixels), and ``s3fs_requests``/``s3fs_bytes`` when s3fs was used: all
     totals over the workers and the flow process. ``workers_<figure>`` and

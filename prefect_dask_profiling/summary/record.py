@@ -74,7 +74,7 @@ class RunRecord:
         it ran (:class:`~prefect_dask_profiling.timing.types.StageScheduler`).
     lifetimes
         Each worker's stay (:class:`~prefect_dask_profiling.timing.types.WorkerLifetime`):
-        what the cluster allocated (:mod:`prefect_dask_profiling.summary.allocation`).
+        what the cluster allocated (:mod:`prefect_dask_profiling.cost.allocation`).
     """
 
     name: str

@@ -7,7 +7,7 @@ on a CPU, nanoseconds waiting in the run queue, time slices); elsewhere the wait
 and CPU comes from :func:`time.thread_time` / :func:`time.process_time`.
 
 Used by the scheduler plugin (its event loop's CPU per stage) and by the workers' counters at
-stage boundaries (:mod:`prefect_dask_profiling.timing.storage_io`). Never raises.
+stage boundaries (:mod:`prefect_dask_profiling.timing.worker_io`). Never raises.
 """
 
 from __future__ import annotations

@@ -178,7 +178,7 @@ class TransferLog(TypedDict):
 
 
 class ChunksVsBlocks(TypedDict):
-    """Dask chunks read against the files' internal blocks (``timing.storage_io.
+    """Dask chunks read against the files' internal blocks (``timing.io_client.
     chunks_against_blocks``): the most common ``[rows, cols]`` of each, whether they align,
     the finding in words and, when not aligned, the fix."""
 

@@ -102,7 +102,7 @@ def test_a_pipeline_without_runs_is_bad_input(tmp_path, store):
 def live(store: RunStore, run_id: str, *, age_s: float = 12.0, pipeline: str = "ndvi",
          **fields) -> None:
     """Store the estimate of a run in progress, computed ``age_s`` ago."""
-    from prefect_dask_profiling.store.live import estimate_doc
+    from prefect_dask_profiling.forecast.live_store import estimate_doc
 
     now = datetime.now(UTC)
     doc = {"pipeline": pipeline, "version": "v1", "run_id": run_id, "flow_run_id": "f-1",

@@ -108,7 +108,7 @@ def test_a_record_without_samples_still_gets_a_verdict(record):
 def test_finish_stores_a_diagnosis_per_stage_and_explains_a_regression(record, tmp_path):
     import copy
 
-    from prefect_dask_profiling.finishing import FinishSettings, finish_run
+    from prefect_dask_profiling.run.pipeline import FinishSettings, finish_run
     from prefect_dask_profiling.store.manifest import RunContext
     from prefect_dask_profiling.store.runs import RunStore
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pandas as pd
 
+from prefect_dask_profiling.cost.allocation import allocation, allocation_markdown
+from prefect_dask_profiling.cost.rates import parse_cost
 from prefect_dask_profiling.export.fleet import fleet_rows
 from prefect_dask_profiling.export.prometheus import LatestRun, build_registry, exposition
-from prefect_dask_profiling.pricing import parse_cost
-from prefect_dask_profiling.summary.allocation import allocation, allocation_markdown
 from prefect_dask_profiling.summary.record import RunRecord
 
 T0 = 1_000_000.0

@@ -16,8 +16,8 @@ import pytest
 from run_records import record_stages
 from s3_servers import boto_client, reset_moto, s3_options
 
-from prefect_dask_profiling.finishing import FinishSettings, finish_run
 from prefect_dask_profiling.regression.baseline import load_baseline
+from prefect_dask_profiling.run.pipeline import FinishSettings, finish_run
 from prefect_dask_profiling.store import layout
 from prefect_dask_profiling.store.manifest import RunContext, sha256
 from prefect_dask_profiling.store.runs import RunStore, new_run_id

@@ -5,7 +5,7 @@ each thread runs tasks of ``seconds`` back to back (a compute interval each, as 
 ``startstops`` say), keys of a few prefixes, and one straggler 60 times as long every
 100,000 tasks. The records go through the run's recorder at its default bound
 (:class:`~prefect_dask_profiling.timing.tasks.TaskRecords`), as the scheduler plugin keeps
-them, and what it holds is copied as :func:`~prefect_dask_profiling.prefect.report_data.fetch`
+them, and what it holds is copied as :func:`~prefect_dask_profiling.reports.data.fetch`
 would.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from distributed import profile
 
-from prefect_dask_profiling.prefect.report_data import StageData, StreamSlice
+from prefect_dask_profiling.reports.data import StageData, StreamSlice
 from prefect_dask_profiling.timing.tasks import MAX_TASK_RECORDS, TaskRecords
 
 PREFIXES = ("open_dataset", "getitem", "ndvi", "nanmedian-chunk")

@@ -17,7 +17,6 @@ import httpx
 import pytest
 from run_records import record_stages, scaled
 
-from prefect_dask_profiling.finishing import FinishSettings, finish_run
 from prefect_dask_profiling.prefect.events import (
     EPISODE_KINDS,
     REGRESSION_EVENT,
@@ -25,6 +24,7 @@ from prefect_dask_profiling.prefect.events import (
 )
 from prefect_dask_profiling.regression.alert_history import acknowledge
 from prefect_dask_profiling.regression.judge import judge_stored
+from prefect_dask_profiling.run.pipeline import FinishSettings, finish_run
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 

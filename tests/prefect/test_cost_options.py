@@ -7,8 +7,8 @@ import pickle
 
 import pytest
 
+from prefect_dask_profiling.cost.rates import CostRates, Rates
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner
-from prefect_dask_profiling.pricing import CostRates, Rates
 
 
 @pytest.mark.parametrize(("cost", "key"), [

@@ -21,8 +21,8 @@ import httpx
 import pytest
 from run_records import record_stages, scaled
 
-from prefect_dask_profiling.finishing import FinishResult, FinishSettings, finish_run
 from prefect_dask_profiling.prefect.events import emit_detection_events
+from prefect_dask_profiling.run.pipeline import FinishResult, FinishSettings, finish_run
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from prefect_dask_profiling.forecast.model import Eta, StageLag
 from prefect_dask_profiling.prefect.eta import LiveEta
 from prefect_dask_profiling.prefect.runner import ProfilingOptions
-from prefect_dask_profiling.regression.eta import Eta, StageLag
 from prefect_dask_profiling.store.manifest import RunContext
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server")]

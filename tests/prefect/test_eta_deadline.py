@@ -16,10 +16,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from prefect_dask_profiling.errors import StoreError
-from prefect_dask_profiling.prefect.background import Background
+from prefect_dask_profiling.forecast.model import Eta, HistoryStats, StageStats
 from prefect_dask_profiling.prefect.eta import LiveEta
 from prefect_dask_profiling.prefect.runner import ProfilingOptions
-from prefect_dask_profiling.regression.eta import Eta, HistoryStats, StageStats
+from prefect_dask_profiling.run.background import Background
 from prefect_dask_profiling.store.manifest import RunContext
 
 # Hours before the real clock: a deadline an hour after this start passed long ago, whatever

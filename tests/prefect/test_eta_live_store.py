@@ -9,11 +9,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from prefect_dask_profiling.forecast.live_store import LIVE_KIND
+from prefect_dask_profiling.forecast.model import HistoryStats, StageStats
 from prefect_dask_profiling.prefect import publish
 from prefect_dask_profiling.prefect.eta import LiveEta
 from prefect_dask_profiling.prefect.runner import ProfilingOptions
-from prefect_dask_profiling.regression.eta import HistoryStats, StageStats
-from prefect_dask_profiling.store.live import LIVE_KIND
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.store.runs import RunStore
 

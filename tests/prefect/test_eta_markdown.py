@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from prefect_dask_profiling.forecast.model import Eta
 from prefect_dask_profiling.prefect.eta import LiveEta
 from prefect_dask_profiling.prefect.runner import ProfilingOptions
-from prefect_dask_profiling.regression.eta import Eta
 from prefect_dask_profiling.store.manifest import RunContext
 
 START = datetime(2026, 12, 3, 1, 0, tzinfo=UTC)

@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from prefect_dask_profiling.forecast.model import parse_deadline, resolve_deadline
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner
-from prefect_dask_profiling.regression.eta import parse_deadline, resolve_deadline
 
 
 @pytest.mark.parametrize(("options", "words"), [

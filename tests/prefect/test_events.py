@@ -16,7 +16,6 @@ import httpx
 import pandas as pd
 import pytest
 
-from prefect_dask_profiling.finishing import FinishResult
 from prefect_dask_profiling.prefect.events import (
     DRIFT_EVENT,
     REGRESSION_EVENT,
@@ -26,6 +25,7 @@ from prefect_dask_profiling.prefect.events import (
 )
 from prefect_dask_profiling.regression.judge import Judgement, Outcome
 from prefect_dask_profiling.regression.rule import Rules
+from prefect_dask_profiling.run.pipeline import FinishResult
 
 pytestmark = pytest.mark.slow
 

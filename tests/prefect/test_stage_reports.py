@@ -32,9 +32,9 @@ from s3_servers import boto_client, moto_server, s3_options
 from tiers import starts_processes
 
 from prefect_dask_profiling import stage
-from prefect_dask_profiling.prefect import reports
-from prefect_dask_profiling.prefect.report_html import TABS
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner, profiled
+from prefect_dask_profiling.reports import stage_reports as reports
+from prefect_dask_profiling.reports.html import TABS
 from prefect_dask_profiling.store.runs import RunStore
 from prefect_dask_profiling.timing import client as timing_client
 
@@ -348,7 +348,8 @@ def test_a_refilled_report_is_what_bokeh_itself_would_write(client, plugin):
     from bokeh.embed import file_html
     from bokeh.resources import CDN
 
-    from prefect_dask_profiling.prefect import report_data, report_html
+    from prefect_dask_profiling.reports import data as report_data
+    from prefect_dask_profiling.reports import html as report_html
 
     def stage_data(prefix: str, n: int) -> report_data.StageData:
         window = reports.open_window(client, plugin)

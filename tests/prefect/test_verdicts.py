@@ -133,7 +133,7 @@ def run_markdown_artifact(state) -> str:
 
 def test_a_broken_verdict_step_never_changes_the_flow_and_is_visible(cluster, history,
                                                                      monkeypatch):
-    from prefect_dask_profiling import finishing
+    from prefect_dask_profiling.run import pipeline as finishing
 
     def broken(end) -> None:
         raise RuntimeError("verdict bug for the test")
@@ -158,8 +158,8 @@ def test_a_pipeline_unjudged_two_nights_running_says_its_gate_is_blind(cluster, 
     night is a notice; the second says the gate is blind: a line at the top of the run's
     markdown, a warning, the manifest's streak, and ``dask-profiling.judgement.unjudged``
     (read back from the real server) with the streak, the cause and the command."""
-    from prefect_dask_profiling import finishing
     from prefect_dask_profiling.regression.blind import UNJUDGED_EVENT
+    from prefect_dask_profiling.run import pipeline as finishing
 
     def broken(end) -> None:
         raise RuntimeError("verdict bug for the test")

@@ -1,4 +1,4 @@
-"""Generated nights through the real :func:`~prefect_dask_profiling.finishing.finish_run`.
+"""Generated nights through the real :func:`~prefect_dask_profiling.run.pipeline.finish_run`.
 
 Shared by the stateful simulation (``test_history_simulation.py``), the focused defect tests
 (``test_history_defects.py``) and ``benchmarks/alert_quality.py``. Three parts:
@@ -48,16 +48,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from prefect_dask_profiling.finishing import (
+from prefect_dask_profiling.regression import alert_history
+from prefect_dask_profiling.regression.history import accept_run
+from prefect_dask_profiling.regression.judge import judge_stored
+from prefect_dask_profiling.run.pipeline import (
     FinishResult,
     FinishSettings,
     complete_run,
     judge_run,
     store_record,
 )
-from prefect_dask_profiling.regression import alert_history
-from prefect_dask_profiling.regression.history import accept_run
-from prefect_dask_profiling.regression.judge import judge_stored
 from prefect_dask_profiling.store import layout
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
@@ -304,7 +304,7 @@ class Driver:
 
     def run(self, spec: NightSpec) -> NightRun:
         """Finish ``spec``'s night as a profiled flow does: the three seams of
-        :func:`~prefect_dask_profiling.finishing.finish_run` (store the record, judge,
+        :func:`~prefect_dask_profiling.run.pipeline.finish_run` (store the record, judge,
         complete). Its views (trend page, fleet rows), which nothing judged reads, are not
         drawn: they were a tenth of a generated night's time."""
         spec = spec.with_run_id()

@@ -15,7 +15,7 @@ import pytest
 from night_sim import Driver, NightRun, NightSpec
 from run_records import record_stages
 
-from prefect_dask_profiling.finishing import FinishSettings
+from prefect_dask_profiling.run.pipeline import FinishSettings
 from prefect_dask_profiling.store.runs import RunStore
 
 pytestmark = pytest.mark.slow  # generated nights through finish_run: > 10 s a test

@@ -1,5 +1,5 @@
 """``cost_regression``: idle worker-hours judged like storage requests, through the real
-judge and :func:`~prefect_dask_profiling.finishing.finish_run` on a local store.
+judge and :func:`~prefect_dask_profiling.run.pipeline.finish_run` on a local store.
 
 Nights are generated records (:meth:`RunRecord.from_snapshot`): one stage ``write`` of an
 hour whose tasks compute 2,160 thread-seconds; on a calm night one single-thread worker holds
@@ -14,9 +14,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from prefect_dask_profiling.finishing import FinishResult, FinishSettings, finish_run
 from prefect_dask_profiling.regression.judge import judge_stored
 from prefect_dask_profiling.regression.rule import RegressionRule
+from prefect_dask_profiling.run.pipeline import FinishResult, FinishSettings, finish_run
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 from prefect_dask_profiling.summary.record import RunRecord

@@ -17,8 +17,8 @@ import pytest
 from night_sim import Driver, NightRun, NightSpec
 from run_records import record_stages
 
-from prefect_dask_profiling.finishing import FinishSettings
 from prefect_dask_profiling.regression import alert_history
+from prefect_dask_profiling.run.pipeline import FinishSettings
 from prefect_dask_profiling.store import layout
 from prefect_dask_profiling.store.runs import RunStore
 

@@ -17,12 +17,12 @@ import pytest
 from run_records import record_stages, scaled
 from typer.testing import CliRunner
 
-import prefect_dask_profiling.finishing as finishing
+import prefect_dask_profiling.run.pipeline as finishing
 from prefect_dask_profiling.cli import app
-from prefect_dask_profiling.finishing import FinishSettings, finish_run
 from prefect_dask_profiling.regression.baseline import Baseline
 from prefect_dask_profiling.regression.judge import History, Tonight, judge
 from prefect_dask_profiling.regression.rule import DriftRule, RegressionRule, Rules
+from prefect_dask_profiling.run.pipeline import FinishSettings, finish_run
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 

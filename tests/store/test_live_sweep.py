@@ -17,11 +17,11 @@ import pandas as pd
 from typer.testing import CliRunner
 
 from prefect_dask_profiling.cli import app
-from prefect_dask_profiling.prefect.background import Background
+from prefect_dask_profiling.forecast.live_store import estimate_doc
 from prefect_dask_profiling.prefect.eta import LiveEta
 from prefect_dask_profiling.prefect.runner import ProfilingOptions
+from prefect_dask_profiling.run.background import Background
 from prefect_dask_profiling.store import layout
-from prefect_dask_profiling.store.live import estimate_doc
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 
@@ -77,7 +77,7 @@ def test_leftovers_are_swept_and_live_runs_kept(store):
 
 
 def test_the_stale_rule_is_three_intervals_and_a_minute():
-    from prefect_dask_profiling.store.live import is_stale
+    from prefect_dask_profiling.forecast.live_store import is_stale
 
     doc = {"computed_at": NOW.isoformat(), "interval_s": 30.0}
     assert is_stale(doc, NOW + timedelta(seconds=150)) is False  # type: ignore[arg-type]

@@ -26,7 +26,7 @@ from s3_servers import (
     s3_options,
 )
 
-from prefect_dask_profiling.finishing import FinishSettings, finish_run
+from prefect_dask_profiling.run.pipeline import FinishSettings, finish_run
 from prefect_dask_profiling.store import layout
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.store.runs import RunStore, new_run_id

@@ -20,7 +20,7 @@ from distributed import Client, LocalCluster, wait
 from tiers import starts_processes
 
 from prefect_dask_profiling import collect, install, stage, uninstall
-from prefect_dask_profiling.finishing import FinishSettings, finish_run
+from prefect_dask_profiling.run.pipeline import FinishSettings, finish_run
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 from prefect_dask_profiling.summary.memory import describe_incident, stage_memory

@@ -14,7 +14,7 @@ from distributed import Client, LocalCluster
 from s3_servers import boto_client, moto_server, s3_options
 from s3fs.core import S3FileSystem
 
-from prefect_dask_profiling.timing import storage_io
+from prefect_dask_profiling.timing import io_client, worker_io
 
 BUCKET = "counted"
 
@@ -52,7 +52,7 @@ def assert_restored(original, ours: list) -> None:
 def test_two_counters_of_one_process_stop_in_either_order(endpoint, stop_first):
     original = S3FileSystem.__dict__["_call_s3"]
     original = getattr(original, "__wrapped__", original)  # another test's counter counts
-    first, second = storage_io.StorageRequests(), storage_io.StorageRequests()
+    first, second = worker_io.StorageRequests(), worker_io.StorageRequests()
     first.attach()
     second.attach()
     try:
@@ -84,7 +84,7 @@ def test_in_process_workers_closed_in_either_order_leave_no_stopped_wrapper(endp
     with LocalCluster(n_workers=0, threads_per_worker=1, processes=False,
                       dashboard_address=":0") as cluster, \
             Client(cluster, set_as_default=False) as client:
-        assert storage_io.install(client)  # the flow's counter (this process) too
+        assert io_client.install(client)  # the flow's counter (this process) too
         try:
             workers = []
             for n in (1, 2):  # one after the other: the plugins start in this order
@@ -92,19 +92,19 @@ def test_in_process_workers_closed_in_either_order_leave_no_stopped_wrapper(endp
                 client.wait_for_workers(n, timeout=60)
                 workers.append(next(w for w in cluster.workers.values()
                                     if w not in workers))
-            plugins = [w.plugins[storage_io.PLUGIN_NAME] for w in workers]
+            plugins = [w.plugins[worker_io.PLUGIN_NAME] for w in workers]
             counts = [p.s3fs for p in plugins]
             sinks = [p._s3fs_sink for p in plugins]
             assert all(c is not None for c in counts)
-            flow_before = gets(storage_io.count_this_process().counters(cpu=False)["s3fs"])
+            flow_before = gets(io_client.count_this_process().counters(cpu=False)["s3fs"])
             get_once(endpoint)
             assert [gets(c) for c in counts] == [1, 1]
             for worker in (workers[close_first], workers[1 - close_first]):
                 cluster.sync(worker.close)
             get_once(endpoint)
             assert [gets(c) for c in counts] == [1, 1], "a closed worker's plugin counts"
-            flow = storage_io.count_this_process().counters(cpu=False)["s3fs"]
+            flow = io_client.count_this_process().counters(cpu=False)["s3fs"]
             assert gets(flow) == flow_before + 2  # the flow's counter counted throughout
         finally:
-            storage_io.uninstall(client)
+            io_client.uninstall(client)
     assert_restored(original, sinks)

@@ -26,7 +26,7 @@ from prefect_dask_profiling.summary.io import (
     stage_io_summaries,
     stage_io_summary,
 )
-from prefect_dask_profiling.timing import storage_io
+from prefect_dask_profiling.timing import io_client, worker_io
 from tasks import scenes
 from tasks.synthetic import CubeSpec
 
@@ -53,7 +53,7 @@ def archive():
             found = scenes.search(catalog, SPEC.dates, s3_options(endpoint))
             with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                               dashboard_address=":0") as cluster, Client(cluster) as client:
-                assert storage_io.install(client)
+                assert io_client.install(client)
                 pids = client.run(tag_process)
                 yield {"client": client, "proxy": proxy, "pids": pids, "found": found,
                        "endpoint": endpoint, "catalog": catalog}
@@ -70,11 +70,11 @@ def read_stage(archive, name: str, options: dict, chunk: int):
     client, proxy = archive["client"], archive["proxy"]
     scenes.configure_workers(client, {**scenes.gdal_options(
         {"endpoint_url": proxy.endpoint}), **options})
-    before, mark = storage_io.io_counters(client), proxy.mark()
+    before, mark = io_client.io_counters(client), proxy.mark()
     ds = client.submit(scenes.open_scenes, archive["found"], chunk, pure=False).result()
     ds = ds.persist()
     wait(ds)
-    rows = storage_io.stage_deltas(name, before, storage_io.io_counters(client))
+    rows = io_client.stage_deltas(name, before, io_client.io_counters(client))
     # the files were opened on a worker: this (the flow) process made no request
     flow = [r for r in rows if r["process"] == "flow"]
     assert len(flow) == 1 and not any(v for k, v in flow[0].items()
@@ -129,10 +129,10 @@ def test_s3fs_requests_are_counted_on_the_worker_that_made_them(archive):
     options = s3_options(proxy.endpoint)
     catalog = archive["catalog"]
     client.submit(scenes.search, catalog, 2, options, workers=[worker], pure=False).result()
-    before, mark = storage_io.io_counters(client), proxy.mark()
+    before, mark = io_client.io_counters(client), proxy.mark()
     found = client.submit(scenes.search, catalog, 3, options, workers=[worker],
                           pure=False).result()
-    rows = storage_io.stage_deltas("search", before, storage_io.io_counters(client))
+    rows = io_client.stage_deltas("search", before, io_client.io_counters(client))
     seen = proxy.since(mark)
     assert len(found) == 3
     mine = {r["worker"]: r for r in rows}[worker]
@@ -150,10 +150,10 @@ def spin(steps: int) -> int:
 def test_workers_without_gdal_have_no_gdal_columns():
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
                       dashboard_address=":0") as cluster, Client(cluster) as client:
-        assert storage_io.install(client)
-        before = storage_io.io_counters(client)
+        assert io_client.install(client)
+        before = io_client.io_counters(client)
         da.ones((100, 100), chunks=50).sum().compute()
-        every = storage_io.stage_deltas("compute", before, storage_io.io_counters(client))
+        every = io_client.stage_deltas("compute", before, io_client.io_counters(client))
     # this (the flow) process has its own row, with GDAL when this process loaded rasterio
     assert [r["process"] for r in every] == ["worker", "flow"]
     rows = [r for r in every if r["process"] == "worker"]
@@ -185,12 +185,12 @@ def test_a_stage_gets_its_worker_processes_cpu_and_run_queue_wait():
     holds scheduling and GIL handovers)."""
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                       dashboard_address=":0") as cluster, Client(cluster) as client:
-        assert storage_io.install(client)
-        before = storage_io.io_counters(client)
+        assert io_client.install(client)
+        before = io_client.io_counters(client)
         busy = sorted(client.nthreads())[0]
         own = client.submit(timed_spin, 3_000_000, workers=[busy], pure=False).result()
-        rows = {r["worker"]: r for r in storage_io.stage_deltas(
-            "compute", before, storage_io.io_counters(client))}
+        rows = {r["worker"]: r for r in io_client.stage_deltas(
+            "compute", before, io_client.io_counters(client))}
     idle = next(w for w in rows if w != busy)
     spun = rows[busy]
     assert own["cpu_s"] > 0.1, own
@@ -201,7 +201,7 @@ def test_a_stage_gets_its_worker_processes_cpu_and_run_queue_wait():
     assert rows[idle]["task_wait_s"] >= 0
 
 
-class SlowCounters(storage_io.StorageRequests):
+class SlowCounters(worker_io.StorageRequests):
     """The plugin, on a worker whose event loop is held for a while at every reading."""
 
     def counters(self, cpu: bool = True):
@@ -212,11 +212,11 @@ class SlowCounters(storage_io.StorageRequests):
 def test_io_counters_gives_up_after_its_timeout():
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
                       dashboard_address=":0") as cluster, Client(cluster) as client:
-        client.register_plugin(SlowCounters(), name=storage_io.PLUGIN_NAME)
+        client.register_plugin(SlowCounters(), name=worker_io.PLUGIN_NAME)
         with pytest.raises(TimeoutError):
-            storage_io.io_counters(client, timeout=1.0)
+            io_client.io_counters(client, timeout=1.0)
         with pytest.raises(InvalidInput, match="timeout"):
-            storage_io.io_counters(client, timeout=0)
+            io_client.io_counters(client, timeout=0)
 
 
 def load_rasterio() -> str:
@@ -226,7 +226,7 @@ def load_rasterio() -> str:
 
 
 def attach_attempts(dask_worker) -> int:
-    return dask_worker.plugins[storage_io.PLUGIN_NAME].attach_attempts
+    return dask_worker.plugins[worker_io.PLUGIN_NAME].attach_attempts
 
 
 def test_a_gdal_without_network_statistics_is_tried_once_per_process():
@@ -237,12 +237,12 @@ def test_a_gdal_without_network_statistics_is_tried_once_per_process():
     with LocalCluster(n_workers=1, threads_per_worker=2, processes=True,
                       dashboard_address=":0") as cluster, Client(cluster) as client:
         client.run(load_rasterio)
-        client.register_plugin(storage_io.StorageRequests(gdal_library=no_stats),
-                               name=storage_io.PLUGIN_NAME)
+        client.register_plugin(worker_io.StorageRequests(gdal_library=no_stats),
+                               name=worker_io.PLUGIN_NAME)
         da.ones((100, 100), chunks=10).map_blocks(lambda b: b + 1).sum().compute()
-        readings = storage_io.io_counters(client)
+        readings = io_client.io_counters(client)
         attempts = client.run(attach_attempts)
-    worker = next(w for w in readings if w != storage_io.FLOW_PROCESS)
+    worker = next(w for w in readings if w != io_client.FLOW_PROCESS)
     assert readings[worker]["gdal"] is None
     assert "network statistics unavailable" in readings[worker]["gdal_error"]
     assert readings[worker]["errors"] == 1, readings[worker]
@@ -256,7 +256,7 @@ def test_the_run_stores_own_s3fs_calls_are_not_counted():
 
     with moto_server() as endpoint:
         boto_client(endpoint).create_bucket(Bucket="own")
-        counter = storage_io.StorageRequests()
+        counter = worker_io.StorageRequests()
         counter.attach()
         try:
             store_fs = make_s3fs(s3_options(endpoint), 10.0)
@@ -285,7 +285,7 @@ def test_chunks_are_the_source_chunks_of_prefixes_any_process_found_reading():
     # "a" found getitem reading; "b"'s first checks were cache hits: its chunks count too
     after = {"a": reading(1, 30, {"getitem": [10, 1000], "random": [4, 400]}, ["getitem"]),
              "b": reading(2, 20, {"getitem": [6, 600]}, [])}
-    rows = {r["worker"]: r for r in storage_io.stage_deltas("read", before, after)}
+    rows = {r["worker"]: r for r in io_client.stage_deltas("read", before, after)}
     assert (rows["a"]["chunks"], rows["a"]["decoded_bytes"]) == (10, 1000)
     assert (rows["b"]["chunks"], rows["b"]["decoded_bytes"]) == (6, 600)
     assert stage_io_metrics(io_frame(list(rows.values()))).loc[
@@ -296,8 +296,8 @@ def test_workers_in_one_process_and_the_flow_process_are_counted_once_each():
     shared = reading(7, 12, {"getitem": [3, 30]}, ["getitem"])
     after = {"tcp://w1": shared, "tcp://w2": {**shared, "instance": "other",
                                               "sources": {"getitem": [1, 10]}},
-             storage_io.FLOW_PROCESS: reading(9, 4, {}, [], process="flow")}
-    rows = storage_io.stage_deltas("read", {}, after)
+             io_client.FLOW_PROCESS: reading(9, 4, {}, [], process="flow")}
+    rows = io_client.stage_deltas("read", {}, after)
     assert [r.get("gdal_get") for r in rows] == [12, None, 4], "one process, counted once"
     assert [r["process"] for r in rows] == ["worker", "worker", "flow"]
     io = stage_io_summaries(io_frame(rows))["read"]
@@ -323,22 +323,22 @@ def test_cpu_deltas_only_between_readings_of_one_process():
               "d": reading(4, 1.0, {}, 100.0)}
     after = {"a": reading(1, 12.5, {7: 2.5, 8: 0.25}, 103.0), "b": reading(2, 11.0, None, 103.0),
              "c": reading(3, 40.0, {9: 1.0}, 103.0), "d": reading(4, 1.5, {}, 103.0)}
-    rows = {r["worker"]: r for r in storage_io.stage_deltas("s", before, after)}
+    rows = {r["worker"]: r for r in io_client.stage_deltas("s", before, after)}
     assert rows["a"]["cpu_s"] == pytest.approx(2.5) and rows["a"]["seconds"] == 3.0
     assert rows["a"]["task_wait_s"] == pytest.approx(0.75)  # 0.5 + a new thread's 0.25
     assert rows["b"]["cpu_s"] == 1.0 and "task_wait_s" not in rows["b"]  # no schedstat
     assert "cpu_s" not in rows["c"]  # joined: its CPU since start is not this stage's
     assert rows["d"]["task_wait_s"] == 0  # no task ran there: no task thread waited
     old = {k: v for k, v in before["a"].items() if k not in ("cpu_s", "task_waits")}
-    assert storage_io.cpu_delta(old, after["a"]) == {}  # an older plugin's reading
+    assert io_client.cpu_delta(old, after["a"]) == {}  # an older plugin's reading
 
 
 def test_gdal_counts_split_listings_from_gets():
     text = ('{"methods": {"GET": {"count": 5, "downloaded_bytes": 100}, "HEAD": {"count": 2}},'
             ' "handlers": {"vsis3": {"actions": {"ReadDir": {"methods": {"GET": {"count": 2,'
             ' "downloaded_bytes": 10}}}}}}}')
-    assert storage_io.gdal_counts(text) == {"GET": 3, "LIST": 2, "HEAD": 2, "bytes": 100}
-    assert storage_io.gdal_counts("") == {}
+    assert worker_io.gdal_counts(text) == {"GET": 3, "LIST": 2, "HEAD": 2, "bytes": 100}
+    assert worker_io.gdal_counts("") == {}
 
 
 def test_stage_deltas_count_a_restarted_worker_from_zero():
@@ -348,7 +348,7 @@ def test_stage_deltas_count_a_restarted_worker_from_zero():
 
     before = {"a": reading(1, 5), "b": reading(2, 5)}
     after = {"a": reading(1, 8), "b": reading(3, 2), "c": reading(4, 1)}
-    rows = {r["worker"]: r for r in storage_io.stage_deltas("read", before, after)}
+    rows = {r["worker"]: r for r in io_client.stage_deltas("read", before, after)}
     assert rows["a"]["gdal_get"] == 3 and rows["a"]["gdal_bytes"] == 30
     assert rows["b"]["gdal_get"] == 2, "another process: counted from zero"
     assert rows["c"]["chunks"] == 1, "joined during the stage"
@@ -370,7 +370,7 @@ def test_a_stage_on_workers_without_gdal_has_no_gdal_metrics_beside_one_with():
 
 
 def test_effective_options_never_record_secret_values():
-    options = storage_io.effective_options(
+    options = worker_io.effective_options(
         {"AWS_SECRET_ACCESS_KEY": "s3cr3t", "AWS_ACCESS_KEY_ID": "AKIA", "HOME": "/root",
          "GDAL_HTTP_MERGE_CONSECUTIVE_RANGES": "YES", "AWS_SESSION_TOKEN": "t"},
         {"GDAL_HTTP_MERGE_CONSECUTIVE_RANGES": "NO", "CPL_DEBUG": "OFF"})
@@ -392,10 +392,10 @@ def test_chunks_are_compared_with_the_cogs_blocks(archive, chunk, aligned):
     client = archive["client"]
     scenes.configure_workers(client, scenes.gdal_options(
         {"endpoint_url": archive["proxy"].endpoint}))
-    before = storage_io.io_counters(client)
+    before = io_client.io_counters(client)
     ds = client.submit(scenes.open_scenes, archive["found"], chunk, pure=False).result()
     wait(ds.persist())
-    found = storage_io.check_alignment(client, before, storage_io.io_counters(client))
+    found = io_client.check_alignment(client, before, io_client.io_counters(client))
     assert found["block"] == [SPEC.tile, SPEC.tile]
     assert found["chunk"] == [chunk, chunk]
     assert found["aligned"] is aligned
@@ -404,12 +404,12 @@ def test_chunks_are_compared_with_the_cogs_blocks(archive, chunk, aligned):
 
 
 def test_chunks_against_blocks_judges_the_usual_chunk_not_the_edges():
-    found = storage_io.chunks_against_blocks({"512x512": 12, "100x512": 3},
+    found = io_client.chunks_against_blocks({"512x512": 12, "100x512": 3},
                                              {"/vsis3/b/a.tif": [256, 256]})
     assert found["aligned"] and found["fix"] is None
-    found = storage_io.chunks_against_blocks({"600x600": 4}, {"a": [256, 256], "b": [256, 256]})
+    found = io_client.chunks_against_blocks({"600x600": 4}, {"a": [256, 256], "b": [256, 256]})
     assert not found["aligned"] and "'y': 512" in found["fix"]
-    assert storage_io.chunks_against_blocks({}, {"a": [1, 1]}) is None
+    assert io_client.chunks_against_blocks({}, {"a": [1, 1]}) is None
 
 
 def test_a_gdal_option_change_ranks_first_in_the_explanation():
@@ -438,7 +438,7 @@ def test_a_gdal_option_change_ranks_first_in_the_explanation():
 def test_io_text_reads_like_the_tables():
     io = {"requests": 56, "get": 56, "bytes": 1_054_468, "chunks": 48,
           "requests_per_chunk": 1.17, "read_amplification": 0.33}
-    assert storage_io and "56 requests (GET 56), 1.2 per chunk, 1.05 MB" in io_text(io)
+    assert io_client and "56 requests (GET 56), 1.2 per chunk, 1.05 MB" in io_text(io)
     assert io_text(None) == "" and io_text({"chunks": 0}) == ""
     assert io_text({"requests": 0, "chunks": 4, "bytes": 0}) == "", "no request, no line"
     assert io_text({"requests": 0, "s3fs_requests": 29}) == "s3fs 29 requests"

@@ -23,7 +23,7 @@ from distributed import Client, Event, LocalCluster, wait
 from s3_servers import boto_client, moto_server, s3_options
 
 from prefect_dask_profiling.summary.io import io_frame, stage_io_summaries
-from prefect_dask_profiling.timing import storage_io
+from prefect_dask_profiling.timing import io_client
 from tasks import scenes
 from tasks.synthetic import CubeSpec
 
@@ -66,7 +66,7 @@ def read_beside_compute(archive, order: str) -> dict:
     """One stage on a fresh 1 x 4-thread worker process: its stored io summary."""
     with LocalCluster(n_workers=1, threads_per_worker=4, processes=True,
                       dashboard_address=":0") as cluster, Client(cluster) as client:
-        assert storage_io.install(client)
+        assert io_client.install(client)
         scenes.configure_workers(client, archive["options"])
         ds = client.submit(scenes.open_scenes, archive["found"], CHUNK, pure=False).result()
         reads = [ds.red.data, ds.nir.data]
@@ -79,7 +79,7 @@ def read_beside_compute(archive, order: str) -> dict:
         # ``go`` until its timeout
         work = base.map_blocks(gated, started.name, go.name,
                                meta=np.empty((0, 0), dtype=base.dtype))
-        before = storage_io.io_counters(client)
+        before = io_client.io_counters(client)
         if order == "apart":
             go.set()
             wait(client.persist(work))
@@ -93,7 +93,7 @@ def read_beside_compute(archive, order: str) -> dict:
         else:
             go.set()
             wait(client.persist([work, *reads]))
-        rows = storage_io.stage_deltas("read", before, storage_io.io_counters(client))
+        rows = io_client.stage_deltas("read", before, io_client.io_counters(client))
     return stage_io_summaries(io_frame(rows))["read"]
 
 

@@ -22,7 +22,7 @@ A stored night is laid out by :func:`night_layout`: the time from the run's star
 first stage window (the *lead*: cluster start-up, waiting for workers, the flow body before
 the first stage), the stages, and the time from the last window's end to the run's end (the
 *tail*: collection, the summary, the store) -- the time the cost work calls "outside stages"
-(:data:`~prefect_dask_profiling.summary.allocation.OUTSIDE`). The lead and the tail are
+(:data:`~prefect_dask_profiling.cost.allocation.OUTSIDE`). The lead and the tail are
 parts of the estimate of their own, with a p50 / p90 like a stage (:data:`LEAD`,
 :data:`TAIL`). A stage's duration is its execution window (``manifest["stages"][i]
 ["wall_s"]``), scaled so that the stages add up to the span from the first window's start to
@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from prefect_dask_profiling.errors import InvalidInput
-from prefect_dask_profiling.store.live import UnknownStage
+from prefect_dask_profiling.forecast.live_store import UnknownStage
 
 if TYPE_CHECKING:  # the runner validates its options with this module in Dask workers too,
     import pandas as pd  # which must not load pandas: nothing here imports it at run time

@@ -3,8 +3,8 @@
 A stage's report covers its window: wall times, the append counter of the run's task
 records (so exactly the stage's tasks, whatever the clock offsets) and the system monitor's
 sample counter, marked at the stage's entry and exit. The scheduler only copies the window's data
-(:mod:`~prefect_dask_profiling.prefect.report_data`) and the flow process draws Dask's
-report with Bokeh (:mod:`~prefect_dask_profiling.prefect.report_html`) on its background
+(:mod:`~prefect_dask_profiling.reports.data`) and the flow process draws Dask's
+report with Bokeh (:mod:`~prefect_dask_profiling.reports.html`) on its background
 service: a few milliseconds of scheduler event loop per report instead of half a second.
 
 There is one renderer, ``"flow"``. The earlier ``"dask"`` renderer drew Dask's own
@@ -35,8 +35,7 @@ from typing import TYPE_CHECKING, Protocol
 from distributed.metrics import time
 
 from prefect_dask_profiling.errors import InvalidInput
-from prefect_dask_profiling.prefect import report_data
-from prefect_dask_profiling.prefect.background import Background
+from prefect_dask_profiling.reports import data as report_data
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -159,7 +158,7 @@ def check_renderer(renderer: str) -> str:
 
 def _render_in_flow(client: Client, window: ReportWindow, end: WindowEnd, timeout: float,
                     stage: str) -> RenderedReport:
-    from prefect_dask_profiling.prefect.report_html import render_html
+    from prefect_dask_profiling.reports.html import render_html
 
     data = report_data.fetch(
         client, plugin=window.plugin, start=window.start, stop=end.stop, first=window.index,
@@ -225,8 +224,8 @@ class StageReports:
 
     The session tells it when a stage opens (:meth:`opened`: the report's window starts) and
     closes (:meth:`closed`: the window ends, and the report is drawn and stored by the
-    process's one :class:`~prefect_dask_profiling.prefect.background.Background` service
-    while the flow goes on, its link posted by the run's publisher); once the run is judged,
+    process's one background service, ``submit``, while the flow goes on, its link posted by
+    the run's publisher); once the run is judged,
     :meth:`flagged` draws the reports ``"auto"`` mode kept for stages that regressed;
     :meth:`drain` waits, with a bound, for the reports still being drawn (before the run is
     stored, and at the runner's exit).
@@ -254,13 +253,19 @@ class StageReports:
     publisher
         The run's :class:`~prefect_dask_profiling.prefect.publish.Publisher`: told when a
         report is stored (it posts the report's link); ``None``: no link is posted.
+    submit
+        Queues a report's drawing: ``submit(fn, *args, label=...)`` returns its future (the
+        session passes the submit of the process's one
+        :class:`~prefect_dask_profiling.run.background.Background` service).
     """
 
     def __init__(self, client: Client, plugin: str, ctx: RunContext, warnings: list[str],
                  store: Callable[[], RunStore], settings: ReportSettings,
-                 publisher: ReportStored | None = None) -> None:
+                 publisher: ReportStored | None = None, *,
+                 submit: Callable[..., Future]) -> None:
         check_renderer(settings.renderer)
         self.publisher = publisher
+        self._submit = submit
         self.client = client
         self.plugin = plugin
         self.ctx = ctx
@@ -329,7 +334,7 @@ class StageReports:
         earlier = self._pending.get(info.name)
         if earlier is not None:
             earlier.cancel()  # an earlier window's report not started yet: this one covers it
-        self._pending[info.name] = Background.instance().submit(
+        self._pending[info.name] = self._submit(
             self._draw, info, window, end, label=f"stage report {info.name!r}")
 
     def flagged(self, stages: set[str]) -> list[str]:

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, time, timedelta
 import pandas as pd
 import pytest
 
-from prefect_dask_profiling.regression.eta import (
+from prefect_dask_profiling.forecast.model import (
     Deadline,
     RiskTracker,
     RunProgress,

@@ -11,7 +11,7 @@ import re
 import pytest
 from helpers.report_records import PREFIXES, stage_data_of, straggler_keys
 
-from prefect_dask_profiling.prefect.report_html import render_html
+from prefect_dask_profiling.reports.html import render_html
 from prefect_dask_profiling.timing.tasks import MAX_TASK_RECORDS
 
 pytestmark = pytest.mark.slow  # ~15 s: 250k records drawn

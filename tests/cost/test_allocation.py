@@ -6,13 +6,13 @@ import random
 
 import pytest
 
-from prefect_dask_profiling.pricing import CostRates, Rates, parse_cost
-from prefect_dask_profiling.summary.allocation import (
+from prefect_dask_profiling.cost.allocation import (
     GIB,
     OUTSIDE,
     allocation,
     merge_windows,
 )
+from prefect_dask_profiling.cost.rates import CostRates, Rates, parse_cost
 from prefect_dask_profiling.summary.record import RunRecord
 
 T0 = 1_000_000.0

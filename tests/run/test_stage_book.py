@@ -11,8 +11,9 @@ from __future__ import annotations
 import dask.array as da
 import pytest
 
-from prefect_dask_profiling.prefect.reports import ReportSettings, StageReports
-from prefect_dask_profiling.prefect.stages import StageBook
+from prefect_dask_profiling.reports.stage_reports import ReportSettings, StageReports
+from prefect_dask_profiling.run.background import Background
+from prefect_dask_profiling.run.stages import StageBook
 from prefect_dask_profiling.stages import stage
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
@@ -26,7 +27,7 @@ def book(inproc_client, tmp_path):
     ctx = RunContext(run_id=new_run_id(), pipeline="nightly", version="1")
     store = RunStore(str(tmp_path))
     reports = StageReports(inproc_client, plugin, ctx, warnings, lambda: store,
-                           ReportSettings(mode="off"))
+                           ReportSettings(mode="off"), submit=Background.instance().submit)
     yield StageBook(inproc_client, plugin, warnings, reports, cost=None)
     timing_client.uninstall(inproc_client, plugin)
 

@@ -1,6 +1,6 @@
 """The storage requests of a run's stages, counted at their boundaries.
 
-The workers' storage counters (:mod:`~prefect_dask_profiling.timing.storage_io`) are read
+The workers' storage counters (:mod:`~prefect_dask_profiling.timing.worker_io`) are read
 when a stage opens and when it closes; the stage's requests are the change per worker, and
 its chunks are compared with the blocks of the files it read.
 """
@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from prefect_dask_profiling.timing import storage_io
+from prefect_dask_profiling.timing import io_client
 
 if TYPE_CHECKING:
     from distributed import Client
 
     from prefect_dask_profiling.store.manifest import ChunksVsBlocks
-    from prefect_dask_profiling.timing.storage_io import WorkerCounters
+    from prefect_dask_profiling.timing.worker_io import WorkerCounters
 
 Counters = dict[str, "WorkerCounters"]  # storage counters per worker
 
@@ -45,7 +45,7 @@ class StorageCount:
         if not self.counted:
             return None
         try:
-            return storage_io.io_counters(self.client)
+            return io_client.io_counters(self.client)
         except Exception as exc:
             return exc
 
@@ -71,7 +71,7 @@ class StorageCount:
         after = self.opened(name, read)
         if after is None:
             return None
-        rows = storage_io.stage_deltas(name, before, after)
+        rows = io_client.stage_deltas(name, before, after)
         if still_open:
             self.warnings.append(
                 f"stage {name!r} overlapped stage(s) {', '.join(sorted(still_open))}: "
@@ -79,7 +79,7 @@ class StorageCount:
                 "share them")
         self.rows.extend(rows)
         try:
-            return storage_io.check_alignment(self.client, before, after)
+            return io_client.check_alignment(self.client, before, after)
         except Exception as exc:
             self.warnings.append(f"stage {name!r}: chunks not compared with blocks: {exc!r}")
             return None

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from prefect_dask_profiling.cost.allocation import allocation
 from prefect_dask_profiling.environment import Environment
 from prefect_dask_profiling.regression.blind import blindness
 from prefect_dask_profiling.regression.rule import CheckOptions, RegressionRule, Rules
@@ -59,13 +60,12 @@ from prefect_dask_profiling.store.manifest import (
     environment,
 )
 from prefect_dask_profiling.summary import RunRecord, summarise, utilisation
-from prefect_dask_profiling.summary.allocation import allocation
 from prefect_dask_profiling.summary.io import stage_io_summaries
 from prefect_dask_profiling.summary.memory import stage_memory_info
 
 if TYPE_CHECKING:
+    from prefect_dask_profiling.cost.rates import CostRates
     from prefect_dask_profiling.diagnosis.stages import Diagnosis
-    from prefect_dask_profiling.pricing import CostRates
     from prefect_dask_profiling.regression.judge import History, Judgement
     from prefect_dask_profiling.store.runs import RunStore
 
@@ -103,7 +103,7 @@ class FinishSettings:
         ``"off"``: not judged (:attr:`~.regression.rule.RegressionRule.cost_regression`).
     cost
         Rates that price the allocated resource-hours
-        (:class:`~prefect_dask_profiling.pricing.CostRates`); ``None``: no price.
+        (:class:`~prefect_dask_profiling.cost.rates.CostRates`); ``None``: no price.
     """
 
     threshold: float = RegressionRule.threshold

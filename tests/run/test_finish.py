@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 from run_records import record_stages
 
-from prefect_dask_profiling import finishing as finish_mod
-from prefect_dask_profiling.finishing import FinishSettings, finish_run
+from prefect_dask_profiling.run import pipeline as finish_mod
+from prefect_dask_profiling.run.pipeline import FinishSettings, finish_run
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 

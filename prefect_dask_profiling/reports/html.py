@@ -3,7 +3,7 @@
 The same tabs, figures and template as ``Scheduler.performance_report`` (distributed's
 own builders: ``profile.plot_data``/``plot_figure``, ``task_stream.rectangles``,
 ``task_stream_figure``, ``BandwidthTypes``/``BandwidthWorkers``, ``SystemMonitor``,
-``SchedulerLogs``), fed from :class:`~prefect_dask_profiling.prefect.report_data.StageData`
+``SchedulerLogs``), fed from :class:`~prefect_dask_profiling.reports.data.StageData`
 instead of the live scheduler, so the scheduler's event loop spends nothing on Bokeh. The
 dashboard components read a few scheduler attributes; small stand-ins hold the copies.
 Bokeh is imported only here, and only when a report is drawn.
@@ -17,8 +17,8 @@ from collections import defaultdict
 from types import SimpleNamespace
 from typing import Any
 
-from prefect_dask_profiling._bokeh import FrozenPage, LayoutPool
-from prefect_dask_profiling.prefect.report_data import StageData, StreamSlice
+from prefect_dask_profiling.reports.bokeh_pages import FrozenPage, LayoutPool
+from prefect_dask_profiling.reports.data import StageData, StreamSlice
 
 TITLE = "Dask Performance Report"
 # Dask's own tab order (Scheduler.performance_report)
@@ -231,7 +231,7 @@ class _Layout:
 
     def html(self) -> str:
         """The page of the current fill: the document serialized once, then only the
-        :meth:`changed` properties encoded again (``_bokeh.FrozenPage``)."""
+        :meth:`changed` properties encoded again (``bokeh_pages.FrozenPage``)."""
         return self.page.html(TITLE)
 
 

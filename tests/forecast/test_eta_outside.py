@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pandas as pd
 import pytest
 
-from prefect_dask_profiling.regression.eta import (
+from prefect_dask_profiling.forecast.model import (
     LEAD,
     TAIL,
     RunProgress,

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from run_records import record_stages
 
-from prefect_dask_profiling.finishing import FinishSettings, finish_run
+from prefect_dask_profiling.run.pipeline import FinishSettings, finish_run
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 from prefect_dask_profiling.summary import summarise

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from prefect_dask_profiling.prefect.background import Background
+from prefect_dask_profiling.run.background import Background
 
 marker = contextvars.ContextVar("marker", default="unset")
 
@@ -120,7 +120,7 @@ def test_the_process_drains_its_queue_at_exit(tmp_path):
     out = tmp_path / "stored.txt"
     code = (
         "import time\n"
-        "from prefect_dask_profiling.prefect.background import Background\n"
+        "from prefect_dask_profiling.run.background import Background\n"
         "def store():\n"
         "    time.sleep(0.5)\n"
         f"    open({str(out)!r}, 'w').write('report')\n"

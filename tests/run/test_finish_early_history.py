@@ -10,13 +10,13 @@ from concurrent.futures import Future
 
 from run_records import record_stages
 
-from prefect_dask_profiling.finishing import (
+from prefect_dask_profiling.regression.judge import load_history
+from prefect_dask_profiling.run.pipeline import (
     EarlyHistory,
     FinishSettings,
     finish_run,
     read_history_early,
 )
-from prefect_dask_profiling.regression.judge import load_history
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 

@@ -15,8 +15,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from run_records import record_stages, scaled
 
-from prefect_dask_profiling.finishing import FinishSettings, finish_run
 from prefect_dask_profiling.prefect.events import findings
+from prefect_dask_profiling.run.pipeline import FinishSettings, finish_run
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 

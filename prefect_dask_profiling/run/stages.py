@@ -14,20 +14,21 @@ from typing import TYPE_CHECKING
 import distributed
 
 from prefect_dask_profiling.environment import Environment, environment
-from prefect_dask_profiling.prefect import reports
-from prefect_dask_profiling.prefect.publish import run_log
-from prefect_dask_profiling.prefect.storage_count import Counters, StorageCount
+from prefect_dask_profiling.reports import stage_reports as reports
+from prefect_dask_profiling.run.storage_count import Counters, StorageCount
 from prefect_dask_profiling.stages import LocalWorkWatch, open_stage_name
 from prefect_dask_profiling.store.manifest import LocalWork, StageInfo
 from prefect_dask_profiling.summary.io import io_frame
 from prefect_dask_profiling.summary.record import RunRecord
 from prefect_dask_profiling.timing import client as timing_client
-from prefect_dask_profiling.timing import storage_io
+from prefect_dask_profiling.timing import io_client
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from distributed import Client
 
-    from prefect_dask_profiling.pricing import CostRates
+    from prefect_dask_profiling.cost.rates import CostRates
     from prefect_dask_profiling.timing.types import Snapshot
 
 
@@ -55,11 +56,16 @@ class StageBook:
         The run's reports (a window's end is read with the boundary; a note is renewed).
     cost
         The runner's rates: workers they do not price are warned about at the first stage.
+    log
+        Where a stage's warnings are logged: ``log(level, message)`` (the session passes the
+        flow run's logger, shown in the Prefect UI); default this module's logger.
     """
 
     def __init__(self, client: Client, plugin_name: str, warnings: list[str],
-                 stage_reports: reports.StageReports, cost: CostRates | None) -> None:
+                 stage_reports: reports.StageReports, cost: CostRates | None,
+                 log: Callable[[int, str], None] | None = None) -> None:
         self.client, self.plugin_name, self.warnings = client, plugin_name, warnings
+        self.log = log or logging.getLogger(__name__).log
         self.reports, self.cost = stage_reports, cost
         self.open: dict[str, OpenStage] = {}
         self.stages: list[StageInfo] = []
@@ -125,7 +131,8 @@ class StageBook:
 
     def _check_pricing(self, snap: Snapshot) -> None:
         """At the first stage: warn (once) about workers ``cost=`` rules do not price and
-        rules that match no worker (:meth:`~prefect_dask_profiling.pricing.CostRates.warnings`)."""
+        rules that match no worker
+        (:meth:`~prefect_dask_profiling.cost.rates.CostRates.warnings`)."""
         rates = self.cost
         if self._pricing_checked or rates is None or not rates.by_attribute:
             return
@@ -134,7 +141,7 @@ class StageBook:
                    for entry in snap.get("lifetimes") or []]
         for message in rates.warnings(workers):
             self.warnings.append(message)
-            run_log(logging.WARNING, f"dask-profiling: {message}")
+            self.log(logging.WARNING, f"dask-profiling: {message}")
 
     def _count_local_work(self, info: StageInfo, watch: LocalWorkWatch) -> None:
         """Add the Dask work that ran on local threads in this window to the stage's entry,
@@ -147,7 +154,7 @@ class StageBook:
                                     seconds=round(before["seconds"] + count.seconds, 4),
                                     computes=before["computes"] + count.computes)
         self.reports.renote(info)
-        run_log(logging.WARNING, f"dask-profiling: {reports.local_work_text(info)}")
+        self.log(logging.WARNING, f"dask-profiling: {reports.local_work_text(info)}")
 
     def record(self) -> RunRecord:
         """The run's record: the scheduler's final snapshot (else the last stage end's,
@@ -180,7 +187,7 @@ class StageBook:
         alive = _alive(self.client)
         env = environment(self.client) if alive else environment()
         if self.io.counted and alive:
-            raster = storage_io.raster_fingerprint(self.client)
+            raster = io_client.raster_fingerprint(self.client)
             if raster is not None:
                 env["raster"] = raster
         return env

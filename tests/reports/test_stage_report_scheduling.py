@@ -13,7 +13,8 @@ import dask.array as da
 import pytest
 
 from prefect_dask_profiling.prefect.publish import Publisher
-from prefect_dask_profiling.prefect.reports import ReportSettings, StageReports
+from prefect_dask_profiling.reports.stage_reports import ReportSettings, StageReports
+from prefect_dask_profiling.run.background import Background
 from prefect_dask_profiling.store.manifest import RunContext, StageInfo
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 from prefect_dask_profiling.timing import client as timing_client
@@ -27,7 +28,8 @@ def run(inproc_client, tmp_path):
         ctx = RunContext(run_id=new_run_id(), pipeline="nightly", version="1")
         store = RunStore(str(tmp_path))
         return StageReports(inproc_client, plugin, ctx, [], lambda: store,
-                            ReportSettings(**settings)), ctx
+                            ReportSettings(**settings),
+                            submit=Background.instance().submit), ctx
     yield make
     timing_client.uninstall(inproc_client, plugin)
 
@@ -91,7 +93,7 @@ def test_a_plugin_keeping_no_task_records_gives_no_report_and_says_why(inproc_cl
         ctx = RunContext(run_id=new_run_id(), pipeline="nightly", version="1")
         store = RunStore(str(tmp_path))
         reports = StageReports(inproc_client, plugin, ctx, [], lambda: store,
-                               ReportSettings())
+                               ReportSettings(), submit=Background.instance().submit)
         info = StageInfo(name="load")
         _stage(reports, info, inproc_client)
         reports.drain()

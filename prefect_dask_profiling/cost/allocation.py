@@ -16,7 +16,7 @@ the last, and between them: cluster start, waiting for workers, the flow's own P
 count their common part once per stage, and ``overlap_worker_s`` says how much.
 
 Workers still connected when the record was collected count up to then. Prices appear only
-when :class:`~prefect_dask_profiling.pricing.CostRates` are given.
+when :class:`~prefect_dask_profiling.cost.rates.CostRates` are given.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any, NotRequired, TypedDict, cast
 
 import pandas as pd
 
-from prefect_dask_profiling.pricing import CostRates, CostRatesDoc
+from prefect_dask_profiling.cost.rates import CostRates, CostRatesDoc
 from prefect_dask_profiling.summary.record import RunRecord
 
 __all__ = ["OUTSIDE", "RUN", "Allocation", "AllocationDoc", "Lifetime", "LifetimeDoc",

@@ -1,6 +1,6 @@
 """What a stage's performance report shows, copied from the scheduler as plain data.
 
-The flow-process renderer (:mod:`~prefect_dask_profiling.prefect.report_html`) draws Dask's
+The flow-process renderer (:mod:`~prefect_dask_profiling.reports.html`) draws Dask's
 report from this data, so the scheduler only copies: the stage's task records (kept by the
 run's plugin, :class:`~prefect_dask_profiling.timing.tasks.TaskRecords`, and read by their
 append counter, so exactly the stage's tasks), its own profile, bandwidths,

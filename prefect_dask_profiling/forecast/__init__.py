@@ -1,0 +1,1 @@
+"""The ETA of a run in progress: the model from history and the live estimate it stores."""

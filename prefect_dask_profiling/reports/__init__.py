@@ -1,0 +1,1 @@
+"""A stage's Dask performance report: its data read on the scheduler, its page, its windows."""
