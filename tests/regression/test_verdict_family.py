@@ -173,6 +173,7 @@ def test_a_family_from_one_test_file_is_judged_stored_shown_checked_and_emitted(
     assert [r["verdict"] for r in data["task_verdicts"]] == ["tasks-regression"]
     said = CliRunner().invoke(app, ["check", "--store", store.url, "--run", result.run_id])
     assert said.exit_code == 1 and "task counts: write 10.0x" in said.stdout
+    assert "flagged (tasks): write: 400 tasks, was 40" in said.stdout
 
     # the regressed night stays out of the family's baseline: the next night has the 4 calm
     after = finish(store, 5, 40)
