@@ -122,8 +122,10 @@ def drift_command(
     judgement = result.judgement
     if judgement is None:
         raise BadInput(f"run {result.manifest['run_id']} cannot be judged now: {result.error}")
-    failing = judgement.drifting(failing_only=True)
+    from prefect_dask_profiling.regression.drift import describe_drift, drifted
+
     verdicts = judgement.drift
+    failing = drifted(verdicts, failing_only=True)
     if as_json:
         emit_json({"pipeline": name, "run_id": judgement.run_id, "note": judgement.series_note,
                    "failing": not failing.empty, "rules": judgement.rules.to_dict(),
@@ -131,8 +133,6 @@ def drift_command(
     else:
         print_table(verdicts[[c for c in DRIFT_SHOW if c in verdicts.columns]],
                     title=f"{name} {judgement.run_id}: drift ({judgement.series_note})")
-        from prefect_dask_profiling.regression.drift import describe_drift
-
-        say(describe_drift(judgement.drifting()))
+        say(describe_drift(drifted(verdicts)))
     if not failing.empty:
         raise typer.Exit(EXIT_VERDICT)

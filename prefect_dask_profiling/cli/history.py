@@ -276,6 +276,8 @@ def _say_check(result) -> None:
         for row in verdicts[verdicts["note"] != ""].itertuples():
             say(f"note: {row.stage}/{row.prefix}: {row.note}")
         say(judgement.outcome.message)
+        for line in _family_lines(judgement):
+            say(line)
         for line in bottleneck_lines(None, judgement.explanations):
             say(line)
         if judgement.outcome.reason:
@@ -283,6 +285,18 @@ def _say_check(result) -> None:
     if result.unjudged:
         say(f"run {manifest['run_id']} was stored unjudged: "
             f"{manifest.get('unjudged_reason') or 'no reason recorded'}")
+
+
+def _family_lines(judgement) -> list[str]:
+    """Each verdict family's flagged rows in words (its manifest part's ``flagged``),
+    failing the run or not: what ``check`` names besides the outcome's message."""
+    from prefect_dask_profiling.regression.families import REGISTRY
+
+    lines = []
+    for family in REGISTRY:
+        part = family.manifest(family.rows(judgement), judgement) or {}
+        lines += [f"flagged ({family.name}): {text}" for text in part.get("flagged") or []]
+    return lines
 
 
 def accept_command(

@@ -21,7 +21,7 @@ import pandas as pd
 
 from prefect_dask_profiling._util import artifact_key, json_clean
 from prefect_dask_profiling.cost.allocation import allocation_markdown
-from prefect_dask_profiling.regression.drift import flagged_markdown
+from prefect_dask_profiling.regression.families import REGISTRY
 from prefect_dask_profiling.summary.io import io_text, raster_text
 from prefect_dask_profiling.summary.memory import describe_incident, memory_cells
 
@@ -93,16 +93,6 @@ def run_markdown(result: FinishResult, links: dict[str, str], trend: str | None,
     if allocated:
         lines += ["", "## What the cluster allocated (busy = task compute seconds)", "",
                   *allocated]
-    judged_cost = m.get("cost") or {}
-    idle = judged_cost.get("flagged") or []
-    if idle:
-        how = ("cost_regression='fail': a confirmed idle regression fails the run"
-               if judged_cost.get("mode") == "fail" else "informational")
-        failing = {str(key).split("/", 1)[0] for key in judged_cost.get("failing") or []}
-        lines += ["", f"**Idle grew against the baseline ({how}):**", "",
-                  *[f"- {text}" + (" — **fails the run**" if text.split(":", 1)[0]
-                                   .removeprefix("stage ") in failing else "")
-                    for text in idle]]
     if m.get("incidents"):
         lines += ["", "## Worker deaths", ""] + [f"- {describe_incident(i)}"
                                                  for i in m["incidents"]]
@@ -119,10 +109,10 @@ def run_markdown(result: FinishResult, links: dict[str, str], trend: str | None,
                   for name, text, align in storage]
     for stage, why in (m.get("explanations") or {}).items():
         lines += ["", f"**Why {stage} regressed:** {why.get('text', '')}"]
-    flagged = flagged_markdown(result.verdicts, result.judgement.drift
-                               if result.judgement is not None else None)
-    if flagged:
-        lines += ["", *flagged]
+    for family in REGISTRY:  # each verdict family's lines: idle, flagged prefixes...
+        said = family.markdown(m.get(family.name) or {}, result.judgement)
+        if said:
+            lines += ["", *said]
     if trend:
         lines += ["", f"[Trend of total seconds per prefix]({trend})"
                   if "://" in trend else f"Trend of total seconds per prefix: `{trend}`"]

@@ -2,7 +2,8 @@
 
 ``on_failure`` hooks need code in every flow; an event plus an Automation (trigger on the
 event, then send a notification) alerts without any. After a run is finished, one event is
-emitted per kind of finding (regression, drift) with:
+emitted per verdict family with an event name (:attr:`~.families.Family.event`: regression,
+drift, memory, requests...) whose rows fail the run, with:
 
 * resource: the flow run (``prefect.resource.id`` = ``prefect.flow-run.<id>``), named after
   it and labelled with the pipeline, version and run id;
@@ -31,16 +32,19 @@ from typing import TYPE_CHECKING, Any, TypedDict
 import pandas as pd
 
 from prefect_dask_profiling._util import json_clean
+from prefect_dask_profiling.regression.families import REGISTRY
 
 if TYPE_CHECKING:
     from prefect_dask_profiling.run.pipeline import FinishResult
 
 logger = logging.getLogger(__name__)
 
-REGRESSION_EVENT = "dask-profiling.regression.detected"
-DRIFT_EVENT = "dask-profiling.drift.detected"
-MEMORY_EVENT = "dask-profiling.memory.detected"
-REQUESTS_EVENT = "dask-profiling.requests.detected"
+# Each verdict family names its own event (:attr:`~.families.Family.event`); these are the
+# built-in families' names, kept for callers that match on them.
+REGRESSION_EVENT = str(REGISTRY["time"].event)
+DRIFT_EVENT = str(REGISTRY["drift"].event)
+MEMORY_EVENT = str(REGISTRY["memory"].event)
+REQUESTS_EVENT = str(REGISTRY["requests"].event)
 MAX_PREFIXES = 50  # keeps the event far below the server's size limit
 # Episode events other than "detected" (which is the run-level regression event above).
 EPISODE_KINDS = ("suspected", "cleared", "resolved")
@@ -109,17 +113,19 @@ def findings(result: FinishResult) -> dict[str, pd.DataFrame]:
     if judgement is None or judgement.outcome.reason:
         return {}
     out: dict[str, pd.DataFrame] = {}
-    kinds = ((REGRESSION_EVENT, "time", lambda r: (r.stage, r.prefix, "total_s")),
-             (DRIFT_EVENT, "drift", lambda r: (r.stage, r.prefix, "drift")),
-             (MEMORY_EVENT, "memory", lambda r: (r.stage, "", r.metric)),
-             (REQUESTS_EVENT, "requests", lambda r: (r.stage, "", r.metric)))
-    for name, kind, key in kinds:
-        rows = judgement.failing_rows(kind)
-        if not rows.empty:
-            out[name] = rows.assign(episode=[
-                judgement.outcome.episode_of(*map(str, key(r)))
+    for family in REGISTRY:  # each family with an event, in the registry's order
+        rows = judgement.failing_rows(family.name) if family.event else None
+        if rows is not None and not rows.empty:
+            out[str(family.event)] = rows.assign(episode=[
+                judgement.outcome.episode_of(*family.key(r))
                 for r in rows.itertuples(index=False)])
     return out
+
+
+def _fails_by_row(name: str) -> bool:
+    """Whether the event ``name`` fails by its rows' ``fails`` column (drift) rather than
+    on every row."""
+    return any(f.fails_by_row for f in REGISTRY if f.event == name)
 
 
 def event_payload(result: FinishResult, rows: pd.DataFrame, links: dict[str, str],
@@ -178,8 +184,7 @@ def emit_detection_events(result: FinishResult, links: dict[str, str] | None = N
     events, warnings = [], []
     for name, rows in found.items():
         fails = fail_on_regression and result.regressed and (
-            name in (REGRESSION_EVENT, MEMORY_EVENT, REQUESTS_EVENT)
-            or bool(rows.get("fails", pd.Series(dtype=bool)).any()))
+            not _fails_by_row(name) or bool(rows.get("fails", pd.Series(dtype=bool)).any()))
         ids = [str(i) for i in dict.fromkeys(rows.get("episode", pd.Series(dtype=object)))
                if isinstance(i, str) and i]
         try:

@@ -113,7 +113,9 @@ __all__ = ["ABSOLUTE", "CARRIED_RUNS", "EVENT_KINDS", "EVENT_PREFIX", "FAMILIES"
 
 METRIC = "total_s"
 # Baseline family of each metric: a night flagged in a metric is kept out of that family's
-# baseline only. ``headroom`` is judged without a baseline.
+# baseline only. ``headroom`` is judged without a baseline. The built-in families' metrics;
+# the registry of verdict families (:mod:`.families`) adds those of any other family it
+# registers (and removes them with it).
 FAMILIES: dict[str, str | None] = {
     "total_s": "time", "drift": "time", "peak_bytes": "memory", "spilled_bytes": "memory",
     "requests_per_chunk": "requests", "bytes_per_chunk": "requests", "idle_hours": "cost",

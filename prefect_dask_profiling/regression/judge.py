@@ -15,7 +15,10 @@ Who uses it:
 * ``dask-profiling check`` and ``dask-profiling drift`` call :func:`judge_stored`;
 * the artifacts, the events and the exports read the :class:`Judgement` (or what it stored).
 
-Nothing else calls the one-night rule (:mod:`.verdict`) or the drift rule (:mod:`.drift`):
+The judge names no verdict family: it loops over the one registry
+(:data:`~.families.REGISTRY`: time, drift, memory, storage requests, idle...), and each
+family detects, confirms, describes and stores its own rows. Nothing but the judge and its
+families calls the one-night rule (:mod:`.verdict`) or the drift rule (:mod:`.drift`):
 ``tests/test_architecture.py`` enforces it. :func:`judge` is pure (tables in, a judgement
 out); the two loaders are the only I/O.
 
@@ -34,7 +37,7 @@ from typing import Any, TypedDict, cast
 
 import pandas as pd
 
-from prefect_dask_profiling._util import InvalidInput, finite_number
+from prefect_dask_profiling._util import InvalidInput
 from prefect_dask_profiling.regression import drift as drift_rule
 from prefect_dask_profiling.regression.alert_history import (
     SkippedDoc,
@@ -44,10 +47,6 @@ from prefect_dask_profiling.regression.alert_history import (
     read_nights,
 )
 from prefect_dask_profiling.regression.alerts import (
-    METRIC,
-    Ack,
-    AlertEvent,
-    AlertEventDoc,
     Book,
     CarriedDoc,
     Key,
@@ -56,7 +55,6 @@ from prefect_dask_profiling.regression.alerts import (
     SignalRow,
     advance,
     failing,
-    priors,
     replay,
     silenced,
 )
@@ -66,43 +64,10 @@ from prefect_dask_profiling.regression.baseline import (
     read_baseline,
     restart_of,
 )
-from prefect_dask_profiling.regression.confirm import (
-    confirm_signals,
-    confirm_verdicts,
-    metric_threshold,
-    noise_reach,
-)
-from prefect_dask_profiling.regression.cost import (
-    COST_VERDICT_COLUMNS,
-    CostVerdict,
-    cost_flagged,
-    describe_cost,
-    detect_idle,
-)
-from prefect_dask_profiling.regression.explain import Explanation, explain_verdicts
-from prefect_dask_profiling.regression.memory import (
-    MEMORY_VERDICT_COLUMNS,
-    MemoryVerdict,
-    describe_memory,
-    detect_memory,
-    history_from_manifests,
-    latest_from_manifest,
-)
-from prefect_dask_profiling.regression.requests import (
-    REQUEST_VERDICT_COLUMNS,
-    describe_requests,
-    detect_requests,
-    request_rows,
-)
+from prefect_dask_profiling.regression.explain import Explanation
+from prefect_dask_profiling.regression.families import REGISTRY, Family
+from prefect_dask_profiling.regression.judged import History, Outcome, OutcomeDoc, Tonight
 from prefect_dask_profiling.regression.rule import RegressionRule, Rules, RulesDoc
-from prefect_dask_profiling.regression.stats import MetricVerdict
-from prefect_dask_profiling.regression.verdict import (
-    PrefixVerdict,
-    describe,
-    detect_regressions,
-    regressed,
-    run_outcome,
-)
 from prefect_dask_profiling.store.runs import RunStore, StoreError
 
 __all__ = ["History", "HistoryUnavailable", "Judgement", "Outcome", "StoredJudgement",
@@ -110,58 +75,17 @@ __all__ = ["History", "HistoryUnavailable", "Judgement", "Outcome", "StoredJudge
 
 # Stored statuses whose regressions do not count: the run stopped early or never finished.
 NOT_COMPARABLE = {"failed": "failed", "incomplete": "incomplete"}
-# Memory verdicts that fail the run (under the same on_regression switch as time).
-MEMORY_FAILS = ("memory-regression", "near-oom")
-
-
-class OutcomeDoc(TypedDict):
-    """An :class:`Outcome` as stored (the manifest's ``outcome``): failing keys as
-    ``stage/prefix/metric``, events as :meth:`AlertEvent.to_json`."""
-
-    regressed: bool
-    reason: str
-    message: str
-    suspected: bool
-    acknowledged: bool
-    episodes: list[str]
-    failing: list[str]
-    events: list[AlertEventDoc]
-
-
-class DriftFlags(TypedDict):
-    """The manifest's ``drift``: the series note and the drifting ``stage/prefix`` names
-    (``failing``: those that fail the run)."""
-
-    note: str
-    failing: list[str]
-    drifting: list[str]
-
-
-class Flagged(TypedDict):
-    """The manifest's ``memory`` and ``requests``: one line per flagged stage and metric."""
-
-    flagged: list[str]
-
-
-class CostFlags(Flagged):
-    """The manifest's ``cost``: flagged idle texts, the ``cost_regression`` mode and the
-    failing ``stage/metric`` names."""
-
-    mode: str
-    failing: list[str]
 
 
 class JudgementManifest(TypedDict):
-    """The judgement's part of a run's manifest (:meth:`Judgement.to_manifest`)."""
+    """The judgement's part of a run's manifest (:meth:`Judgement.to_manifest`); each
+    family adds its own part under its name (:meth:`~.families.Family.manifest`:
+    ``drift``, ``memory``, ``requests``, ``cost``...), before ``explanations``."""
 
     rules: RulesDoc
     outcome: OutcomeDoc
     signals: list[SignalRow]
     carried: CarriedDoc
-    drift: DriftFlags
-    memory: Flagged
-    requests: Flagged
-    cost: CostFlags
     explanations: dict[str, Explanation]
     skipped: list[SkippedDoc]
 
@@ -175,19 +99,16 @@ class JudgedBaseline(TypedDict):
 
 class JudgementDoc(JudgementManifest):
     """``dask-profiling check --json`` (:meth:`Judgement.to_json`): the manifest part, the
-    run, and each verdict table's rows as records (the confirmed tables, per prefix,
-    memory and requests, also carry :data:`~.confirm.ALERT_COLUMNS`)."""
+    run, and each family's rows as records under its :attr:`~.families.Family.json_key`
+    (``verdicts``, ``drift_verdicts``, ``memory_verdicts``, ``request_verdicts``,
+    ``cost_verdicts``...; the confirmed tables also carry :data:`~.confirm.ALERT_COLUMNS`)."""
 
     run_id: str
     pipeline: str
     version: str
     regressed: bool
     baseline: JudgedBaseline
-    verdicts: list[PrefixVerdict]
-    memory_verdicts: list[MemoryVerdict]
-    request_verdicts: list[MetricVerdict]
-    cost_verdicts: list[CostVerdict]
-    drift_verdicts: list[drift_rule.DriftVerdict]
+    verdicts: list[dict[str, Any]]
 
 
 class StoredJudgementDoc(TypedDict):
@@ -207,136 +128,6 @@ class StoredJudgementDoc(TypedDict):
 
 
 @dataclass(frozen=True)
-class Tonight:
-    """The run being judged.
-
-    Attributes
-    ----------
-    run_id, pipeline, version
-        Its identity.
-    summary
-        Its per-prefix table (``tasks.csv``: ``stage, prefix, tasks, total_s``, ...).
-    started
-        ISO start time (orders the drift series; the judged run is last whatever it says).
-    failed
-        The flow failed: its flagged prefixes do not count (its times are partial).
-    incomplete
-        Its record is incomplete (the final collection failed): the same.
-    context
-        What the explanations compare with the baseline runs' manifests: ``version``,
-        ``source_hash``, ``workers``, ``threads``, ``environment``, ``stages`` (with their
-        ``diagnosis``) — the run's manifest, or the same fields before it is written.
-    """
-
-    run_id: str
-    pipeline: str
-    version: str
-    summary: pd.DataFrame
-    started: str | None = None
-    failed: bool = False
-    incomplete: bool = False
-    context: Mapping[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_manifest(cls, manifest: Mapping[str, Any], summary: pd.DataFrame) -> Tonight:
-        """A stored run as it was judged: failed and incomplete runs stay so."""
-        status = str(manifest.get("status") or "")
-        return cls(run_id=str(manifest["run_id"]), pipeline=str(manifest["pipeline"]),
-                   version=str(manifest["version"]), summary=summary,
-                   started=manifest.get("started"), failed=status == "failed",
-                   incomplete=status == "incomplete", context=manifest)
-
-
-@dataclass(frozen=True)
-class History:
-    """What a run is judged against: loaded by :func:`load_history`.
-
-    Attributes
-    ----------
-    baseline
-        The healthy baseline runs of the same version (:func:`~.baseline.load_baseline`).
-    series
-        Every comparable night since the baseline start, ``run_id, started, stage, prefix,
-        tasks, total_s`` (:func:`~.drift.load_series`); empty when drift is switched off.
-    series_note
-        Where the series starts.
-    manifests
-        The manifests of the time baseline's nights (for explanations).
-    alerts
-        The state after the nights before tonight (:func:`~.alerts.replay`: episodes and
-        each night's standing, derived from the stored nights, nothing kept aside).
-    acks
-        The acknowledgements of the pipeline version.
-    warnings
-        What could not be read and was not needed.
-    memory_manifests, request_manifests, cost_manifests
-        The manifests of the nights whose standing counts in the memory, the requests and
-        the cost (idle) baseline (a night flagged in time only still counts there).
-    skipped
-        The stored nights left out because they cannot be read (damaged or gone): every
-        family is judged without them, and the judged night names them.
-    """
-
-    baseline: Baseline
-    series: pd.DataFrame
-    series_note: str = ""
-    manifests: tuple[Mapping[str, Any], ...] = ()
-    alerts: Book = field(default_factory=Book)
-    acks: tuple[Ack, ...] = ()
-    warnings: tuple[str, ...] = ()
-    memory_manifests: tuple[Mapping[str, Any], ...] = ()
-    request_manifests: tuple[Mapping[str, Any], ...] = ()
-    cost_manifests: tuple[Mapping[str, Any], ...] = ()
-    skipped: tuple[SkippedNight, ...] = ()
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What the judgement means for the run as a whole.
-
-    Attributes
-    ----------
-    regressed
-        The run counts as regressed: a prefix regressed on this night or drifted past the
-        threshold, and the run neither failed nor is incomplete. Only such a run fails a
-        flow (``on_regression="fail"``) or makes ``dask-profiling check`` exit 1.
-    reason
-        Why flagged prefixes do not count (the run failed or is incomplete); empty otherwise.
-    message
-        One line naming what regressed and drifted (the failure message of the flow).
-    suspected
-        Prefixes flagged tonight wait for the next run to confirm them (the run does not
-        fail; it is stored ``suspected`` and kept out of baselines).
-    events
-        What happened to alert episodes tonight (suspected, detected, cleared, resolved),
-        each with a stable id.
-    episodes
-        The ids of the episodes that fail the run (in the order of ``failing``).
-    failing
-        The keys ``(stage, prefix, metric)`` that fail the run (``prefix`` is ``""`` for
-        per-stage metrics): the rows to report as detected.
-    acknowledged
-        Only acknowledged episodes would have failed the run: it is stored
-        ``acknowledged``, told apart from a healthy night (and kept out of the baselines of
-        those episodes' families, as their flagged nights are).
-    """
-
-    regressed: bool
-    reason: str = ""
-    message: str = "no regression"
-    suspected: bool = False
-    events: tuple[AlertEvent, ...] = ()
-    episodes: tuple[str, ...] = ()
-    failing: tuple[Key, ...] = ()
-    acknowledged: bool = False
-
-    def episode_of(self, stage: str, prefix: str, metric: str) -> str | None:
-        """The id of the episode that fails the run at this key (``None``: it does not)."""
-        key = (stage, prefix, metric)
-        return self.episodes[self.failing.index(key)] if key in self.failing else None
-
-
-@dataclass(frozen=True)
 class Judgement:
     """The one judgement of a run.
 
@@ -347,25 +138,15 @@ class Judgement:
     rules
         The rules that made it (stored in the manifest: ``rules``).
     verdicts
-        One row per (stage, prefix), ``verdict.OUTPUT_COLUMNS``: the one-night verdict, with
-        ``drift`` where a prefix drifted (a one-night ``regression`` keeps its verdict).
-    drift
-        The drift table (``drift.DRIFT_COLUMNS``); empty when drift was not judged.
+        One row per (stage, prefix), ``verdict.OUTPUT_COLUMNS``: the primary family's
+        (time's) verdicts with the other families' merged in (``drift`` where a prefix
+        drifted; a one-night ``regression`` keeps its verdict).
     outcome
         The run's outcome.
-    memory
-        Memory verdicts per stage and metric (``memory.MEMORY_VERDICT_COLUMNS``):
-        ``memory-regression`` (peak or spilled bytes against the baseline runs' manifests)
-        and ``near-oom`` (headroom under 10%, no history needed).
-    requests
-        Storage-request verdicts per stage and metric (``requests.REQUEST_VERDICT_COLUMNS``):
-        ``request-regression`` when requests or bytes per chunk doubled.
-    cost
-        Idle verdicts per stage (``cost.COST_VERDICT_COLUMNS`` and ``alert``,
-        ``alert_reason``): ``idle-regression`` when a stage's idle worker-hours grew against
-        the baseline runs' manifests. Under ``cost_regression="warn"`` informational (never
-        in the outcome; ``alert`` is empty); under ``"fail"`` confirmed like storage
-        requests, and a confirmed one fails the run.
+    tables
+        Each family's rows by its name (:data:`~.families.REGISTRY`), also read as
+        attributes: ``judgement.drift``, ``judgement.memory``, ``judgement.requests``,
+        ``judgement.cost`` (a family without rows here: its empty table).
     explanations
         Per regressed stage: how its bottleneck and the run's context changed since the
         baseline runs (:func:`~.explain.explain_verdicts`).
@@ -384,14 +165,8 @@ class Judgement:
     version: str
     rules: Rules
     verdicts: pd.DataFrame
-    drift: pd.DataFrame
     outcome: Outcome
-    memory: pd.DataFrame = field(
-        default_factory=lambda: pd.DataFrame(columns=MEMORY_VERDICT_COLUMNS))
-    requests: pd.DataFrame = field(
-        default_factory=lambda: pd.DataFrame(columns=REQUEST_VERDICT_COLUMNS))
-    cost: pd.DataFrame = field(
-        default_factory=lambda: pd.DataFrame(columns=COST_VERDICT_COLUMNS))
+    tables: Mapping[str, pd.DataFrame] = field(default_factory=dict)
     explanations: dict[str, Explanation] = field(default_factory=dict)
     baseline_runs: tuple[str, ...] = ()
     baseline_note: str = ""
@@ -399,74 +174,70 @@ class Judgement:
     carried: Book = field(default_factory=Book)
     skipped: tuple[SkippedNight, ...] = ()
 
+    def __getattr__(self, name: str) -> pd.DataFrame:
+        """A registered family's rows by its name (``judgement.memory``)."""
+        if name.startswith("_") or name not in REGISTRY:
+            raise AttributeError(f"{type(self).__name__!r} has no attribute {name!r}")
+        return REGISTRY[name].rows(self)
+
     @property
     def regressed(self) -> bool:
         """Shorthand for ``outcome.regressed``."""
         return self.outcome.regressed
 
     def flagged(self) -> pd.DataFrame:
-        """The verdict rows that regressed or drifted."""
-        return drift_rule.flagged(self.verdicts)
+        """The per-prefix verdict rows that flag (regressed or drifted)."""
+        return self.verdicts[self.verdicts["verdict"].isin(REGISTRY.flags)]
 
-    def regressions(self) -> pd.DataFrame:
-        """The rows the one-night rule calls ``regression``."""
-        return regressed(self.verdicts)
-
-    def drifting(self, failing_only: bool = False) -> pd.DataFrame:
-        """The drift rows (that fail the run, if asked)."""
-        return drift_rule.drifted(self.drift, failing_only=failing_only)
-
-    def memory_flagged(self) -> pd.DataFrame:
-        """The memory rows that are ``memory-regression`` or ``near-oom``."""
-        return self.memory[self.memory["verdict"].isin(MEMORY_FAILS)]
-
-    def requests_flagged(self) -> pd.DataFrame:
-        """The storage-request rows that are ``request-regression``."""
-        return self.requests[self.requests["verdict"] == "request-regression"]
-
-    def cost_flagged(self) -> pd.DataFrame:
-        """The idle rows that are ``idle-regression`` (failing or not)."""
-        if self.cost.empty:
-            return self.cost
-        return self.cost[self.cost["verdict"] == "idle-regression"]
+    def flagged_rows(self, family: str) -> pd.DataFrame:
+        """The rows of ``family`` whose verdict flags, failing the run or not."""
+        found = REGISTRY[family]
+        return found.flagged(found.rows(self))
 
     def failing_rows(self, kind: str) -> pd.DataFrame:
-        """The rows of one table that fail the run: ``kind`` is ``time``, ``drift``,
-        ``memory``, ``requests`` or ``cost``. An acknowledged episode's rows, a suspicion and a
+        """The rows of family ``kind`` (``time``, ``drift``, ``memory``, ``requests``,
+        ``cost``...) that fail the run. An acknowledged episode's rows, a suspicion and a
         chronic near-OOM after its first night are flagged but do not fail."""
-        failing = set(self.outcome.failing)
-        if kind == "time":
-            rows, keys = self.regressions(), lambda r: (r.stage, r.prefix, METRIC)
-        elif kind == "drift":
-            rows, keys = self.drifting(), lambda r: (r.stage, r.prefix, "drift")
-        elif kind in ("memory", "requests", "cost"):
-            rows = {"memory": self.memory_flagged, "requests": self.requests_flagged,
-                    "cost": self.cost_flagged}[kind]()
-            keys = lambda r: (r.stage, "", r.metric)  # noqa: E731
-        else:
-            raise InvalidInput(f"kind must be time, drift, memory, requests or cost, got "
-                               f"{kind!r}")
+        found = REGISTRY[kind]
+        rows = self.flagged_rows(kind)
         if rows.empty:
             return rows
-        mask = [tuple(map(str, keys(r))) in failing for r in rows.itertuples(index=False)]
+        failing = set(self.outcome.failing)
+        mask = [found.key(r) in failing for r in rows.itertuples(index=False)]
         return rows[mask].reset_index(drop=True)
+
+    def stored_tables(self) -> dict[str, pd.DataFrame]:
+        """Each family's stored table by its name (``regression``, ``drift``,
+        ``memory_verdicts``...): the run's csv files of the judgement."""
+        out = {}
+        for family in REGISTRY:
+            table = family.stored(family.rows(self), self)
+            if table is not None and family.table is not None:
+                out[family.table] = table
+        return out
+
+    def warnings(self) -> list[str]:
+        """The families' warnings of the run (an idle regression, informational or not)."""
+        return [w for family in REGISTRY for w in family.warnings(family.rows(self), self)]
+
+    def night_signals(self) -> dict[Key, Signal]:
+        """Tonight's signals for the state machine, from the families' rows."""
+        return _signals(self.tables, self.rules.regression)
 
     def to_json(self) -> JudgementDoc:
         """Plain JSON form (``dask-profiling check --json``)."""
-        return {**self.to_manifest(),
-                "run_id": self.run_id, "pipeline": self.pipeline, "version": self.version,
-                "regressed": self.outcome.regressed,
-                "baseline": {"runs": list(self.baseline_runs), "note": self.baseline_note},
-                "verdicts": self.verdicts.to_dict(orient="records"),
-                "memory_verdicts": self.memory.to_dict(orient="records"),
-                "request_verdicts": self.requests.to_dict(orient="records"),
-                "cost_verdicts": self.cost.to_dict(orient="records"),
-                "drift_verdicts": self.drift.drop(columns="series", errors="ignore")
-                .to_dict(orient="records")}
+        doc: dict[str, Any] = {
+            **self.to_manifest(), "run_id": self.run_id, "pipeline": self.pipeline,
+            "version": self.version, "regressed": self.outcome.regressed,
+            "baseline": {"runs": list(self.baseline_runs), "note": self.baseline_note}}
+        for family in REGISTRY:
+            doc[family.json_key] = family.json_rows(family.rows(self))
+        return cast(JudgementDoc, doc)
 
     def to_manifest(self) -> JudgementManifest:
         """The judgement's part of the stored manifest."""
-        return {
+        rule = self.rules.regression
+        doc: dict[str, Any] = {
             "rules": self.rules.to_dict(),
             "outcome": {"regressed": self.outcome.regressed, "reason": self.outcome.reason,
                         "message": self.outcome.message, "suspected": self.outcome.suspected,
@@ -474,23 +245,16 @@ class Judgement:
                         "episodes": list(self.outcome.episodes),
                         "failing": ["/".join(k) for k in self.outcome.failing],
                         "events": [e.to_json() for e in self.outcome.events]},
-            "signals": signal_rows(self.drift, self.memory, self.requests,
-                                   _judged_cost(self.cost, self.rules.regression)),
-            "carried": self.carried.carried(),
-            "drift": {"note": self.series_note,
-                      "failing": _names(self.drifting(failing_only=True)),
-                      "drifting": _names(self.drifting())},
-            "memory": {"flagged": [f"{r.stage}/{r.metric}: {r.verdict}" for r in
-                                   self.memory_flagged().itertuples(index=False)]},
-            "requests": {"flagged": [f"{r.stage}/{r.metric}: {r.ratio:.2f}x" for r in
-                                     self.requests_flagged().itertuples(index=False)]},
-            "cost": {"flagged": cost_flagged(self.cost),
-                     "mode": self.rules.regression.cost_regression,
-                     "failing": [f"{r.stage}/{r.metric}" for r in
-                                 self.failing_rows("cost").itertuples(index=False)]},
-            "explanations": self.explanations,
-            "skipped": [night.to_json() for night in self.skipped],
-        }
+            "signals": [row for family in REGISTRY
+                        for row in family.stored_signals(family.rows(self), rule)],
+            "carried": self.carried.carried()}
+        for family in REGISTRY:
+            part = family.manifest(family.rows(self), self)
+            if part is not None:
+                doc[family.name] = part
+        doc["explanations"] = self.explanations
+        doc["skipped"] = [night.to_json() for night in self.skipped]
+        return cast(JudgementManifest, doc)
 
 
 def load_history(store: RunStore, pipeline: str, version: str, rules: Rules, *,
@@ -526,7 +290,8 @@ def load_history(store: RunStore, pipeline: str, version: str, rules: Rules, *,
     -----
     One read of the history serves every family: the replay's nights
     (:func:`~.alert_history.read_nights`), the time baseline's tables, the drift series and
-    the memory, request and idle baselines' manifests all leave out the same nights, those
+    each family's baseline manifests (:meth:`~.families.Family.history_size` of its
+    :attr:`~.families.Family.baseline`'s nights) all leave out the same nights, those
     that cannot be read (:attr:`History.skipped`, named in :attr:`History.warnings` and the
     baseline's note). A damaged night costs at most itself; nights older than the accepted
     run are not read at all.
@@ -561,11 +326,10 @@ def load_history(store: RunStore, pipeline: str, version: str, rules: Rules, *,
     if elsewhere:  # the baseline's note names the nights it left out itself
         named = f"left out unreadable night(s) {', '.join(elsewhere)}"
         baseline.note = "; ".join(p for p in (baseline.note, named) if p)
-    return History(baseline, families.series, families.note, families.of("time"), book,
-                   acks, (*[s.line() for s in left_out], *found.notes),
-                   memory_manifests=families.of("memory"),
-                   request_manifests=families.of("requests"), cost_manifests=families.of("cost"),
-                   skipped=left_out)
+    return History(baseline, families.series, families.note,
+                   families.of(REGISTRY.primary.baseline), book, acks,
+                   (*[s.line() for s in left_out], *found.notes),
+                   baselines=families.manifests, skipped=left_out)
 
 
 @dataclass(frozen=True)
@@ -578,8 +342,8 @@ class _Families:
     manifests: dict[str, tuple[Mapping[str, Any], ...]]
     skipped: tuple[SkippedNight, ...]
 
-    def of(self, family: str) -> tuple[Mapping[str, Any], ...]:
-        return self.manifests[family]
+    def of(self, family: str | None) -> tuple[Mapping[str, Any], ...]:
+        return self.manifests.get(str(family), ())
 
 
 def _read_families(store: RunStore, pipeline: str, version: str, rules: Rules, book: Book,
@@ -598,20 +362,19 @@ def _read_families(store: RunStore, pipeline: str, version: str, rules: Rules, b
                                         keep_first=rules.drift.start_nights, exclude=exclude)
     else:
         series = drift_rule.SeriesRead(drift_rule.empty_series(), "drift is switched off")
-    n = rules.regression.history
-    baseline = read_baseline(store, pipeline, version, book, n, "time", exclude=exclude)
+    baseline = read_baseline(store, pipeline, version, book, rules.regression.history,
+                             str(REGISTRY.primary.baseline), exclude=exclude)
     skipped = [*series.skipped, *(SkippedNight(r, why) for r, why in baseline.skipped)]
-    sizes = {"time": n, "memory": rules.regression.memory_history, "requests": n, "cost": n}
     left_out = exclude | {s.run_id for s in skipped}
     manifests = {}
-    for family, k in sizes.items():
-        candidates = [r for r in book.baseline_runs(family) if r not in left_out]
-        if family == "time":
-            candidates = [r for r in candidates if r in baseline.runs]
-        docs, bad = _manifests(store, pipeline, candidates, k)
+    for family in _readers(rules):
+        name = str(family.baseline)
+        candidates = family.candidates(
+            [r for r in book.baseline_runs(name) if r not in left_out], baseline)
+        docs, bad = _manifests(store, pipeline, candidates, family.history_size(rules))
         skipped += bad
         left_out |= {s.run_id for s in bad}
-        manifests[family] = tuple(docs[r] for r in sorted(docs))
+        manifests[name] = tuple(docs[r] for r in sorted(docs))
     return _Families(baseline, series.series, series.note, manifests, tuple(skipped))
 
 
@@ -633,8 +396,22 @@ def _manifests(store: RunStore, pipeline: str, candidates: list[str], k: int
     return docs, skipped
 
 
+def _readers(rules: Rules) -> list[Family]:
+    """The first family of each baseline family that reads manifests (it reads them for
+    every family of that baseline), in the registry's order."""
+    readers: dict[str, Family] = {}
+    for family in REGISTRY:
+        if family.baseline is not None and family.history_size(rules) > 0:
+            readers.setdefault(family.baseline, family)
+    return list(readers.values())
+
+
 def judge(tonight: Tonight, history: History, rules: Rules | None = None) -> Judgement:
     """Judge one night against its history (pure: no I/O).
+
+    Every registered family (:data:`~.families.REGISTRY`) detects its rows; the primary
+    family's rows, with the others merged in, are the run's verdicts; the state machine
+    reads all their signals for the outcome.
 
     Parameters
     ----------
@@ -652,34 +429,18 @@ def judge(tonight: Tonight, history: History, rules: Rules | None = None) -> Jud
     rules = rules if rules is not None else Rules()
     if not isinstance(rules, Rules):
         raise InvalidInput(f"rules must be a Rules, got {type(rules).__name__}")
-    one_night = detect_regressions(history.baseline.history, tonight.summary,
-                                   rule=rules.regression)
-    one_night = confirm_verdicts(one_night, priors(history.alerts), rules.regression,
-                                 noise_reach(history.baseline.history))
-    drift = _drift(tonight, history, rules)
-    verdicts = drift_rule.merge_drift(one_night, drift)
-    memory = detect_memory(history_from_manifests(history.memory_manifests),
-                           latest_from_manifest(dict(tonight.context)), rules.regression)
-    memory = _confirm_stage_rows(memory, history.alerts, rules.regression, MEMORY_POLICY)
-    requests = detect_requests(request_rows(history.request_manifests),
-                               request_rows([dict(tonight.context)]), rules.regression)
-    requests = _confirm_stage_rows(requests, history.alerts, rules.regression,
-                                   REQUEST_POLICY)
-    cost = detect_idle(history.cost_manifests, tonight.context, rules.regression)
-    if rules.regression.cost_regression == "fail":
-        cost = _confirm_stage_rows(cost, history.alerts, rules.regression, COST_POLICY)
-    else:  # informational: no confirmation, no episode, never in the outcome
-        cost = cost.assign(alert="", alert_reason=[
-            "informational (cost_regression='warn')" if v == "idle-regression" else ""
-            for v in cost["verdict"]])
-    outcome = _outcome(tonight, one_night, drift, memory, requests,
-                       _judged_cost(cost, rules.regression), history, rules)
-    explanations = explain_verdicts(one_night, tonight.context, list(history.manifests)) \
-        if not regressed(one_night).empty else {}
+    tables = {family.name: family.detect(tonight, history, rules) for family in REGISTRY}
+    verdicts = tables[REGISTRY.primary.name]
+    for family in REGISTRY:
+        verdicts = family.merge(verdicts, tables[family.name])
+    explanations: dict[str, Explanation] = {}
+    for family in REGISTRY:
+        explanations.update(family.explain(tables[family.name], tonight, history))
     return Judgement(run_id=tonight.run_id, pipeline=tonight.pipeline, version=tonight.version,
-                     rules=rules, verdicts=verdicts, drift=drift, outcome=outcome,
-                     memory=memory, requests=requests, cost=cost,
-                     explanations=explanations, baseline_runs=tuple(history.baseline.runs),
+                     rules=rules, verdicts=verdicts, outcome=_outcome(tonight, tables, history,
+                                                                      rules),
+                     tables=tables, explanations=explanations,
+                     baseline_runs=tuple(history.baseline.runs),
                      baseline_note=history.baseline.note, series_note=history.series_note,
                      carried=history.alerts, skipped=history.skipped)
 
@@ -791,56 +552,24 @@ def judge_stored(store: RunStore, pipeline: str, run_id: str | None = None,
 
 
 # ---------------------------------------------------------------------- internals
-def _drift(tonight: Tonight, history: History, rules: Rules) -> pd.DataFrame:
-    """The drift table of the night; empty when drift is off or the run is not comparable."""
-    if not rules.drift.enabled or tonight.failed or tonight.incomplete:
-        return pd.DataFrame(columns=drift_rule.DRIFT_COLUMNS)
-    latest = tonight.summary.assign(run_id=tonight.run_id, started=tonight.started)
-    series = pd.concat([history.series, latest], ignore_index=True) \
-        if not history.series.empty else latest
-    return drift_rule.detect_drift(series, rules, judged_run=tonight.run_id)
-
-
-def _judged_cost(cost: pd.DataFrame, rule: RegressionRule) -> pd.DataFrame:
-    """The idle rows that count in the outcome: all under ``cost_regression="fail"``,
-    none otherwise (informational)."""
-    return cost if rule.cost_regression == "fail" else cost.iloc[0:0]
-
-
-def _outcome(tonight: Tonight, one_night: pd.DataFrame, drift: pd.DataFrame,
-             memory: pd.DataFrame, requests: pd.DataFrame, cost: pd.DataFrame,
-             history: History, rules: Rules) -> Outcome:
+def _outcome(tonight: Tonight, tables: Mapping[str, pd.DataFrame], history: History,
+             rules: Rules) -> Outcome:
     """Does the run fail: what the state machine says tonight's signals do, if the run is
     comparable; what happened to the episodes tonight."""
-    counted = run_outcome(one_night, failed=tonight.failed, incomplete=tonight.incomplete)
+    rule = rules.regression
     if tonight.failed or tonight.incomplete:  # its times are partial: nothing it says counts
         why = "failed" if tonight.failed else "incomplete"
-        return Outcome(regressed=False, reason=counted.reason or (
-            f"the run is {why}: its verdicts do not count"), message=_message(
-            regressed(one_night), drift_rule.drifted(drift, failing_only=True),
-            memory[memory["verdict"].isin(MEMORY_FAILS)],
-            requests[requests["verdict"] == "request-regression"],
-            _idle_flagged(cost)))
+        reasons = [f.void_reason(tables[f.name], tonight) for f in REGISTRY]
+        return Outcome(regressed=False, reason=next((r for r in reasons if r), (
+            f"the run is {why}: its verdicts do not count")), message=_message(
+            {f: f.message_rows(tables[f.name], rule, partial=True) for f in REGISTRY}))
     night = Night(tonight.run_id, tonight.pipeline, tonight.version,
-                  night_signals(one_night, drift, memory, requests, cost), rules.regression,
-                  started=tonight.started or "")
+                  _signals(tables, rule), rule, started=tonight.started or "")
     book, events = advance(history.alerts, night, history.acks)
     fails = sorted(failing(book, night), key=lambda ep: ep.key)
     keys = tuple(ep.key for ep in fails)
-
-    def kept(rows: pd.DataFrame, key) -> pd.DataFrame:
-        if rows.empty:
-            return rows
-        return rows[[key(r) in keys for r in rows.itertuples(index=False)]]
-
-    message = _message(
-        kept(regressed(one_night), lambda r: (str(r.stage), str(r.prefix), METRIC)),
-        kept(drift_rule.drifted(drift), lambda r: (str(r.stage), str(r.prefix), "drift")),
-        kept(memory[memory["verdict"].isin(MEMORY_FAILS)],
-             lambda r: (str(r.stage), "", str(r.metric))),
-        kept(requests[requests["verdict"] == "request-regression"],
-             lambda r: (str(r.stage), "", str(r.metric))),
-        kept(_idle_flagged(cost), lambda r: (str(r.stage), "", str(r.metric))))
+    message = _message({f: _kept(f, f.message_rows(tables[f.name], rule, partial=False), keys)
+                        for f in REGISTRY})
     suspected = any(sig.alert == "suspected" for sig in night.signals.values())
     return Outcome(regressed=bool(fails), message=message,
                    suspected=suspected and not fails, events=tuple(events),
@@ -848,79 +577,26 @@ def _outcome(tonight: Tonight, one_night: pd.DataFrame, drift: pd.DataFrame,
                    acknowledged=bool(silenced(book, night)) and not fails)
 
 
-# How the per-stage tables go through the lifecycle: (metric, verdicts that flag it, one
-# night conclusive under confirm="auto").
-MEMORY_POLICY = (("peak_bytes", ("memory-regression",), False),
-                 ("spilled_bytes", ("memory-regression",), False),
-                 ("headroom", ("near-oom",), True))
-REQUEST_POLICY = (("requests_per_chunk", ("request-regression",), False),
-                  ("bytes_per_chunk", ("request-regression",), False))
-COST_POLICY = (("idle_hours", ("idle-regression",), False),)
-
-
-def _confirm_stage_rows(rows: pd.DataFrame, book: Book, rule: RegressionRule,
-                        policy: tuple[tuple[str, tuple[str, ...], bool], ...]
-                        ) -> pd.DataFrame:
-    """A per-stage verdict table with its ``alert`` column, metric by metric."""
-    if rows.empty:
-        return rows.assign(alert=pd.Series(dtype=str), alert_reason=pd.Series(dtype=str))
-    parts = []
-    for metric, flagged, conclusive in policy:
-        part = rows[rows["metric"] == metric]
-        if part.empty:
-            continue
-        prior = {(stage, metric): p for (stage, _), p in priors(book, metric).items()}
-        parts.append(confirm_signals(part, prior, rule, flagged=flagged,
-                                     conclusive=conclusive,
-                                     threshold=metric_threshold(metric, rule)))
-    return pd.concat(parts).loc[rows.index] if parts else rows.assign(alert="",
-                                                                      alert_reason="")
-
-
-def night_signals(one_night: pd.DataFrame, drift: pd.DataFrame, memory: pd.DataFrame,
-                  requests: pd.DataFrame, cost: pd.DataFrame | None = None
-                  ) -> dict[Key, Signal]:
-    """Tonight's signals for the state machine, from the judgement's tables (``cost``: the
-    idle rows that count, under ``cost_regression="fail"`` only)."""
-    night = Night.from_tables("", "", "", one_night,
-                              signal_rows(drift, memory, requests, cost))
-    return dict(night.signals)
-
-
-def signal_rows(drift: pd.DataFrame, memory: pd.DataFrame, requests: pd.DataFrame,
-                cost: pd.DataFrame | None = None) -> list[SignalRow]:
-    """The non-time signals of a night as stored in its manifest (``signals``): failing
-    drift, every memory, storage-request and (judged) idle row with its confirmation
-    decision."""
-    out: list[SignalRow] = [{"stage": str(r.stage), "prefix": str(r.prefix), "metric": "drift",
-            "verdict": "drift", "ratio": finite_number(r.cumulative_ratio), "alert": "regression"}
-           for r in drift_rule.drifted(drift, failing_only=True).itertuples(index=False)]
-    for table in (memory, requests, cost if cost is not None else memory.iloc[0:0]):
-        if table.empty:
-            continue
-        alerts = table["alert"] if "alert" in table else pd.Series("", index=table.index)
-        for r, alert in zip(table.itertuples(index=False), alerts, strict=True):
-            out.append({"stage": str(r.stage), "prefix": "", "metric": str(r.metric),
-                        "verdict": str(r.verdict), "ratio": finite_number(r.ratio),
-                        "alert": str(alert or "")})
+def _signals(tables: Mapping[str, pd.DataFrame], rule: RegressionRule) -> dict[Key, Signal]:
+    """Tonight's signals of every family with rows in ``tables``, in the registry's order."""
+    out: dict[Key, Signal] = {}
+    for family in REGISTRY:
+        if family.name in tables:
+            out.update(family.signals(tables[family.name], rule))
     return out
 
 
+def _kept(family: Family, rows: pd.DataFrame, keys: tuple[Key, ...]) -> pd.DataFrame:
+    """The rows of ``family`` whose key fails the run."""
+    if rows.empty:
+        return rows
+    return rows[[family.key(r) in keys for r in rows.itertuples(index=False)]]
 
 
-def _idle_flagged(cost: pd.DataFrame) -> pd.DataFrame:
-    return cost[cost["verdict"] == "idle-regression"] if not cost.empty else cost
-
-
-def _message(rows: pd.DataFrame, failing_drift: pd.DataFrame, memory_rows: pd.DataFrame,
-             request_rows_: pd.DataFrame, cost_rows: pd.DataFrame | None = None) -> str:
-    cost_rows = cost_rows if cost_rows is not None else pd.DataFrame()
-    parts = ([describe(rows)] if not rows.empty else []) \
-        + ([drift_rule.describe_drift(failing_drift)] if not failing_drift.empty else []) \
-        + ([describe_memory(memory_rows)] if not memory_rows.empty else []) \
-        + ([describe_requests(request_rows_)] if not request_rows_.empty else []) \
-        + ([describe_cost(cost_rows)] if not cost_rows.empty else [])
-    return "; ".join(parts) or "no regression"
+def _message(rows: Mapping[Family, pd.DataFrame]) -> str:
+    """One line naming what each family flagged (``"no regression"``: nothing)."""
+    return "; ".join(family.describe(found) for family, found in rows.items()
+                     if not found.empty) or "no regression"
 
 
 def _stored_rules(manifest: Mapping[str, Any], rules: Rules | None,
@@ -935,8 +611,4 @@ def _stored_rules(manifest: Mapping[str, Any], rules: Rules | None,
             raise InvalidInput(f"unknown regression setting(s) {unknown}")
         rules = Rules(replace(rules.regression, **dict(overrides)), rules.drift)
     return rules
-
-
-def _names(rows: pd.DataFrame) -> list[str]:
-    return [f"{r.stage}/{r.prefix}" for r in rows.itertuples(index=False)]
 

@@ -431,31 +431,9 @@ def _judge(end: RunEnd) -> None:
                  "environment": end.env, "stages": [s.__dict__ for s in end.stages],
                  "incidents": end.record.incidents})
     end.judgement = judge(tonight, end.history, end.settings.rules)
-    if not end.judgement.cost.empty:
-        end.tables["cost_verdicts"] = end.judgement.cost
-        end.warnings.extend(_idle_warnings(end.judgement))
-    end.tables["regression"] = end.judgement.verdicts
-    end.tables["drift"] = end.judgement.drift.drop(columns="series", errors="ignore")
-    if not end.judgement.memory.empty:
-        end.tables["memory_verdicts"] = end.judgement.memory
-    if not end.judgement.requests.empty:
-        end.tables["request_verdicts"] = end.judgement.requests
+    end.warnings.extend(end.judgement.warnings())  # each verdict family's, in order
+    end.tables.update(end.judgement.stored_tables())
     end.manifest_extra.update(end.judgement.to_manifest())
-
-
-def _idle_warnings(judgement: Judgement) -> list[str]:
-    """One warning per stage whose idle grew: informational, suspected or failing."""
-    from prefect_dask_profiling.regression.cost import cost_flagged
-
-    if judgement.rules.regression.cost_regression != "fail":
-        return [f"idle grew (informational): {text}" for text in cost_flagged(judgement.cost)]
-    failing = set(judgement.outcome.failing)
-    out = []
-    for row in judgement.cost_flagged().itertuples(index=False):
-        fails = (str(row.stage), "", str(row.metric)) in failing
-        what = "fails the run" if fails else (row.alert_reason or "does not fail the run")
-        out.append(f"idle grew ({what}): {row.text}")
-    return out
 
 
 def _trend(end: RunEnd) -> None:

@@ -51,7 +51,7 @@ def result(flow_run_id: str | None, run_id: str, *, regression: bool = True,
                       episodes=() if failed else tuple(f"ep-{i:010x}"
                                                        for i in range(len(failing))))
     judgement = Judgement(run_id=run_id, pipeline="ndvi", version="v3", rules=Rules(),
-                          verdicts=verdicts, drift=drift_rows, outcome=outcome)
+                          verdicts=verdicts, outcome=outcome, tables={"drift": drift_rows})
     return FinishResult(run_id=run_id, pipeline="ndvi", version="v3",
                         status=manifest["status"], summary=pd.DataFrame(),
                         utilisation=pd.DataFrame(), verdicts=verdicts, manifest=manifest,

@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 import prefect_dask_profiling.run.pipeline as finishing
 from prefect_dask_profiling.cli import app
 from prefect_dask_profiling.regression.baseline import Baseline
+from prefect_dask_profiling.regression.drift import drifted
 from prefect_dask_profiling.regression.judge import History, Tonight, judge
 from prefect_dask_profiling.regression.rule import DriftRule, RegressionRule, Rules
 from prefect_dask_profiling.run.pipeline import FinishSettings, finish_run
@@ -94,10 +95,10 @@ def test_check_and_drift_commands_see_drift(record, tmp_path):
     start = datetime(2026, 11, 1, 2, tzinfo=UTC)
     for n in range(11):
         result = night(store, scaled(record, {"read": 1.12 ** n}), start + timedelta(days=n))
-    assert result.regressed and result.judgement.regressions().empty
-    assert not result.judgement.drifting(failing_only=True).empty
+    assert result.regressed and result.judgement.flagged_rows("time").empty
+    assert not drifted(result.judgement.drift, failing_only=True).empty
     failing = [f"{r.stage}/{r.prefix}" for r in
-               result.judgement.drifting(failing_only=True).itertuples()]
+               drifted(result.judgement.drift, failing_only=True).itertuples()]
     assert failing and all(name.startswith("read/") for name in failing)
     code, data = check(store, "--run", result.run_id)
     assert code == 1 and data["agrees"] and data["drift"]["failing"] == failing
@@ -119,7 +120,7 @@ def test_a_threshold_below_the_drift_ratio_lowers_it_instead_of_switching_drift_
         result = night(store, scaled(record, {"read": 1.06 ** n}), start + timedelta(days=n),
                        settings)
     assert not any("step failed" in w for w in result.warnings), result.warnings
-    assert not result.judgement.drifting().empty  # 1.06^10 = 1.8x: drift at threshold 1.3
+    assert not drifted(result.judgement.drift).empty  # 1.06^10 = 1.8x: drift at threshold 1.3
     out = CliRunner().invoke(app, ["drift", "--store", store.url, "--threshold", "1.3"])
     assert out.exit_code in (0, 1, 5), out.output  # a verdict, never "this is a bug" (exit 3)
 

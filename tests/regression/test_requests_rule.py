@@ -13,7 +13,7 @@ import pytest
 
 from prefect_dask_profiling.regression.alerts import Night, advance
 from prefect_dask_profiling.regression.baseline import Baseline
-from prefect_dask_profiling.regression.judge import History, Tonight, judge, night_signals
+from prefect_dask_profiling.regression.judge import History, Tonight, judge
 from prefect_dask_profiling.regression.requests import detect_requests, request_rows
 from prefect_dask_profiling.regression.rule import RegressionRule, Rules
 
@@ -81,19 +81,18 @@ def test_the_judgement_fails_a_night_whose_requests_doubled_before_its_time_move
                       pd.DataFrame(columns=["run_id", "started", "stage", "prefix", "tasks",
                                             "total_s"]),
                       manifests=tuple(baseline_manifests),
-                      request_manifests=tuple(baseline_manifests))
+                      baselines={"requests": tuple(baseline_manifests)})
     summary = pd.DataFrame([{"stage": "read", "prefix": "getitem", "tasks": 48,
                              "total_s": 10.2}])
     merge_off = Tonight(run_id="r999", pipeline="p", version="1", summary=summary,
                         context=manifest("r999", 4.6, bytes_per_chunk=840_000))
     judgement = judge(merge_off, history, Rules())
     assert set(judgement.verdicts["verdict"]) == {"ok"}  # time did not move
-    assert set(judgement.requests_flagged()["metric"]) == {"requests_per_chunk",
+    assert set(judgement.flagged_rows("requests")["metric"]) == {"requests_per_chunk",
                                                            "bytes_per_chunk"}
     # one night is never conclusive for requests: suspected, and the next night confirms
     assert not judgement.regressed and judgement.outcome.suspected
-    night = Night("r999", "p", "1", night_signals(judgement.verdicts, judgement.drift,
-                                                  judgement.memory, judgement.requests))
+    night = Night("r999", "p", "1", judgement.night_signals())
     book, events = advance(history.alerts, night)
     assert [e.kind for e in events] == ["suspected", "suspected"]
     second = judge(replace(merge_off, run_id="r9991"), replace(history, alerts=book), Rules())

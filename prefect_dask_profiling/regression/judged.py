@@ -1,0 +1,168 @@
+"""What a night is judged from and what its judgement decides: :class:`Tonight`,
+:class:`History` and :class:`Outcome`.
+
+They live apart from :mod:`.judge` so that the verdict families
+(:mod:`.families`), which the judge loops over, can read them without importing the judge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
+
+import pandas as pd
+
+from prefect_dask_profiling.regression.alert_history import SkippedNight
+from prefect_dask_profiling.regression.alerts import Ack, AlertEvent, AlertEventDoc, Book, Key
+from prefect_dask_profiling.regression.baseline import Baseline
+
+__all__ = ["History", "Outcome", "OutcomeDoc", "Tonight"]
+
+
+class OutcomeDoc(TypedDict):
+    """An :class:`Outcome` as stored (the manifest's ``outcome``): failing keys as
+    ``stage/prefix/metric``, events as :meth:`AlertEvent.to_json`."""
+
+    regressed: bool
+    reason: str
+    message: str
+    suspected: bool
+    acknowledged: bool
+    episodes: list[str]
+    failing: list[str]
+    events: list[AlertEventDoc]
+
+
+@dataclass(frozen=True)
+class Tonight:
+    """The run being judged.
+
+    Attributes
+    ----------
+    run_id, pipeline, version
+        Its identity.
+    summary
+        Its per-prefix table (``tasks.csv``: ``stage, prefix, tasks, total_s``, ...).
+    started
+        ISO start time (orders the drift series; the judged run is last whatever it says).
+    failed
+        The flow failed: its flagged prefixes do not count (its times are partial).
+    incomplete
+        Its record is incomplete (the final collection failed): the same.
+    context
+        What the explanations compare with the baseline runs' manifests: ``version``,
+        ``source_hash``, ``workers``, ``threads``, ``environment``, ``stages`` (with their
+        ``diagnosis``) — the run's manifest, or the same fields before it is written.
+    """
+
+    run_id: str
+    pipeline: str
+    version: str
+    summary: pd.DataFrame
+    started: str | None = None
+    failed: bool = False
+    incomplete: bool = False
+    context: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_manifest(cls, manifest: Mapping[str, Any], summary: pd.DataFrame) -> Tonight:
+        """A stored run as it was judged: failed and incomplete runs stay so."""
+        status = str(manifest.get("status") or "")
+        return cls(run_id=str(manifest["run_id"]), pipeline=str(manifest["pipeline"]),
+                   version=str(manifest["version"]), summary=summary,
+                   started=manifest.get("started"), failed=status == "failed",
+                   incomplete=status == "incomplete", context=manifest)
+
+
+@dataclass(frozen=True)
+class History:
+    """What a run is judged against: loaded by :func:`load_history`.
+
+    Attributes
+    ----------
+    baseline
+        The healthy baseline runs of the same version (:func:`~.baseline.load_baseline`).
+    series
+        Every comparable night since the baseline start, ``run_id, started, stage, prefix,
+        tasks, total_s`` (:func:`~.drift.load_series`); empty when drift is switched off.
+    series_note
+        Where the series starts.
+    manifests
+        The manifests of the time baseline's nights (for explanations).
+    alerts
+        The state after the nights before tonight (:func:`~.alerts.replay`: episodes and
+        each night's standing, derived from the stored nights, nothing kept aside).
+    acks
+        The acknowledgements of the pipeline version.
+    warnings
+        What could not be read and was not needed.
+    baselines
+        Per baseline family (a family's :attr:`~.families.Family.baseline`: ``memory``,
+        ``requests``, ``cost``...), the manifests of the nights whose standing counts in it
+        (a night flagged in time only still counts there), newest last.
+    skipped
+        The stored nights left out because they cannot be read (damaged or gone): every
+        family is judged without them, and the judged night names them.
+    """
+
+    baseline: Baseline
+    series: pd.DataFrame
+    series_note: str = ""
+    manifests: tuple[Mapping[str, Any], ...] = ()
+    alerts: Book = field(default_factory=Book)
+    acks: tuple[Ack, ...] = ()
+    warnings: tuple[str, ...] = ()
+    baselines: Mapping[str, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
+    skipped: tuple[SkippedNight, ...] = ()
+
+    def manifests_of(self, family: str | None) -> tuple[Mapping[str, Any], ...]:
+        """The manifests of baseline family ``family`` (none for ``None``)."""
+        return tuple(self.baselines.get(family, ())) if family is not None else ()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the judgement means for the run as a whole.
+
+    Attributes
+    ----------
+    regressed
+        The run counts as regressed: a prefix regressed on this night or drifted past the
+        threshold, and the run neither failed nor is incomplete. Only such a run fails a
+        flow (``on_regression="fail"``) or makes ``dask-profiling check`` exit 1.
+    reason
+        Why flagged prefixes do not count (the run failed or is incomplete); empty otherwise.
+    message
+        One line naming what regressed and drifted (the failure message of the flow).
+    suspected
+        Prefixes flagged tonight wait for the next run to confirm them (the run does not
+        fail; it is stored ``suspected`` and kept out of baselines).
+    events
+        What happened to alert episodes tonight (suspected, detected, cleared, resolved),
+        each with a stable id.
+    episodes
+        The ids of the episodes that fail the run (in the order of ``failing``).
+    failing
+        The keys ``(stage, prefix, metric)`` that fail the run (``prefix`` is ``""`` for
+        per-stage metrics): the rows to report as detected.
+    acknowledged
+        Only acknowledged episodes would have failed the run: it is stored
+        ``acknowledged``, told apart from a healthy night (and kept out of the baselines of
+        those episodes' families, as their flagged nights are).
+    """
+
+    regressed: bool
+    reason: str = ""
+    message: str = "no regression"
+    suspected: bool = False
+    events: tuple[AlertEvent, ...] = ()
+    episodes: tuple[str, ...] = ()
+    failing: tuple[Key, ...] = ()
+    acknowledged: bool = False
+
+    def episode_of(self, stage: str, prefix: str, metric: str) -> str | None:
+        """The id of the episode that fails the run at this key (``None``: it does not)."""
+        key = (stage, prefix, metric)
+        return self.episodes[self.failing.index(key)] if key in self.failing else None
+
