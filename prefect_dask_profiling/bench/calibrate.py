@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any
 
 from prefect_dask_profiling._util import positive_int, ship_by_value
 
 if TYPE_CHECKING:
     from distributed import Client
 
-    from prefect_dask_profiling.bench.types import CalibrationDoc
 
 CLIP = (0.5, 1.5)
 UNSTABLE_SPREAD = 0.25
@@ -78,11 +77,11 @@ class Calibration:
         """Smallest unclipped index (a slow worker), ``None`` with fewer than two workers."""
         return min(w.index_raw for w in self.workers) if len(self.workers) > 1 else None
 
-    def to_dict(self) -> CalibrationDoc:
+    def to_dict(self) -> dict[str, Any]:
         """Plain data (a side's summary's ``calibration``), with :attr:`min_index`."""
         d = asdict(self)
         d["min_index"] = self.min_index
-        return cast("CalibrationDoc", d)
+        return d
 
 
 def effective_threads(scores: dict[str, float], nthreads: dict[str, int],

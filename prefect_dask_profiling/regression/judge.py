@@ -37,7 +37,6 @@ import pandas as pd
 from prefect_dask_profiling._util import InvalidInput, finite_number
 from prefect_dask_profiling.regression import drift as drift_rule
 from prefect_dask_profiling.regression.alert_history import (
-    SkippedDoc,
     SkippedNight,
     damaged,
     load_acks,
@@ -94,7 +93,7 @@ from prefect_dask_profiling.regression.requests import (
     detect_requests,
     request_rows,
 )
-from prefect_dask_profiling.regression.rule import RegressionRule, Rules, RulesDoc
+from prefect_dask_profiling.regression.rule import RegressionRule, Rules
 from prefect_dask_profiling.regression.stats import MetricVerdict
 from prefect_dask_profiling.regression.verdict import (
     PrefixVerdict,
@@ -154,7 +153,7 @@ class CostFlags(Flagged):
 class JudgementManifest(TypedDict):
     """The judgement's part of a run's manifest (:meth:`Judgement.to_manifest`)."""
 
-    rules: RulesDoc
+    rules: dict[str, Any]  # Rules.to_dict
     outcome: OutcomeDoc
     signals: list[SignalRow]
     carried: CarriedDoc
@@ -163,7 +162,7 @@ class JudgementManifest(TypedDict):
     requests: Flagged
     cost: CostFlags
     explanations: dict[str, Explanation]
-    skipped: list[SkippedDoc]
+    skipped: list[dict[str, str]]  # SkippedNight.to_json
 
 
 class JudgedBaseline(TypedDict):
