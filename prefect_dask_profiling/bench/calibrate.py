@@ -84,10 +84,10 @@ class Calibration:
         return d
 
 
-def effective_threads(scores: dict[str, float], nthreads: dict[str, int],
-                      clip: tuple[float, float] = CLIP) -> tuple[float, dict[str, float],
-                                                                 dict[str, float]]:
-    """Σ threads × clipped calibration index.
+def effective_threads(scores: dict[str, float], nthreads: dict[str, int]
+                      ) -> tuple[float, dict[str, float], dict[str, float]]:
+    """Σ threads × calibration index clipped to :data:`CLIP` (around the median worker,
+    1.0).
 
     Parameters
     ----------
@@ -95,8 +95,6 @@ def effective_threads(scores: dict[str, float], nthreads: dict[str, int],
         Worker → score (higher is faster).
     nthreads
         Worker → threads.
-    clip
-        Bounds of the index around the median worker (1.0).
 
     Returns
     -------
@@ -106,7 +104,7 @@ def effective_threads(scores: dict[str, float], nthreads: dict[str, int],
         return 0.0, {}, {}
     median = statistics.median(scores.values())
     raw = {w: (s / median if median > 0 else 1.0) for w, s in scores.items()}
-    clipped = {w: min(max(v, clip[0]), clip[1]) for w, v in raw.items()}
+    clipped = {w: min(max(v, CLIP[0]), CLIP[1]) for w, v in raw.items()}
     return sum(nthreads[w] * clipped[w] for w in scores), raw, clipped
 
 
