@@ -18,8 +18,9 @@ imports none of Prefect, distributed, dask or pandas. The scheduler plugin itsel
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from prefect_dask_profiling import _util
 
 # The Prefect-free names of _LAZY, for type checkers and the API docs (griffe). The Prefect
 # ones are not imported here even so: tests/test_architecture.py counts every import, and
@@ -75,20 +76,10 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str) -> Any:
-    """Serve the names of ``_LAZY`` on first use (PEP 562).
-
-    The package stays a plain :class:`types.ModuleType`: cloudpickle writes a module by
-    reference only when its type is exactly that, and a flow script run as ``python
-    flow.py`` is ``__main__``, so its functions travel by value with every global they use,
-    ``import prefect_dask_profiling as pdp`` among them. No submodule shares a name with a
-    lazy name (the ``stage`` function lives in :mod:`~prefect_dask_profiling.stages`), so
-    the import system setting a submodule attribute never hides one.
-    """
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'prefect_dask_profiling' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_LAZY])
+# Served on first use (PEP 562). The package stays a plain types.ModuleType: cloudpickle
+# writes a module by reference only when its type is exactly that, and a flow script run as
+# ``python flow.py`` is ``__main__``, so its functions travel by value with every global they
+# use, ``import prefect_dask_profiling as pdp`` among them. No submodule shares a name with a
+# lazy name (the ``stage`` function lives in :mod:`~prefect_dask_profiling.stages`), so the
+# import system setting a submodule attribute never hides one.
+__getattr__, __dir__ = _util.lazy_exports(__name__, _LAZY)

@@ -1,12 +1,15 @@
 """Small helpers shared by every part: safe names, positive numbers, JSON-clean values,
-and shipping a module by value to processes that do not have this package installed."""
+shipping a module by value to processes that do not have this package installed, and the
+names a package serves on first use."""
 
 from __future__ import annotations
 
+import importlib
 import math
 import re
 import sys
 import unicodedata
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from prefect_dask_profiling.errors import InvalidInput
@@ -157,3 +160,23 @@ def json_clean(value: Any) -> Any:
     except ImportError:  # pragma: no cover
         pass
     return str(value)
+
+
+def lazy_exports(module: str, homes: Mapping[str, str]
+                 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """``__getattr__`` and ``__dir__`` (PEP 562) for ``module`` that serve each name of
+    ``homes`` from its home module (absolute, or relative to ``module``: ``".runs"``) on
+    first use, so importing ``module`` imports none of them.
+
+    ``module`` stays a plain :class:`types.ModuleType` (cloudpickle pickles only those by
+    reference), and its ``dir()`` lists the names as if they were there.
+    """
+    def __getattr__(name: str) -> Any:
+        if name in homes:
+            return getattr(importlib.import_module(homes[name], module), name)
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+    def __dir__() -> list[str]:
+        return sorted({*vars(sys.modules[module]), *homes})
+
+    return __getattr__, __dir__

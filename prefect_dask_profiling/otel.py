@@ -331,11 +331,11 @@ def _explanation(result: FinishResult, stage: str) -> str:
 
 
 def plan(result: FinishResult, links: Mapping[str, str] | None = None,
-         trend: str | None = None, now_s: float | None = None) -> TracePlan:
-    """The spans of a finished run, from its stored figures (pure: no OTel call).
+         trend: str | None = None) -> TracePlan:
+    """The spans of a finished run, from its stored figures (pure: no OTel call); the run
+    span ends at the latest stage end.
 
-    ``links``: the stages' report links by name; ``trend``: the trend page's link;
-    ``now_s``: the run span's end (epoch seconds; default the latest stage end).
+    ``links``: the stages' report links by name; ``trend``: the trend page's link.
     """
     stages, skipped = [], []
     failing = _failing_stages(result)
@@ -353,7 +353,7 @@ def plan(result: FinishResult, links: Mapping[str, str] | None = None,
             error=_explanation(result, name) if name in failing else None))
     started = [s.start_ns for s in stages]
     ended = [s.end_ns for s in stages]
-    end_ns = _ns(now_s) if now_s is not None else max(ended, default=0)
+    end_ns = max(ended, default=0)
     run_attributes = {
         f"{NS}.pipeline": result.pipeline, f"{NS}.version": result.version,
         f"{NS}.run_id": result.run_id, f"{NS}.status": result.status,

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any
 
 from prefect_dask_profiling._util import positive_int, ship_by_value
 
 if TYPE_CHECKING:
     from distributed import Client
 
-    from prefect_dask_profiling.bench.types import CalibrationDoc
 
 CLIP = (0.5, 1.5)
 UNSTABLE_SPREAD = 0.25
@@ -78,17 +77,17 @@ class Calibration:
         """Smallest unclipped index (a slow worker), ``None`` with fewer than two workers."""
         return min(w.index_raw for w in self.workers) if len(self.workers) > 1 else None
 
-    def to_dict(self) -> CalibrationDoc:
+    def to_dict(self) -> dict[str, Any]:
         """Plain data (a side's summary's ``calibration``), with :attr:`min_index`."""
         d = asdict(self)
         d["min_index"] = self.min_index
-        return cast("CalibrationDoc", d)
+        return d
 
 
-def effective_threads(scores: dict[str, float], nthreads: dict[str, int],
-                      clip: tuple[float, float] = CLIP) -> tuple[float, dict[str, float],
-                                                                 dict[str, float]]:
-    """Σ threads × clipped calibration index.
+def effective_threads(scores: dict[str, float], nthreads: dict[str, int]
+                      ) -> tuple[float, dict[str, float], dict[str, float]]:
+    """Σ threads × calibration index clipped to :data:`CLIP` (around the median worker,
+    1.0).
 
     Parameters
     ----------
@@ -96,8 +95,6 @@ def effective_threads(scores: dict[str, float], nthreads: dict[str, int],
         Worker → score (higher is faster).
     nthreads
         Worker → threads.
-    clip
-        Bounds of the index around the median worker (1.0).
 
     Returns
     -------
@@ -107,7 +104,7 @@ def effective_threads(scores: dict[str, float], nthreads: dict[str, int],
         return 0.0, {}, {}
     median = statistics.median(scores.values())
     raw = {w: (s / median if median > 0 else 1.0) for w, s in scores.items()}
-    clipped = {w: min(max(v, clip[0]), clip[1]) for w, v in raw.items()}
+    clipped = {w: min(max(v, CLIP[0]), CLIP[1]) for w, v in raw.items()}
     return sum(nthreads[w] * clipped[w] for w in scores), raw, clipped
 
 

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from prefect_dask_profiling.diagnosis.signals import Batch
 
 SCHEMA = "dask-profiling-bench/1"
+BOOTSTRAP_RESAMPLES = 4000  # of paired_ratio's interval
 
 
 def side_metrics(batches: list[Batch], threads: int, effective_threads: float,
@@ -211,16 +212,16 @@ def notes_markdown(summaries: dict[str, BenchSummary], comparison: Comparison,
     return "\n".join(lines)
 
 
-def paired_ratio(walls: list[float], plain: list[float], *, resamples: int = 4000,
-                 seed: int = 0) -> tuple[float, float, float]:
+def paired_ratio(walls: list[float], plain: list[float]) -> tuple[float, float, float]:
     """The median of the per-repeat ratios ``walls[i] / plain[i]`` and its 90% bootstrap
-    interval (repeats resampled with replacement; a fixed seed, so a rerun prints the same).
+    interval (:data:`BOOTSTRAP_RESAMPLES` resamples of the repeats with replacement; a fixed
+    seed, so a rerun prints the same).
 
     Runs of one repeat are adjacent in time, so their ratio cancels most of the machine's
     drift, which the ratio of the two medians keeps.
     """
     ratios = np.asarray(walls) / np.asarray(plain)
-    rng = np.random.default_rng(seed)
-    medians = np.median(rng.choice(ratios, size=(resamples, len(ratios))), axis=1)
+    rng = np.random.default_rng(0)
+    medians = np.median(rng.choice(ratios, size=(BOOTSTRAP_RESAMPLES, len(ratios))), axis=1)
     low, high = np.quantile(medians, [0.05, 0.95])
     return float(np.median(ratios)), float(low), float(high)

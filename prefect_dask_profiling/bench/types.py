@@ -7,7 +7,7 @@ command line read the same keys.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NotRequired, Required, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, Required, TypedDict
 
 from prefect_dask_profiling.environment import Fingerprint
 
@@ -17,13 +17,11 @@ if TYPE_CHECKING:
     from prefect_dask_profiling.summary.tables import PrefixSummary, UtilisationRow
 
 __all__ = [
-    "BenchConfigDoc",
     "BenchConfigSummary",
     "BenchEnvironment",
     "BenchMetrics",
     "BenchSummary",
     "Bottleneck",
-    "CalibrationDoc",
     "Comparison",
     "ImportCheck",
     "MetricComparison",
@@ -32,7 +30,6 @@ __all__ = [
     "PreflightVersions",
     "PreflightWorker",
     "SideVerdict",
-    "WorkerCalibrationDoc",
 ]
 
 KeyVersions = dict[str, str | None]
@@ -91,35 +88,6 @@ class Preflight(TypedDict):
     mismatches: list[str]
     required_modules: list[str]
     warnings: list[str]
-
-
-class WorkerCalibrationDoc(TypedDict):
-    """``bench.calibrate.WorkerCalibration`` as plain data: the worker, its threads, the
-    timed repeats and their median, its score and spread, its raw and clipped index."""
-
-    worker: str
-    nthreads: int
-    seconds: list[float]
-    median_s: float
-    score: float
-    spread: float
-    index_raw: float
-    index: float
-    unstable: bool
-
-
-class CalibrationDoc(TypedDict):
-    """``bench.calibrate.Calibration.to_dict``: its fields, ``workers`` as the
-    ``WorkerCalibration`` fields of each, and the smallest unclipped index."""
-
-    workers: list[WorkerCalibrationDoc]
-    total_threads: int
-    effective_threads: float
-    repeats: int
-    unstable: bool
-    clip: tuple[float, float]
-    notes: list[str]
-    min_index: float | None
 
 
 class PerN(TypedDict):
@@ -183,7 +151,7 @@ class BenchSummary(TypedDict):
     created: str
     config: BenchConfigSummary
     preflight: Preflight
-    calibration: CalibrationDoc
+    calibration: dict[str, Any]  # bench.calibrate.Calibration.to_dict
     metrics: BenchMetrics
     batches: list[Batch]
     signals: Signals
@@ -212,29 +180,10 @@ class SideVerdict(TypedDict):
     note: str
 
 
-class BenchConfigDoc(TypedDict):
-    """``bench.config.BenchConfig`` as plain data (``dataclasses.asdict``): its fields."""
-
-    workload: str
-    n: list[int]
-    seeds: list[int]
-    warmup: int
-    repeats: int
-    out: str
-    scheduler: str | None
-    local: bool
-    local_workers: int
-    local_threads: int
-    local_memory_limit: str | None
-    calibration_repeats: int
-    connect_timeout: float
-    worker_wait: float
-
-
 class BenchEnvironment(Fingerprint):
     """The client's fingerprint and the session's ``BenchConfig`` (as its fields)."""
 
-    config: BenchConfigDoc
+    config: dict[str, Any]  # dataclasses.asdict(bench.config.BenchConfig)
 
 
 class Comparison(TypedDict):

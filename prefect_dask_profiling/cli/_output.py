@@ -162,9 +162,8 @@ def format_value(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
-def print_table(frame: pd.DataFrame, title: str | None = None,
-                float_digits: int = FLOAT_DIGITS) -> None:
-    """Print a pandas DataFrame as a rich table."""
+def print_table(frame: pd.DataFrame, title: str | None = None) -> None:
+    """Print a pandas DataFrame as a rich table (floats with :data:`FLOAT_DIGITS` digits)."""
     from rich.table import Table
 
     table = Table(title=title, show_lines=False)
@@ -177,7 +176,7 @@ def print_table(frame: pd.DataFrame, title: str | None = None,
         cells = []
         for v in row:
             if isinstance(v, float):
-                cells.append("" if v != v else f"{v:.{float_digits}f}")
+                cells.append("" if v != v else f"{v:.{FLOAT_DIGITS}f}")
             else:
                 cells.append(str(v))
         table.add_row(*cells)

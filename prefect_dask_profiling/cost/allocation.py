@@ -22,15 +22,14 @@ when :class:`~prefect_dask_profiling.cost.rates.CostRates` are given.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, NotRequired, TypedDict, cast
+from typing import Any
 
 import pandas as pd
 
-from prefect_dask_profiling.cost.rates import CostRates, CostRatesDoc
+from prefect_dask_profiling.cost.rates import CostRates
 from prefect_dask_profiling.summary.record import RunRecord
 
-__all__ = ["OUTSIDE", "RUN", "Allocation", "AllocationDoc", "Lifetime", "LifetimeDoc",
-           "RunAllocation", "RunAllocationDoc", "allocated",
+__all__ = ["OUTSIDE", "RUN", "Allocation", "Lifetime", "RunAllocation", "allocated",
            "allocation", "allocation_markdown", "allocation_table", "lifetimes", "merge_windows"]
 
 OUTSIDE = "outside stages"
@@ -38,50 +37,6 @@ RUN = "run"
 GIB = 2 ** 30
 
 Window = tuple[float, float]
-
-
-class AllocationDoc(TypedDict):
-    """:meth:`Allocation.to_dict`: one scope's allocation as the manifest keeps it (a stage
-    entry's ``allocation``, the rows of the run's ``allocation``); ``cost`` and
-    ``unpriced_worker_s`` only when priced."""
-
-    scope: str
-    start: float | None
-    stop: float | None
-    wall_s: float
-    worker_s: float
-    thread_s: float
-    gib_h: float
-    busy_s: float
-    idle_s: float
-    idle_share: float | None
-    cost: NotRequired[float | None]
-    unpriced_worker_s: NotRequired[float]
-
-
-class LifetimeDoc(TypedDict):
-    """A :class:`Lifetime` as plain data (the run's ``allocation["workers"]``)."""
-
-    worker: str
-    name: str
-    nthreads: int
-    memory_limit: int
-    arrived: float
-    departed: float
-    resources: dict[str, float]
-
-
-class RunAllocationDoc(TypedDict):
-    """:meth:`RunAllocation.to_dict`: the manifest's ``allocation``; ``rates`` and
-    ``unpriced_workers`` only when priced."""
-
-    stages: list[AllocationDoc]
-    outside: AllocationDoc
-    run: AllocationDoc
-    overlap_worker_s: float
-    workers: list[LifetimeDoc]
-    rates: NotRequired[CostRatesDoc]
-    unpriced_workers: NotRequired[list[str]]
 
 
 @dataclass(frozen=True)
@@ -129,9 +84,11 @@ class Allocation:
         """Idle thread-hours expressed as worker-hours (idle share of the worker-hours)."""
         return self.worker_h * (self.idle_share or 0.0)
 
-    def to_dict(self) -> AllocationDoc:
-        """Plain data for the manifest (``cost`` left out when not priced)."""
-        out = cast(AllocationDoc, asdict(self))
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for the manifest (a stage entry's ``allocation``, the rows of the
+        run's ``allocation``): the fields, ``cost`` and ``unpriced_worker_s`` left out when
+        not priced."""
+        out = asdict(self)
         if self.cost is None:
             out.pop("cost")
             out.pop("unpriced_worker_s")
@@ -147,7 +104,7 @@ class RunAllocation:
     outside: Allocation
     run: Allocation
     overlap_worker_s: float = 0.0
-    rates: CostRatesDoc | None = None
+    rates: dict[str, Any] | None = None  # CostRates.to_dict of the rates used
     unpriced_workers: list[str] = field(default_factory=list)
     workers: list[Lifetime] = field(default_factory=list)
 
@@ -156,12 +113,13 @@ class RunAllocation:
         """Stages, then the outside row, then the run."""
         return [*self.stages, self.outside, self.run]
 
-    def to_dict(self) -> RunAllocationDoc:
-        """Plain data for the manifest; ``rates`` only when priced."""
-        out: RunAllocationDoc = {
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for the manifest's ``allocation``; ``rates`` and ``unpriced_workers``
+        only when priced."""
+        out: dict[str, Any] = {
             "stages": [a.to_dict() for a in self.stages], "outside": self.outside.to_dict(),
             "run": self.run.to_dict(), "overlap_worker_s": self.overlap_worker_s,
-            "workers": [cast(LifetimeDoc, asdict(w)) for w in self.workers]}
+            "workers": [asdict(w) for w in self.workers]}
         if self.rates is not None:
             out["rates"] = self.rates
             out["unpriced_workers"] = list(self.unpriced_workers)
@@ -303,7 +261,7 @@ def _hours(value: Any) -> str:
     return "n/a" if value is None else f"{float(value) / 3600.0:.3f}"
 
 
-def _row_cells(row: AllocationDoc, priced: bool, currency: str) -> list[str]:
+def _row_cells(row: dict[str, Any], priced: bool, currency: str) -> list[str]:
     share = row.get("idle_share")
     cells = [str(row.get("scope", "")), _hours(row.get("worker_s")),
              _hours(row.get("thread_s")), f"{float(row.get('gib_h') or 0.0):.3f}",
@@ -315,7 +273,7 @@ def _row_cells(row: AllocationDoc, priced: bool, currency: str) -> list[str]:
     return cells
 
 
-def allocation_markdown(doc: RunAllocationDoc | None) -> list[str]:
+def allocation_markdown(doc: dict[str, Any] | None) -> list[str]:
     """Markdown lines of a stored allocation (the manifest's ``allocation``): a table of
     worker-, thread-, GiB-hours, busy / idle thread-hours and idle share per stage, outside
     the stages and for the run; the cost column and the rate used only when priced.
@@ -342,7 +300,7 @@ def allocation_markdown(doc: RunAllocationDoc | None) -> list[str]:
     return lines
 
 
-def allocation_table(doc: RunAllocationDoc | None) -> pd.DataFrame:
+def allocation_table(doc: dict[str, Any] | None) -> pd.DataFrame:
     """A stored allocation as a table (``dask-profiling show``): one row per stage, the
     outside row and the run, in hours; a ``cost`` column only when priced."""
     if not doc or not doc.get("run"):

@@ -39,7 +39,7 @@ import fnmatch
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, NotRequired, TypedDict, cast
+from typing import Any, TypedDict, cast
 
 from prefect_dask_profiling.errors import InvalidInput
 
@@ -69,19 +69,6 @@ class CostSpec(RatesDoc, total=False):
     workers: dict[str, RatesDoc]
     resources: dict[str, RatesDoc]
     clusters: dict[str, RatesDoc]
-
-
-class CostRatesDoc(TypedDict):
-    """:meth:`CostRates.to_dict`: the rates stored with a priced run (its allocation's
-    ``rates``); each rule is ``[pattern, rates]``."""
-
-    currency: str
-    default: RatesDoc | None
-    by_name: list[list[str | RatesDoc | None]]
-    text: str
-    by_resource: NotRequired[list[list[str | RatesDoc | None]]]
-    by_cluster: NotRequired[list[list[str | RatesDoc | None]]]
-    cluster: NotRequired[str | None]
 
 
 @dataclass(frozen=True)
@@ -215,15 +202,18 @@ class CostRates:
         return "; ".join(f"{attribute} {pattern!r}: {rates.describe(self.currency)}"
                          for attribute, rules in self._rules() for pattern, rates in rules)
 
-    def to_dict(self) -> CostRatesDoc:
-        """The rates as plain data (stored with the run, so a price can be recomputed)."""
+    def to_dict(self) -> dict[str, Any]:
+        """The rates as plain data, stored with a priced run (its allocation's ``rates``) so
+        a price can be recomputed: ``currency``, ``default``, ``by_name`` and ``text``; each
+        rule is ``[pattern, rates]``; ``by_resource``, ``by_cluster`` and ``cluster`` only
+        when given."""
         def plain(rates: Rates | None) -> RatesDoc | None:
             if rates is None:
                 return None
             return cast(RatesDoc, {u: getattr(rates, u) for u in UNITS
                                    if getattr(rates, u) is not None})
 
-        out: CostRatesDoc = {"currency": self.currency, "default": plain(self.default),
+        out: dict[str, Any] = {"currency": self.currency, "default": plain(self.default),
                                "by_name": [[p, plain(r)] for p, r in self.by_name],
                                "text": self.describe()}
         if self.by_resource:

@@ -374,13 +374,12 @@ def task_thread_wanted_seconds(before: dict[str, WorkerProbe], after: dict[str, 
 MIN_CPU_SAMPLES = 4
 
 
-def sampled_cpu_seconds(samples, window: tuple[float, float],
-                        min_samples: int = MIN_CPU_SAMPLES) -> dict[str, float]:
+def sampled_cpu_seconds(samples, window: tuple[float, float]) -> dict[str, float]:
     """CPU seconds each worker process used in ``window``, from system-monitor samples.
 
     Each sample carries the process's CPU percent over the monitor's last interval; the
     mean over the window times the window's length estimates CPU seconds. A worker with
-    fewer than ``min_samples`` samples in the window is left out (absent, not zero): a
+    fewer than :data:`MIN_CPU_SAMPLES` samples in the window is left out (absent, not zero): a
     couple of lagging percentages cannot tell a thread waiting on I/O from one computing,
     so a short stage gets no process-CPU evidence rather than a wrong one.
     """
@@ -391,7 +390,7 @@ def sampled_cpu_seconds(samples, window: tuple[float, float],
     if s.empty or length <= 0:
         return {}
     return {str(w): float(g["cpu"].mean()) / 100.0 * length for w, g in s.groupby("worker")
-            if len(g) >= min_samples}
+            if len(g) >= MIN_CPU_SAMPLES}
 
 
 def monitor_signals(cpu_s: dict[str, float], nthreads: dict[str, int], compute_s: float | None,

@@ -48,7 +48,7 @@ includes other runs' work.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -63,7 +63,6 @@ from prefect_dask_profiling.diagnosis.signals import (
     storage_signals,
 )
 from prefect_dask_profiling.errors import InvalidInput
-from prefect_dask_profiling.store.manifest import StageDiagnosis
 
 MIN_SKEW_TASKS = 10
 """Tasks a prefix needs before its longest task is compared with its p95."""
@@ -92,8 +91,8 @@ class Diagnosis:
     actions: list[str] = field(default_factory=list)
     note: str = ""
 
-    def to_dict(self) -> StageDiagnosis:
-        return cast(StageDiagnosis, asdict(self))
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Any, stage: str = "?") -> Diagnosis | None:

@@ -52,7 +52,6 @@ from prefect_dask_profiling.store.runs import RunStore, StoreError
 if TYPE_CHECKING:
     from pandas.api.extensions import ExtensionArray
 
-    from prefect_dask_profiling.cost.allocation import AllocationDoc, RunAllocationDoc
     from prefect_dask_profiling.summary.io import StageIO
     from prefect_dask_profiling.summary.memory import StageMemory
 
@@ -183,7 +182,7 @@ def _allocation_columns(out: pd.DataFrame, manifest: Manifest) -> None:
     """The stage's and the run's allocation (:data:`ALLOCATION_COLUMNS`) on every row; null
     for runs stored before allocations, and cost null unless the run was priced."""
     stored = manifest.get("allocation")
-    doc = stored if isinstance(stored, dict) else cast("RunAllocationDoc", {})
+    doc: dict[str, Any] = stored if isinstance(stored, dict) else {}
     stages: Mapping[str, Mapping[str, object]] = _stage_entries(manifest, "allocation")
     run: Mapping[str, object] = doc.get("run") or {}  # read by column key
     for column, key, scale in ALLOCATION_COLUMNS:
@@ -346,12 +345,12 @@ def _stage_entries(manifest: Manifest, key: Literal["memory"]) -> dict[str, Stag
 def _stage_entries(manifest: Manifest, key: Literal["io"]) -> dict[str, StageIO]: ...
 @overload
 def _stage_entries(manifest: Manifest,
-                   key: Literal["allocation"]) -> dict[str, AllocationDoc]: ...
+                   key: Literal["allocation"]) -> dict[str, dict[str, Any]]: ...
 def _stage_entries(manifest: Manifest, key: Literal["memory", "io", "allocation"]
-                   ) -> dict[str, StageMemory] | dict[str, StageIO] | dict[str, AllocationDoc]:
+                   ) -> dict[str, StageMemory] | dict[str, StageIO] | dict[str, dict[str, Any]]:
     """Each stage's stored ``stages[].<key>`` entry (``memory``, ``io``, ``allocation``) by
     stage name; stages without one (old runs, no source) are left out."""
-    return cast("dict[str, StageMemory] | dict[str, StageIO] | dict[str, AllocationDoc]",
+    return cast("dict[str, StageMemory] | dict[str, StageIO] | dict[str, dict[str, Any]]",
                 {str(info.get("name")): info[key] for info in manifest.get("stages") or []
                  if isinstance(info, dict) and isinstance(info.get(key), dict)})
 

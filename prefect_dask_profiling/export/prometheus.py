@@ -60,8 +60,6 @@ from prefect_dask_profiling.store.runs import RunStore, StoreError
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Gauge
 
-    from prefect_dask_profiling.cost.rates import CostRatesDoc
-    from prefect_dask_profiling.store.manifest import StageEntry
 
 logger = logging.getLogger(__name__)
 
@@ -292,7 +290,7 @@ def _read_run(store: RunStore, pipeline: str, run_id: str) -> LatestRun:
     return LatestRun(pipeline, manifest, tasks, verdicts)
 
 
-def _set_storage(gauges: dict[str, Gauge], pipeline: str, info: StageEntry) -> None:
+def _set_storage(gauges: dict[str, Gauge], pipeline: str, info: dict[str, Any]) -> None:
     """Set the storage gauges (by ``io`` key) of one manifest stage entry; a key absent from
     its ``io`` (the source was not loaded), or no ``io`` at all (old runs), sets nothing."""
     io = info.get("io") if isinstance(info, dict) else None
@@ -303,7 +301,7 @@ def _set_storage(gauges: dict[str, Gauge], pipeline: str, info: StageEntry) -> N
         _set(gauge, labels, io.get(key))
 
 
-def _rates(manifest: Manifest) -> CostRatesDoc | None:
+def _rates(manifest: Manifest) -> dict[str, Any] | None:
     """The rates a run was priced at (``None``: not priced, or stored before)."""
     doc = manifest.get("allocation")
     rates = doc.get("rates") if isinstance(doc, dict) else None

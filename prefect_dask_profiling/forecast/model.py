@@ -42,11 +42,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, time, timedelta, tzinfo
 from statistics import median
-from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
+from typing import TYPE_CHECKING, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from prefect_dask_profiling.errors import InvalidInput
-from prefect_dask_profiling.forecast.live_store import UnknownStage
 
 if TYPE_CHECKING:  # the runner validates its options with this module in Dask workers too,
     import pandas as pd  # which must not load pandas: nothing here imports it at run time
@@ -393,31 +392,6 @@ class StageLag:
     projected_s: float
 
 
-class StageLagDoc(TypedDict):
-    """A :class:`StageLag` as plain JSON."""
-
-    stage: str
-    behind_pct: float
-    expected_s: float
-    projected_s: float
-
-
-class EtaDoc(TypedDict):
-    """An :class:`Eta` as plain JSON (events' payloads, the stored estimate): instants as
-    ISO text."""
-
-    known: bool
-    text: str
-    remaining_s: float | None
-    remaining_high_s: float | None
-    finish_low: str | None
-    finish_high: str | None
-    percent_done: float | None
-    unknown: list[UnknownStage]
-    lag: StageLagDoc | None
-    needs_runs: int
-
-
 @dataclass(frozen=True)
 class Eta:
     """The run's estimated finish.
@@ -455,15 +429,16 @@ class Eta:
     lag: StageLag | None = None
     needs_runs: int = 0
 
-    def to_json(self) -> EtaDoc:
-        """Plain JSON form (events' payloads, the stored estimate)."""
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON form (events' payloads, the stored estimate): the fields but
+        ``remaining_low_s``, instants as ISO text, ``unknown`` as ``{stage, reason}``."""
         return {"known": self.known, "text": self.text, "remaining_s": self.remaining_s,
                 "remaining_high_s": self.remaining_high_s,
                 "finish_low": self.finish_low.isoformat() if self.finish_low else None,
                 "finish_high": self.finish_high.isoformat() if self.finish_high else None,
                 "percent_done": self.percent_done,
                 "unknown": [{"stage": s, "reason": r} for s, r in self.unknown],
-                "lag": None if self.lag is None else cast(StageLagDoc, self.lag.__dict__),
+                "lag": None if self.lag is None else dict(self.lag.__dict__),
                 "needs_runs": self.needs_runs}
 
 

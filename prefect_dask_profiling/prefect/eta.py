@@ -47,7 +47,6 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from prefect_dask_profiling._util import json_clean
 from prefect_dask_profiling.forecast.model import (
     Eta,
-    EtaDoc,
     HistoryStats,
     RiskTracker,
     RunProgress,
@@ -117,7 +116,7 @@ class EtaPayload(TypedDict):
     run_id: str
     pipeline: str
     version: str
-    eta: EtaDoc
+    eta: dict[str, Any]  # Eta.to_json
     deadline: str | None
     deadline_margin_s: float
     judged: Judged

@@ -39,7 +39,7 @@ import distributed
 from prefect import Flow
 from prefect_dask import DaskTaskRunner
 
-from prefect_dask_profiling._util import positive_int, positive_number, validate_name
+from prefect_dask_profiling._util import lazy_exports, positive_int, positive_number, validate_name
 from prefect_dask_profiling.cost.rates import CostRates, CostSpec, parse_cost
 from prefect_dask_profiling.errors import InvalidInput
 from prefect_dask_profiling.forecast.model import (
@@ -69,14 +69,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger("prefect_dask_profiling")
 
 
-def __getattr__(name: str) -> Any:
-    # Re-exported lazily: the verdict module needs pandas, which this module must not load in
-    # the Dask workers, where Prefect unpickles the runner around every task.
-    if name == "RegressionDetected":
-        from prefect_dask_profiling.regression.verdict import RegressionDetected
-
-        return RegressionDetected
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# Re-exported lazily: the verdict module needs pandas, which this module must not load in
+# the Dask workers, where Prefect unpickles the runner around every task.
+__getattr__, __dir__ = lazy_exports(
+    __name__, {"RegressionDetected": "prefect_dask_profiling.regression.verdict"})
 
 __all__ = ["ProfiledDaskTaskRunner", "ProfilingOptions", "RegressionDetected", "finish",
            "profiled"]

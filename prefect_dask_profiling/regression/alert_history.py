@@ -23,7 +23,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any, TypedDict
+from typing import Any
 
 import pandas as pd
 
@@ -135,13 +135,6 @@ def acknowledge(store: RunStore, pipeline: str, version: str, target: str,
     return ack
 
 
-class SkippedDoc(TypedDict):
-    """A :class:`SkippedNight` as stored (the manifest's ``skipped``)."""
-
-    run_id: str
-    reason: str
-
-
 @dataclass(frozen=True)
 class SkippedNight:
     """A stored night left out of a history because it cannot be read: its manifest, its
@@ -151,8 +144,8 @@ class SkippedNight:
     run_id: str
     reason: str
 
-    def to_json(self) -> SkippedDoc:
-        """Plain JSON form."""
+    def to_json(self) -> dict[str, str]:
+        """Plain JSON form (the manifest's ``skipped``)."""
         return {"run_id": self.run_id, "reason": self.reason}
 
     def line(self) -> str:

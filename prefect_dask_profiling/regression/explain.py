@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from prefect_dask_profiling.environment import Environment, RasterStack, mismatch_key
 from prefect_dask_profiling.errors import InvalidInput
-from prefect_dask_profiling.store.manifest import Manifest, StageDiagnosis, StageEntry
+from prefect_dask_profiling.store.manifest import Manifest
 
 if TYPE_CHECKING:
     from prefect_dask_profiling.summary.memory import StageMemory
@@ -233,10 +233,10 @@ def _bottleneck_change(stage: str, manifest: Manifest, baselines: list[Manifest]
             "was_runs": len(was_all), "text": text}
 
 
-def _key_signal(now: StageDiagnosis, was: list[StageDiagnosis]
+def _key_signal(now: dict[str, Any], was: list[dict[str, Any]]
                 ) -> tuple[str, float, float] | None:
     """The first key signal measured both tonight and in the baseline: (name, was, now)."""
-    def values(d: StageDiagnosis) -> dict[str, float]:
+    def values(d: dict[str, Any]) -> dict[str, float]:
         return {s["signal"]: float(s["value"]) for s in d.get("signals") or []
                 if isinstance(s, dict) and isinstance(s.get("value"), (int, float))}
 
@@ -248,18 +248,18 @@ def _key_signal(now: StageDiagnosis, was: list[StageDiagnosis]
     return None
 
 
-def _diagnosis(manifest: Manifest, stage: str) -> StageDiagnosis | None:
+def _diagnosis(manifest: Manifest, stage: str) -> dict[str, Any] | None:
     d = _stage(manifest, stage).get("diagnosis")
     return d if isinstance(d, dict) and d.get("primary") else None
 
 
-def _stage(manifest: Manifest, stage: str) -> StageEntry:
+def _stage(manifest: Manifest, stage: str) -> dict[str, Any]:
     """The manifest's entry of ``stage``; an empty one (every read gives ``None``) when the
     run has no such stage."""
     for s in manifest.get("stages") or []:
         if isinstance(s, dict) and s.get("name") == stage:
             return s
-    return cast(StageEntry, {})
+    return {}
 
 
 def _median(values: list[Any]) -> float | None:

@@ -7,7 +7,7 @@ stored run again (``check``) is :func:`~prefect_dask_profiling.regression.judge.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, TypedDict, cast
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import pandas as pd
 
@@ -17,7 +17,7 @@ from prefect_dask_profiling.store.runs import RunStore, StoreError
 if TYPE_CHECKING:
     from prefect_dask_profiling.forecast.model import HistoryStats
     from prefect_dask_profiling.regression.explain import Explanation
-    from prefect_dask_profiling.store.manifest import Baseline, ChunksVsBlocks, StageDiagnosis
+    from prefect_dask_profiling.store.manifest import Baseline, ChunksVsBlocks
     from prefect_dask_profiling.summary.io import StageIO
 
 __all__ = ["accept_run", "compare_runs", "eta_plan", "find_run", "list_runs", "open_store",
@@ -65,7 +65,7 @@ class RunSummary(TypedDict, total=False):
     utilisation: float | None
     baseline: Baseline | None
     stages: list[str]
-    bottlenecks: dict[str, StageDiagnosis]
+    bottlenecks: dict[str, dict[str, Any]]  # each a Diagnosis.to_dict
     explanations: dict[str, Explanation]
     storage: dict[str, StageStorage]
     warnings: list[str]

@@ -40,7 +40,6 @@ import pandas as pd
 from prefect_dask_profiling._util import InvalidInput
 from prefect_dask_profiling.regression import drift as drift_rule
 from prefect_dask_profiling.regression.alert_history import (
-    SkippedDoc,
     SkippedNight,
     damaged,
     load_acks,
@@ -67,7 +66,7 @@ from prefect_dask_profiling.regression.baseline import (
 from prefect_dask_profiling.regression.explain import Explanation
 from prefect_dask_profiling.regression.families import REGISTRY, Family
 from prefect_dask_profiling.regression.judged import History, Outcome, OutcomeDoc, Tonight
-from prefect_dask_profiling.regression.rule import RegressionRule, Rules, RulesDoc
+from prefect_dask_profiling.regression.rule import RegressionRule, Rules
 from prefect_dask_profiling.store.runs import RunStore, StoreError
 
 __all__ = ["History", "HistoryUnavailable", "Judgement", "Outcome", "StoredJudgement",
@@ -82,12 +81,12 @@ class JudgementManifest(TypedDict):
     family adds its own part under its name (:meth:`~.families.Family.manifest`:
     ``drift``, ``memory``, ``requests``, ``cost``...), before ``explanations``."""
 
-    rules: RulesDoc
+    rules: dict[str, Any]  # Rules.to_dict
     outcome: OutcomeDoc
     signals: list[SignalRow]
     carried: CarriedDoc
     explanations: dict[str, Explanation]
-    skipped: list[SkippedDoc]
+    skipped: list[dict[str, str]]  # SkippedNight.to_json
 
 
 class JudgedBaseline(TypedDict):

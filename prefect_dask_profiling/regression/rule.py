@@ -287,14 +287,6 @@ class RuleSettings(CheckOptions, total=False):
     threshold: float
 
 
-class RegressionRuleDoc(RuleSettings, total=False):
-    """A :class:`RegressionRule` as plain JSON (``asdict``; the manifest's
-    ``rules["regression"]``); a stored rule lacks the settings added after it."""
-
-    history: int
-    cost_regression: str
-
-
 @dataclass(frozen=True)
 class DriftRule:
     """When a prefix's series since the baseline start counts as drifting.
@@ -355,27 +347,6 @@ class DriftRule:
             raise InvalidInput(f"enabled must be True or False, got {self.enabled!r}")
 
 
-class DriftRuleDoc(TypedDict, total=False):
-    """A :class:`DriftRule` as plain JSON (the manifest's ``rules["drift"]``)."""
-
-    min_ratio: float
-    z_threshold: float
-    cusum_limit: float
-    allowance: float
-    start_nights: int
-    recent_nights: int
-    min_nights: int
-    max_runs: int
-    enabled: bool
-
-
-class RulesDoc(TypedDict):
-    """:class:`Rules` as stored in a judged run's manifest (``rules``)."""
-
-    regression: RegressionRuleDoc
-    drift: DriftRuleDoc
-
-
 @dataclass(frozen=True)
 class Rules:
     """Every rule a night is judged by: the one-night rule and the drift rule, together.
@@ -419,10 +390,11 @@ class Rules:
                                                  cost_regression)
         return cls(regression)
 
-    def to_dict(self) -> RulesDoc:
-        """Plain JSON form, as stored in a judged run's manifest (``rules``)."""
-        return {"regression": cast(RegressionRuleDoc, asdict(self.regression)),
-                "drift": cast(DriftRuleDoc, asdict(self.drift))}
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON form, as stored in a judged run's manifest (``rules``): ``regression``
+        and ``drift``, each its rule's fields (``asdict``; a stored rule lacks the settings
+        added after it)."""
+        return {"regression": asdict(self.regression), "drift": asdict(self.drift)}
 
     @classmethod
     def from_dict(cls, data: Any) -> Rules:
@@ -445,8 +417,8 @@ class Rules:
 
 
 def _drift_rule(options: object) -> DriftRule:
-    """The drift rule of stored ``options`` (a :class:`DriftRuleDoc`, checked: it was read
-    from JSON)."""
+    """The drift rule of stored ``options`` (its fields, checked: they were read from
+    JSON)."""
     if not isinstance(options, dict):
         raise InvalidInput(f"drift options must be a dict, got {type(options).__name__}")
     unknown = sorted(set(options) - {f.name for f in fields(DriftRule)}, key=str)

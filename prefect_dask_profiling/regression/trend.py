@@ -18,7 +18,7 @@ LATEST = "latest"
 
 
 def trend_html(history: pd.DataFrame, latest: pd.DataFrame, verdicts: pd.DataFrame,
-               title: str, max_lines: int = MAX_LINES) -> str:
+               title: str) -> str:
     """A Bokeh page (CDN resources) of total seconds per prefix, run by run.
 
     Parameters
@@ -31,8 +31,6 @@ def trend_html(history: pd.DataFrame, latest: pd.DataFrame, verdicts: pd.DataFra
         The output of ``detect_regressions`` (``stage, prefix, verdict``); may be empty.
     title
         Page and plot title.
-    max_lines
-        At most this many prefixes are drawn, the largest by share of the latest run.
 
     Notes
     -----
@@ -41,7 +39,7 @@ def trend_html(history: pd.DataFrame, latest: pd.DataFrame, verdicts: pd.DataFra
     instead of Bokeh's ~50 ms of building and serializing the same models.
     """
     wide = _wide(history, latest)
-    top, left_out = _top(wide, max_lines)
+    top, left_out = _top(wide)
     flagged = _regressed_labels(verdicts)
     with LAYOUTS.layout() as layout:
         layout.fill(wide, top, left_out, flagged, title)
@@ -131,14 +129,15 @@ def _wide(history: pd.DataFrame, latest: pd.DataFrame) -> pd.DataFrame:
     return wide[order]
 
 
-def _top(wide: pd.DataFrame, max_lines: int) -> tuple[list[str], list[str]]:
-    """The labels to draw (largest latest share first; baseline median breaks ties)."""
+def _top(wide: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """The :data:`MAX_LINES` labels to draw (largest latest share first; baseline median
+    breaks ties) and the rest."""
     if wide.empty:
         return [], []
     latest = wide[LATEST] if LATEST in wide else pd.Series(0.0, index=wide.index)
     key = pd.DataFrame({"latest": latest.fillna(0.0), "median": wide.median(axis=1).fillna(0.0)})
     ordered = key.sort_values(["latest", "median"], ascending=False).index.tolist()
-    return ordered[:max_lines], ordered[max_lines:]
+    return ordered[:MAX_LINES], ordered[MAX_LINES:]
 
 
 def _regressed_labels(verdicts: pd.DataFrame) -> set[str]:

@@ -10,26 +10,20 @@ which must not pay for pandas and fsspec's S3 code there.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from prefect_dask_profiling._util import lazy_exports
 
 _PUBLIC = {
-    "StoreError": "errors", "StoreNotFound": "errors", "DamagedRecord": "errors",
-    "StoreConflict": "errors", "StoreUnavailable": "errors", "StoreUnreachable": "errors",
-    "StoreAccessDenied": "errors",
-    "SCHEMA_VERSION": "manifest", "STATUSES": "manifest", "Manifest": "manifest",
-    "RunContext": "manifest", "StageInfo": "manifest", "build_manifest": "manifest",
-    "DeliveryReport": "manifest", "RunStore": "runs", "WriteResult": "writing",
-    "new_run_id": "runs",
-    "UploadResult": "spool", "default_spool_dir": "spool",
-    "TASKS_COLUMNS": "tables",
-    "DEFAULT_URL": "url", "check_store_url": "url", "public_url": "url",
+    "StoreError": ".errors", "StoreNotFound": ".errors", "DamagedRecord": ".errors",
+    "StoreConflict": ".errors", "StoreUnavailable": ".errors", "StoreUnreachable": ".errors",
+    "StoreAccessDenied": ".errors",
+    "SCHEMA_VERSION": ".manifest", "STATUSES": ".manifest", "Manifest": ".manifest",
+    "RunContext": ".manifest", "StageInfo": ".manifest", "build_manifest": ".manifest",
+    "DeliveryReport": ".manifest", "RunStore": ".runs", "WriteResult": ".writing",
+    "new_run_id": ".runs",
+    "UploadResult": ".spool", "default_spool_dir": ".spool",
+    "TASKS_COLUMNS": ".tables",
+    "DEFAULT_URL": ".url", "check_store_url": ".url", "public_url": ".url",
 }
 
 __all__ = sorted(_PUBLIC)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _PUBLIC:
-        return getattr(importlib.import_module(f"{__name__}.{_PUBLIC[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _PUBLIC)

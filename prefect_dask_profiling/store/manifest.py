@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, Required, TypedDict, cast
 import pandas as pd
 
 from prefect_dask_profiling._util import json_clean, validate_name
-from prefect_dask_profiling.cost.allocation import AllocationDoc, RunAllocationDoc
 from prefect_dask_profiling.environment import Environment
 from prefect_dask_profiling.environment import environment as environment  # re-exported
 from prefect_dask_profiling.errors import InvalidInput
@@ -96,45 +95,6 @@ class StageReport(TypedDict):
     renderer: str
 
 
-class StageDiagnosis(TypedDict):
-    """A stage's bottleneck verdict as stored (``diagnosis.stages.Diagnosis.to_dict``).
-
-    ``signals`` are the primary class's evidence rows (``diagnosis.classify.Evidence``:
-    signal, source, value, op, threshold, supports...), named here only as mappings because
-    the store sits below the diagnosis.
-    """
-
-    stage: str
-    primary: str
-    secondary: str | None
-    confidence: str
-    agreeing_sources: int
-    sources: list[str]
-    signals: list[Mapping[str, object]]
-    disagreements: list[str]
-    actions: list[str]
-    note: str
-
-
-class StageEntry(TypedDict, total=False):
-    """One stage in the manifest (``manifest["stages"][i]``: a :class:`StageInfo` as plain
-    data; the keys after ``task_s`` are absent in runs stored before them)."""
-
-    name: Required[str]
-    wall_s: Required[float]
-    tasks: Required[int]
-    task_s: Required[float]
-    report: StageReport | None
-    note: str | None
-    diagnosis: StageDiagnosis | None
-    windows: int
-    local_work: LocalWork | None
-    io: StageIO | None
-    chunks_vs_blocks: ChunksVsBlocks | None
-    memory: StageMemory | None
-    allocation: AllocationDoc | None
-
-
 class ManifestExtra(TypedDict, total=False):
     """The manifest keys the steps of a run's end add (``run.pipeline.RunEnd.manifest_extra``)."""
 
@@ -143,7 +103,7 @@ class ManifestExtra(TypedDict, total=False):
     spool_delivery: DeliveryReport
     history_read: dict[str, str]  # at (ISO), when ("run start" or "finish"), why (re-read)
     # per stage, outside stages, run (cost.allocation.RunAllocation.to_dict); rates if priced
-    allocation: RunAllocationDoc
+    allocation: dict[str, Any]
     # an unjudged run's streak: nights in a row unjudged, the cause, the command, blind or not
     # (regression.blind.Blindness.to_json)
     unjudged: dict[str, object]
@@ -179,7 +139,7 @@ class Manifest(ManifestExtra, total=False):
     workers: int
     threads: int
     utilisation: Utilisation
-    stages: list[StageEntry]
+    stages: list[dict[str, Any]]  # each a StageInfo.__dict__ (old runs lack later keys)
     environment: Environment
     warnings: list[str]
 
@@ -228,8 +188,9 @@ class StageInfo:
     # renderer ("flow": drawn in the flow process, "dask": by Dask on the scheduler)
     report: StageReport | None = None
     note: str | None = None
-    # the stage's bottleneck verdict (diagnosis.stages.Diagnosis.to_dict); absent in old runs
-    diagnosis: StageDiagnosis | None = None
+    # the stage's bottleneck verdict (diagnosis.stages.Diagnosis.to_dict: stage, primary,
+    # secondary, confidence, signals...); absent in old runs
+    diagnosis: dict[str, Any] | None = None
     windows: int = 1
     local_work: LocalWork | None = None
     # storage requests of the stage summed over workers (summary.io.stage_io_summary);
@@ -243,7 +204,7 @@ class StageInfo:
     memory: StageMemory | None = None
     # worker-, thread- and GiB-hours allocated, busy and idle seconds, idle share and, when
     # priced, cost (cost.allocation.Allocation.to_dict); absent in runs before issue 37
-    allocation: AllocationDoc | None = None
+    allocation: dict[str, Any] | None = None
 
 
 @dataclass

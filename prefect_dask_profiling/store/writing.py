@@ -20,6 +20,8 @@ from prefect_dask_profiling.store.manifest import Manifest, complete_manifest, d
 from prefect_dask_profiling.store.tables import encode_files
 
 logger = logging.getLogger(__name__)
+# The status of the manifest a run stores before its verdict (complete_run replaces it)
+PROVISIONAL_STATUS = "unjudged"
 
 
 @dataclass
@@ -70,9 +72,10 @@ class Writing(StoreAccess):
         return self._write_items(items, self.location(run_dir))
 
     def complete_run(self, pipeline: str, run_id: str, tables: dict[str, pd.DataFrame],
-                     manifest: Manifest, extra_files: dict[str, bytes] | None = None,
-                     provisional_status: str = "unjudged") -> WriteResult:
-        """Complete a run stored by :meth:`write_run` with a provisional manifest.
+                     manifest: Manifest, extra_files: dict[str, bytes] | None = None
+                     ) -> WriteResult:
+        """Complete a run stored by :meth:`write_run` with a provisional manifest (status
+        :data:`PROVISIONAL_STATUS`).
 
         Writes the tables and files not stored yet, replaces the provisional manifest by
         ``manifest`` (whose ``files`` then lists every file of the run) and the run's index
@@ -96,9 +99,9 @@ class Writing(StoreAccess):
                       dump(marker_doc(doc)), False))
         result = self._write_items(items, self.location(run_dir), conflicts="spool")
         result.warnings[:0] = warnings
-        if doc["status"] != provisional_status:
+        if doc["status"] != PROVISIONAL_STATUS:
             self._forget_marker(layout.index_marker(pipeline, doc["version"], run_id,
-                                                    provisional_status), result.spooled)
+                                                    PROVISIONAL_STATUS), result.spooled)
         return result
 
     def _stored_run_files(self, run_dir: str) -> tuple[set[str], list[str]]:

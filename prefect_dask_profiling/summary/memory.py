@@ -187,8 +187,8 @@ def memory_table(stages: Sequence[Mapping[str, object]]) -> pd.DataFrame:
 
     One row per stage that has a memory entry (``MEMORY_SHOW_COLUMNS``, sizes in GiB/MiB);
     runs stored before memory was recorded give an empty table. ``stages`` are the
-    manifest's stage entries (:class:`~prefect_dask_profiling.store.manifest.StageEntry`),
-    read defensively: this layer cannot name the store's type.
+    manifest's stage entries (each a :class:`~prefect_dask_profiling.store.manifest.StageInfo`
+    as plain data), read defensively: this layer cannot name the store's type.
     """
     rows = []
     for s in stages or []:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -21,9 +21,7 @@ if TYPE_CHECKING:
         Incident,
         PrefixRow,
         Snapshot,
-        StageMemoryRow,
         StageScheduler,
-        WorkerAggregate,
         WorkerLifetime,
     )
 
@@ -215,7 +213,7 @@ def _task_frame(rows: list[PrefixRow]) -> pd.DataFrame:
     return frame
 
 
-def _memory_frame(rows: list[StageMemoryRow]) -> pd.DataFrame:
+def _memory_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=[*MEMORY_COLUMNS[:-1]])
     for col in MEMORY_COLUMNS[2:-1]:
         frame[col] = pd.to_numeric(frame[col], errors="coerce").fillna(0).astype("int64")
@@ -224,7 +222,7 @@ def _memory_frame(rows: list[StageMemoryRow]) -> pd.DataFrame:
     return frame.sort_values(["stage", "worker"], kind="stable").reset_index(drop=True)
 
 
-def _worker_frame(workers: dict[str, WorkerAggregate]) -> pd.DataFrame:
+def _worker_frame(workers: dict[str, dict[str, Any]]) -> pd.DataFrame:
     rows = []
     for addr, w in workers.items():
         n = max(w.get("samples", 0), 1)

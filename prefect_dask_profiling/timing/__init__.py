@@ -10,8 +10,9 @@ sibling (``timing.sketch``, which the stored summaries' readers need) does not i
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from prefect_dask_profiling._util import lazy_exports
 
 if TYPE_CHECKING:
     from prefect_dask_profiling.timing.client import install, snapshot, uninstall
@@ -21,13 +22,7 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_STAGE", "RUN_ANNOTATION", "STAGE_ANNOTATION", "TaskTimings", "install",
            "snapshot", "uninstall"]
 
-
-_HOMES = {"DEFAULT_STAGE": "scope", "RUN_ANNOTATION": "scope", "STAGE_ANNOTATION": "scope",
-          "TaskTimings": "plugin", "install": "client", "snapshot": "client",
-          "uninstall": "client"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _HOMES:
-        return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "DEFAULT_STAGE": ".scope", "RUN_ANNOTATION": ".scope", "STAGE_ANNOTATION": ".scope",
+    "TaskTimings": ".plugin", "install": ".client", "snapshot": ".client",
+    "uninstall": ".client"})

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from prefect_dask_profiling.timing.worker_io import SourceCounts, WorkerCounters
 
 FLOW_PROCESS = "flow-process"  # io_counters' key of the calling (flow) process's reading
+ALIGNMENT_FILES = 1  # files check_alignment opens to read their internal blocks
 
 
 _flow_counter: StorageRequests | None = None  # this process's counters (the flow's)
@@ -193,19 +194,18 @@ def chunks_against_blocks(shapes: dict[str, int], blocks: dict[str, list[int]]
 
 
 def check_alignment(client: Client, before: dict[str, WorkerCounters],
-                    after: dict[str, WorkerCounters], files_to_open: int = 1
-                    ) -> ChunksVsBlocks | None:
+                    after: dict[str, WorkerCounters]) -> ChunksVsBlocks | None:
     """:func:`chunks_against_blocks` for a stage that read files through GDAL (may raise).
 
-    Opens up to ``files_to_open`` of the files the stage read on the worker that read the
-    most (GDAL has their headers cached there), after the stage's counters were read.
+    Opens up to :data:`ALIGNMENT_FILES` of the files the stage read on the worker that read
+    the most (GDAL has their headers cached there), after the stage's counters were read.
     """
     shapes, files = stage_reads(before, after)
     if not shapes or not files:
         return None
     workers = [w for w in after if w != FLOW_PROCESS]
     busiest = max(workers, key=lambda w: sum((after[w].get("files") or {}).values()))
-    blocks = client.run(_block_shapes, files[:files_to_open], workers=[busiest])
+    blocks = client.run(_block_shapes, files[:ALIGNMENT_FILES], workers=[busiest])
     return chunks_against_blocks(shapes, blocks.get(busiest) or {})
 
 

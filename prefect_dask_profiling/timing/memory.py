@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from prefect_dask_profiling.timing.scope import RunScope
 
 if TYPE_CHECKING:
-    from prefect_dask_profiling.timing.types import StageMemoryRow, StageSpill, WorkerAggregate
+    from prefect_dask_profiling.timing.types import StageSpill
 
 MAX_STAGE_MEMORY = 20_000  # (stage, worker) rows of per-stage memory
 
@@ -64,8 +64,8 @@ class WorkerStats:
         self.last_managed = managed
         self.last_time = now
 
-    def to_dict(self) -> WorkerAggregate:
-        """The snapshot's entry of this worker."""
+    def to_dict(self) -> dict[str, Any]:
+        """The snapshot's entry of this worker: its fields."""
         return {"host": self.host, "nthreads": self.nthreads, "samples": self.samples,
                 "peak_managed": self.peak_managed, "sum_managed": self.sum_managed,
                 "peak_unmanaged": self.peak_unmanaged, "sum_unmanaged": self.sum_unmanaged,
@@ -120,8 +120,8 @@ class StageMemory:
         if spilled > self.peak_spilled:
             self.peak_spilled = spilled
 
-    def row(self, stage: str, worker: str) -> StageMemoryRow:
-        """The snapshot's row of this (stage, worker)."""
+    def row(self, stage: str, worker: str) -> dict[str, Any]:
+        """The snapshot's row of this (stage, worker): its fields but ``since``."""
         return {"stage": stage, "worker": worker,
                 "samples": self.samples, "memory_limit": self.memory_limit,
                 "start_process": self.start_process, "start_managed": self.start_managed,
@@ -189,7 +189,7 @@ class MemorySampler:
                                    start, since, seen)
         self._spill_sample(stages)
 
-    def stage_memory_rows(self) -> list[StageMemoryRow]:
+    def stage_memory_rows(self) -> list[dict[str, Any]]:
         """The snapshot's ``stage_memory``: one row per (stage, worker)."""
         return [m.row(s, w) for (s, w), m in self.stage_memory.items()]
 
@@ -198,7 +198,7 @@ class MemorySampler:
         return {s: {"disk_write_bytes": b.written, "disk_read_bytes": b.read}
                 for s, b in self.stage_spill.items()}
 
-    def worker_rows(self) -> dict[str, WorkerAggregate]:
+    def worker_rows(self) -> dict[str, dict[str, Any]]:
         """The snapshot's ``workers``: one aggregate per worker address."""
         return {a: v.to_dict() for a, v in self.workers.items()}
 

@@ -8,11 +8,10 @@ package installed, so it refers to these types for type checkers only; the clien
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Any, TypedDict
 
 __all__ = ["ChunksVsBlocks", "ClusterSize", "Incident", "PrefixRow", "SketchData", "Snapshot",
-           "StageMemoryRow", "StageScheduler", "StageSpill", "TransferLog", "TransferRow",
-           "WorkerAggregate", "WorkerLifetime"]
+           "StageScheduler", "StageSpill", "TransferLog", "TransferRow", "WorkerLifetime"]
 
 
 class SketchData(TypedDict):
@@ -56,44 +55,6 @@ class TransferRow(TypedDict):
     destination: str
     count: int
     seconds: float
-
-
-class WorkerAggregate(TypedDict, total=False):
-    """One worker's memory and CPU over the periodic samples."""
-
-    host: str
-    nthreads: int
-    samples: int
-    peak_managed: int
-    sum_managed: float
-    peak_unmanaged: int
-    sum_unmanaged: float
-    peak_spilled: int
-    peak_cpu: float
-    sum_cpu: float
-    memory_limit: int
-    peak_process: int
-    last_process: int
-    last_managed: int
-    last_time: float
-
-
-class StageMemoryRow(TypedDict):
-    """One worker's memory peaks over the samples taken while one stage ran."""
-
-    stage: str
-    worker: str
-    samples: int
-    memory_limit: int
-    start_process: int
-    start_managed: int
-    own_peak_process: int
-    peak_process: int
-    peak_managed: int
-    peak_unmanaged: int
-    peak_spilled: int
-    first: float
-    last: float
 
 
 class StageSpill(TypedDict):
@@ -204,11 +165,11 @@ class Snapshot(TypedDict, total=False):
     tasks: list[PrefixRow]
     orchestration: list[PrefixRow]
     transfers: list[TransferRow]
-    workers: dict[str, WorkerAggregate]
+    workers: dict[str, dict[str, Any]]  # timing.memory.WorkerStats.to_dict by address
     samples: list[tuple[float, str, int, int, int, float]]
     samples_dropped: int
     timeline: list[tuple[float, int]]
-    stage_memory: list[StageMemoryRow]
+    stage_memory: list[dict[str, Any]]  # timing.memory.StageMemory.row per (stage, worker)
     stage_spill: dict[str, StageSpill]
     stage_scheduler: dict[str, StageScheduler]
     cluster: ClusterSize

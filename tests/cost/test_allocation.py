@@ -55,6 +55,13 @@ def test_stages_and_outside_add_up_to_the_run() -> None:
     assert a.busy_s == 12.0 and a.idle_s == pytest.approx(a.thread_s - 12.0)
     assert a.cost is None and "cost" not in alloc.to_dict()["run"]
     assert "rates" not in alloc.to_dict()
+    # the stored layout (the manifest's ``allocation``)
+    doc = alloc.to_dict()
+    assert list(doc) == ["stages", "outside", "run", "overlap_worker_s", "workers"]
+    assert list(doc["run"]) == ["scope", "start", "stop", "wall_s", "worker_s", "thread_s",
+                                "gib_h", "busy_s", "idle_s", "idle_share"]
+    assert list(doc["workers"][0]) == ["worker", "name", "nthreads", "memory_limit",
+                                       "arrived", "departed", "resources"]
 
 
 def test_random_runs_add_up() -> None:

@@ -107,6 +107,12 @@ def test_a_slow_stage_moves_the_eta_inside_the_stage():
     assert eta.remaining_s > 100.0 + 50.0  # most of a second 200 s (prior-weighted), write
     assert eta.remaining_s > estimate(stats, time_only).remaining_s
     assert eta.lag.stage == "ndvi" and eta.lag.behind_pct > 50
+    doc = eta.to_json()  # the stored estimate and the events' payloads
+    assert list(doc) == ["known", "text", "remaining_s", "remaining_high_s", "finish_low",
+                         "finish_high", "percent_done", "unknown", "lag", "needs_runs"]
+    assert doc["lag"] == {"stage": "ndvi", "behind_pct": eta.lag.behind_pct,
+                          "expected_s": eta.lag.expected_s, "projected_s": eta.lag.projected_s}
+    assert doc["finish_low"] == eta.finish_low.isoformat()
 
 
 def test_on_pace_stage_keeps_the_usual_eta():

@@ -26,12 +26,12 @@ import pytest
 from typer.testing import CliRunner
 
 from prefect_dask_profiling.cli import app
-from prefect_dask_profiling.run.pipeline import FinishResult, FinishSettings, finish_run
 from prefect_dask_profiling.prefect.artifacts import run_markdown
 from prefect_dask_profiling.prefect.events import event_payload, findings
 from prefect_dask_profiling.regression import alerts
 from prefect_dask_profiling.regression.families import REGISTRY, StageFamily
 from prefect_dask_profiling.regression.rule import RegressionRule, Rules
+from prefect_dask_profiling.run.pipeline import FinishResult, FinishSettings, finish_run
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 from prefect_dask_profiling.summary.record import RunRecord
