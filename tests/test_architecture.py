@@ -57,8 +57,6 @@ MAX_CLASS_LINES = 350
 LONG_CLASSES = {
     # The store's reads (runs, manifests, tables, history, reports): one mixin of RunStore.
     f"{PACKAGE}.store.reads.Reading": 453,
-    # The live ETA of a flow run: the estimate, its progress artifact, events and live object.
-    f"{PACKAGE}.prefect.eta.LiveEta": 396,
 }
 
 
