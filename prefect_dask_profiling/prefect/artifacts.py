@@ -63,7 +63,8 @@ def _fmt(value: Any, pattern: str = "{:.2f}") -> str:
 def run_markdown(result: FinishResult, links: dict[str, str], trend: str | None,
                  eta: list[str] | tuple[str, ...] = ()) -> str:
     """The run's markdown: wall, workers, utilisation per stage, warnings, environment, links;
-    ``eta``: the live ETA's lines (:meth:`~.eta.LiveEta.markdown_lines`)."""
+    ``eta``: the live ETA's lines
+    (:meth:`~prefect_dask_profiling.forecast.live.LiveForecast.markdown_lines`)."""
     m = result.manifest
     lines = [f"# {result.pipeline} · run `{result.run_id}`", "",
              f"- version: `{result.version}`, state: **{m['state']}**, status: **{m['status']}**",
