@@ -348,7 +348,7 @@ class LiveForecast:
         history (not read yet, or its read failed) there is no estimate, and the deadline
         is still judged."""
         if self.stats is None:
-            _quietly(self.judge_deadline, None, now)
+            quietly(self.judge_deadline, None, now)
             return None
         if counts is not None:  # jobs run in order: a later tick's read replaces them
             self.counts = counts
@@ -357,15 +357,15 @@ class LiveForecast:
         if not eta.known:
             if not self.said_no_eta:
                 self.said_no_eta = True
-                _quietly(self.sink.say, logging.INFO, f"dask-profiling: {eta.text}")
-            _quietly(self.judge_deadline, eta, now)  # late needs no estimate
+                quietly(self.sink.say, logging.INFO, f"dask-profiling: {eta.text}")
+            quietly(self.judge_deadline, eta, now)  # late needs no estimate
             return eta
         if self.first_text is None:
             self.first_text = eta.text
         self.predictions.append((progress.elapsed_s, progress.elapsed_s + eta.remaining_s))
         # each on its own: a failing Prefect API never hides the deadline's news
-        _quietly(self.tell_progress, eta.percent_done or 0.0, eta.text)
-        _quietly(self.judge_deadline, eta, now)
+        quietly(self.tell_progress, eta.percent_done or 0.0, eta.text)
+        quietly(self.judge_deadline, eta, now)
         return eta
 
     def end(self) -> None:
@@ -517,8 +517,9 @@ class LiveForecast:
             logger.debug("dask-profiling: no ETA for the run's markdown", exc_info=True)
 
 
-def _quietly(job: Any, *args: Any) -> Any:
-    """``job(*args)``; a failure (API, store, scheduler) is a debug log, never the flow's."""
+def quietly(job: Any, *args: Any) -> Any:
+    """``job(*args)``; a failure (API, store, scheduler) is a debug log, never the flow's:
+    how the live ETA runs each of its parts."""
     try:
         return job(*args)
     except Exception:
@@ -532,4 +533,4 @@ def _rounded(seconds: float | None) -> float | None:
 
 __all__ = ["AT_RISK_EVENT", "EVENTS", "LATE_EVENT", "ON_TRACK_EVENT", "Counts",
            "DeadlineWatch", "EtaPayload", "EtaSink", "Judged", "LiveForecast", "RiskNews",
-           "RunClock", "StageBehind", "event_id"]
+           "RunClock", "StageBehind", "event_id", "quietly"]

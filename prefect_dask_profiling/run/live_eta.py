@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from prefect_dask_profiling.forecast.live import Counts, EtaSink, LiveForecast
+from prefect_dask_profiling.forecast.live import Counts, EtaSink, LiveForecast, quietly
 from prefect_dask_profiling.forecast.model import Eta
 from prefect_dask_profiling.run.background import Background, Periodic
 
@@ -157,7 +157,7 @@ class LiveEta:
         if self.periodic is not None or self.stopped:
             return
         self.context = contextvars.copy_context()  # the flow run's: artifacts attach to it
-        _quietly(self.forecast.resolve_deadline, scheduled)  # needs no history
+        quietly(self.forecast.resolve_deadline, scheduled)  # needs no history
         self.forecast.history = history
         self.periodic = Background.instance().every(self.forecast.interval, EtaTick(self))
         self.post(EtaSweep(self))
@@ -214,7 +214,7 @@ class LiveEta:
         """Replace the stored estimate by the last one (a failing store is a debug log)."""
         forecast = self.forecast
         if forecast.eta is not None and forecast.made_at is not None:
-            _quietly(lambda: self.live.write(forecast.live_estimate(forecast.eta,
+            quietly(lambda: self.live.write(forecast.live_estimate(forecast.eta,
                                                                      forecast.made_at)))
 
     def _read(self) -> Counts | None:
@@ -238,7 +238,7 @@ class EtaTick:
 
     def run(self) -> None:
         if not self.eta.stopped:
-            _quietly(self.eta.update, None, self.now)
+            quietly(self.eta.update, None, self.now)
 
 
 @dataclass
@@ -251,7 +251,7 @@ class EtaBoundary:
     label: ClassVar[str] = LABEL
 
     def run(self) -> None:
-        _quietly(self.eta.boundary, self.name, self.counts)
+        quietly(self.eta.boundary, self.name, self.counts)
 
 
 @dataclass
@@ -268,7 +268,7 @@ class EtaHistory:
             self.eta.forecast.load(self.history.result())
             self.eta.store()
 
-        _quietly(load)
+        quietly(load)
 
 
 @dataclass
@@ -279,7 +279,7 @@ class EtaSweep:
     label: ClassVar[str] = LABEL
 
     def run(self) -> None:
-        _quietly(self.eta.live.sweep)
+        quietly(self.eta.live.sweep)
 
 
 @dataclass
@@ -291,18 +291,9 @@ class EtaEnd:
     label: ClassVar[str] = LABEL
 
     def run(self) -> None:
-        _quietly(self.eta.live.remove)
+        quietly(self.eta.live.remove)
         if self.finished:
-            _quietly(self.eta.forecast.finished)
-
-
-def _quietly(job: Any, *args: Any) -> Any:
-    """``job(*args)``; a failure (API, store, scheduler) is a debug log, never the flow's."""
-    try:
-        return job(*args)
-    except Exception:
-        logger.debug("dask-profiling: ETA job failed", exc_info=True)
-        return None
+            quietly(self.eta.forecast.finished)
 
 
 __all__ = ["LIVE_TIMEOUT_S", "EtaBoundary", "EtaEnd", "EtaHistory", "EtaSweep", "EtaTick",
