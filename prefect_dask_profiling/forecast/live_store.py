@@ -2,7 +2,7 @@
 JSON object per run under ``live/`` (its document, parsed and aged here; written, read and
 swept by the store's :class:`~prefect_dask_profiling.store.live.Live`). Stdlib only.
 
-The live ETA of a flow run (:mod:`~prefect_dask_profiling.prefect.eta`) replaces
+The live ETA of a flow run (:mod:`~prefect_dask_profiling.run.live_eta`) replaces
 ``live/<pipeline>/<run_id>.json`` at every stage boundary and every ``eta_interval``, from
 the process's background service, and removes it when the run ends; ``dask-profiling eta``
 reads what is there. The object is not part of the run's record (its manifest does not list

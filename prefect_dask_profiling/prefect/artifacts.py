@@ -15,7 +15,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pandas as pd
 
@@ -62,7 +63,8 @@ def _fmt(value: Any, pattern: str = "{:.2f}") -> str:
 def run_markdown(result: FinishResult, links: dict[str, str], trend: str | None,
                  eta: list[str] | tuple[str, ...] = ()) -> str:
     """The run's markdown: wall, workers, utilisation per stage, warnings, environment, links;
-    ``eta``: the live ETA's lines (:meth:`~.eta.LiveEta.markdown_lines`)."""
+    ``eta``: the live ETA's lines
+    (:meth:`~prefect_dask_profiling.forecast.live.LiveForecast.markdown_lines`)."""
     m = result.manifest
     lines = [f"# {result.pipeline} · run `{result.run_id}`", "",
              f"- version: `{result.version}`, state: **{m['state']}**, status: **{m['status']}**",
@@ -232,6 +234,18 @@ def create(artifacts: list[Any]) -> list[str]:
     return _post_warnings(_create(_requests(artifacts)))
 
 
+@dataclass
+class ArtifactJob:
+    """Create artifacts in the flow run, from the background service: ``requests`` (their
+    API requests, built in the caller's thread); the failures (:func:`_create`)."""
+
+    requests: list[Any]
+    label: ClassVar[str] = "artifacts"
+
+    def run(self) -> list[BaseException]:
+        return _create(self.requests)
+
+
 class Posting:
     """Artifacts being created in the current flow run by the process's one background
     service (:mod:`~prefect_dask_profiling.run.background`).
@@ -249,8 +263,7 @@ class Posting:
         requests = _requests(artifacts)
         self._future: Future[list[BaseException]] | None = None
         if requests:
-            self._future = Background.instance().submit(_create, requests,
-                                                        label="artifacts")
+            self._future = Background.instance().post(ArtifactJob(requests))
 
     def wait(self) -> list[str]:
         """Wait for every artifact; the warnings of those not created."""

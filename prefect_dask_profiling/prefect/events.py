@@ -35,7 +35,9 @@ from prefect_dask_profiling._util import json_clean
 from prefect_dask_profiling.regression.families import REGISTRY
 
 if TYPE_CHECKING:
+    from prefect_dask_profiling.forecast.live import RiskNews
     from prefect_dask_profiling.run.pipeline import FinishResult
+    from prefect_dask_profiling.store.manifest import RunContext
 
 logger = logging.getLogger(__name__)
 
@@ -254,29 +256,79 @@ def episode_resources(ids: Iterable[str]) -> list[dict[str, str]]:
             for ep_id in ids]
 
 
+def emit_eta_event(ctx: RunContext, news: RiskNews) -> Any:
+    """Emit the live ETA's deadline news (``dask-profiling.run.at-risk``, ``...on-track``,
+    ``...late``: :class:`~prefect_dask_profiling.forecast.live.RiskNews`) about the flow run
+    of ``ctx``; the event (``None``: Prefect events are switched off).
+
+    The flow run is the resource (as for the detection events); related: its flow (when
+    the API answers: the event still names the run otherwise), the pipeline, its version,
+    the stage behind (if any) and the deployment.
+    """
+    from prefect.events import emit_event
+
+    resource = run_resource(str(ctx.flow_run_id), ctx.pipeline, ctx.version, ctx.run_id,
+                            ctx.flow_run_name)
+    related = []
+    try:
+        flow_id, flow_name, _ = run_identity(str(ctx.flow_run_id))
+        related.append(flow_resource(flow_id, flow_name))
+    except Exception:  # the API did not answer
+        logger.debug("dask-profiling: flow of the run not read", exc_info=True)
+    pipeline = f"dask-profiling.pipeline.{ctx.pipeline}"
+    related += [{"prefect.resource.id": pipeline, "prefect.resource.role": "pipeline"},
+                {"prefect.resource.id": f"{pipeline}.version.{ctx.version}",
+                 "prefect.resource.role": "version"}]
+    if news.stage is not None:
+        related.append({"prefect.resource.id": f"{pipeline}.stage.{news.stage}",
+                        "prefect.resource.role": "stage"})
+    if ctx.deployment:
+        related.append(deployment_resource(ctx.deployment))
+    return emit_event(news.event, resource=resource, related=related,
+                      payload=dict(news.payload), id=news.id)
+
+
+def run_resource(flow_run_id: str, pipeline: str, version: str, run_id: str,
+                 name: str | None = None) -> dict[str, str]:
+    """The flow run as an event's resource, labelled with the pipeline, version and run id
+    (``name``: the flow run's)."""
+    resource = {"prefect.resource.id": f"prefect.flow-run.{flow_run_id}",
+                "dask-profiling.pipeline": pipeline,
+                "dask-profiling.version": str(version),
+                "dask-profiling.run-id": run_id}
+    if name:
+        resource["prefect.resource.name"] = str(name)
+    return resource
+
+
+def flow_resource(flow_id: str, name: str | None = None) -> dict[str, str]:
+    """The flow as a related resource (role ``flow``)."""
+    flow = {"prefect.resource.id": f"prefect.flow.{flow_id}", "prefect.resource.role": "flow"}
+    if name:
+        flow["prefect.resource.name"] = name
+    return flow
+
+
+def deployment_resource(deployment_id: str) -> dict[str, str]:
+    """The deployment as a related resource (role ``deployment``)."""
+    return {"prefect.resource.id": f"prefect.deployment.{deployment_id}",
+            "prefect.resource.role": "deployment"}
+
+
 def _resources(result: FinishResult, flow_run_id: str) -> tuple[dict, list[dict]]:
     """The flow run as the resource; its flow and deployment as related resources."""
-    resource = {"prefect.resource.id": f"prefect.flow-run.{flow_run_id}",
-                "dask-profiling.pipeline": result.pipeline,
-                "dask-profiling.version": str(result.version),
-                "dask-profiling.run-id": result.run_id}
-    if result.manifest.get("flow_run_name"):
-        resource["prefect.resource.name"] = str(result.manifest["flow_run_name"])
-    flow_id, flow_name, deployment_id = _run_identity(flow_run_id)
+    resource = run_resource(flow_run_id, result.pipeline, result.version, result.run_id,
+                            result.manifest.get("flow_run_name"))
+    flow_id, flow_name, deployment_id = run_identity(flow_run_id)
     related = []
     if flow_id:
-        flow = {"prefect.resource.id": f"prefect.flow.{flow_id}",
-                "prefect.resource.role": "flow"}
-        if flow_name:
-            flow["prefect.resource.name"] = flow_name
-        related.append(flow)
+        related.append(flow_resource(flow_id, flow_name))
     if deployment_id:
-        related.append({"prefect.resource.id": f"prefect.deployment.{deployment_id}",
-                        "prefect.resource.role": "deployment"})
+        related.append(deployment_resource(deployment_id))
     return resource, related
 
 
-def _run_identity(flow_run_id: str) -> tuple[str | None, str | None, str | None]:
+def run_identity(flow_run_id: str) -> tuple[str | None, str | None, str | None]:
     """(flow id, flow name, deployment id) of the flow run: from the context, else the API."""
     from prefect.context import FlowRunContext
 

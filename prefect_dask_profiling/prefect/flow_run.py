@@ -11,6 +11,7 @@ import inspect
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import distributed
@@ -74,6 +75,21 @@ class Held:
                 "Create such an object inside the task that uses it, or keep it in an "
                 "importable module (module-level objects of installed code travel by "
                 "reference).")
+
+
+def scheduled_start() -> datetime | None:
+    """The current flow run's scheduled start (its ``expected_start_time``, in UTC when
+    naive); ``None`` outside a flow run or without one. Never raises."""
+    from prefect.context import FlowRunContext
+
+    try:
+        at = getattr(getattr(FlowRunContext.get(), "flow_run", None), "expected_start_time",
+                     None)
+    except Exception:
+        return None
+    if at is None:
+        return None
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
 
 
 def check_workers_load(client: Client) -> Held | None:

@@ -3,8 +3,10 @@
 The session owns one publisher per run and calls it at four defined moments:
 
 1. a stage's report is stored (:meth:`Publisher.report_stored`, in the background service):
-   its link artifact, so it shows in the UI while the flow goes on; the live ETA moves its
-   progress artifact (:meth:`Publisher.progress`);
+   its link artifact, so it shows in the UI while the flow goes on; and the live ETA's news
+   (the publisher is its :class:`~prefect_dask_profiling.forecast.live.EtaSink`): its
+   progress artifact (:meth:`Publisher.progress`), its deadline events
+   (:meth:`Publisher.risk`) and its log lines (:meth:`Publisher.say`);
 2. the run is being judged (:meth:`Publisher.begin`, :meth:`Publisher.summary`): the links of
    the reports stored but not posted yet and the summary table start posting, none of which
    depends on the verdict;
@@ -14,7 +16,8 @@ The session owns one publisher per run and calls it at four defined moments:
 4. :meth:`Publisher.publish`: the run's artifacts (markdown, regression table, trend link,
    the flagged stages' report links), its detection events and its warnings; then
    :meth:`Publisher.views` queues the views (trend page, fleet rows) on the background
-   service, which the runner's exit drains (:meth:`Publisher.wait_views`).
+   service (:class:`ViewsJob`, after the run's :class:`SpansJob`), which the runner's exit
+   drains (:meth:`Publisher.wait_views`).
 
 Every part is isolated: one that raises is a warning, the others still run, and the verdict
 is never changed by publishing.
@@ -24,8 +27,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
+from prefect_dask_profiling._util import artifact_key
 from prefect_dask_profiling.otel import prepare_metrics, prepare_spans
 from prefect_dask_profiling.prefect import artifacts
 from prefect_dask_profiling.reports import stage_reports as reports
@@ -35,6 +40,7 @@ from prefect_dask_profiling.run.pipeline import draw_views
 if TYPE_CHECKING:
     from uuid import UUID
 
+    from prefect_dask_profiling.forecast.live import RiskNews
     from prefect_dask_profiling.run.pipeline import FinishResult
     from prefect_dask_profiling.store.manifest import RunContext, StageInfo
     from prefect_dask_profiling.store.runs import RunStore
@@ -52,8 +58,8 @@ T = TypeVar("T")
 
 
 class EtaLines(Protocol):
-    """The live ETA (:class:`~prefect_dask_profiling.prefect.eta.LiveEta`), as the run's
-    markdown reads it."""
+    """The live forecast (:class:`~prefect_dask_profiling.forecast.live.LiveForecast`), as
+    the run's markdown reads it."""
 
     def markdown_lines(self, actual_s: float | None = None) -> list[str]: ...
 
@@ -90,6 +96,8 @@ class Publisher:
         self._summary_posted = False
         self._views: Any = None  # the views' future (Future[list[str]])
         self._spans: Any = None  # the spans' future (Future[None])
+        self._progress: UUID | None = None  # the live ETA's progress artifact
+        self.eta_events: list[Any] = []  # the live ETA's events emitted
 
     # -- links ------------------------------------------------------------------------------
 
@@ -132,16 +140,36 @@ class Publisher:
             return
         self._posted[info.name] = info.report["location"]
 
-    @staticmethod
-    def progress(artifact_id: UUID | None, key: str, percent: float, text: str) -> UUID:
-        """Create (``artifact_id`` None) or move the live ETA's progress artifact; its id."""
+    # the live ETA's news (forecast.live.EtaSink), from its background jobs
+
+    def progress(self, percent: float, text: str) -> None:
+        """Create or move the live ETA's progress artifact
+        (``dask-profiling-eta-<pipeline>``) to ``percent``, ``text`` its description."""
         from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
         with artifacts._few_retries():
-            if artifact_id is None:
-                return create_progress_artifact(percent, key=key, description=text)
-            update_progress_artifact(artifact_id, percent, description=text)
-            return artifact_id
+            if self._progress is None:
+                self._progress = create_progress_artifact(
+                    percent, key=artifact_key("dask-profiling-eta", self.ctx.pipeline),
+                    description=text)
+            else:
+                update_progress_artifact(self._progress, percent, description=text)
+
+    def risk(self, news: RiskNews) -> None:
+        """Emit the live ETA's deadline news (at-risk, on-track, late) about the flow run
+        and log its line (nothing outside a flow run)."""
+        if not self.ctx.flow_run_id:
+            return
+        from prefect_dask_profiling.prefect.events import emit_eta_event
+
+        event = emit_eta_event(self.ctx, news)
+        if event is not None:
+            self.eta_events.append(event)
+        run_log(logging.WARNING if news.kind != "on-track" else logging.INFO, news.line)
+
+    def say(self, level: int, message: str) -> None:
+        """A line of the live ETA for the flow run's log."""
+        run_log(level, message)
 
     # -- 2. while the run is judged -----------------------------------------------------------
 
@@ -288,18 +316,14 @@ class Publisher:
         if not jobs:
             return
 
-        def make() -> None:
-            for w in [w for job in jobs for w in job()][:1]:
-                run_log(logging.WARNING, f"dask-profiling: {w}")
-
-        self._spans = Background.instance().submit(make, label="the run's spans")
+        self._spans = Background.instance().post(SpansJob(jobs))
 
     def views(self, result: FinishResult) -> None:
         """Queue the run's views (trend page, fleet rows) on the background service, after
         its artifacts (one queue); :meth:`wait_views` waits for them."""
         if result.views:
-            self._views = result.views_pending = Background.instance().submit(
-                draw_views, result.views, label="the run's views")
+            self._views = result.views_pending = Background.instance().post(
+                ViewsJob(result.views))
 
     def wait_views(self) -> None:
         """Wait for the views being drawn; log what failed (the run and its artifacts are
@@ -318,6 +342,30 @@ class Publisher:
         except Exception as exc:
             run_log(logging.WARNING, f"dask-profiling: the run's views were not stored "
                     f"within {VIEWS_TIMEOUT_S:.0f} s: {exc!r}")
+
+
+@dataclass
+class SpansJob:
+    """Make the run's spans and metrics (``makers``: prepared, each returning its
+    warnings); the first warning is logged."""
+
+    makers: list[Callable[[], list[str]]]
+    label: ClassVar[str] = "the run's spans"
+
+    def run(self) -> None:
+        for w in [w for make in self.makers for w in make()][:1]:
+            run_log(logging.WARNING, f"dask-profiling: {w}")
+
+
+@dataclass
+class ViewsJob:
+    """Draw and store the run's views (trend page, fleet rows); their warnings."""
+
+    views: Any
+    label: ClassVar[str] = "the run's views"
+
+    def run(self) -> list[str]:
+        return draw_views(self.views)
 
 
 def _eta_lines(eta: EtaLines | None, result: FinishResult) -> list[str]:

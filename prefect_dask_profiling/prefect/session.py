@@ -20,11 +20,11 @@ import dask
 
 from prefect_dask_profiling.errors import Unpicklable
 from prefect_dask_profiling.prefect import flow_run
-from prefect_dask_profiling.prefect.eta import LiveEta
 from prefect_dask_profiling.prefect.publish import Publisher, run_log
 from prefect_dask_profiling.regression.verdict import RegressionDetected
 from prefect_dask_profiling.reports import stage_reports as reports
 from prefect_dask_profiling.run.background import Background
+from prefect_dask_profiling.run.live_eta import LiveEta
 from prefect_dask_profiling.run.pipeline import (
     EarlyHistory,
     FinishResult,
@@ -158,9 +158,10 @@ class Session:
         self._early_history = read_history_early(
             store, self.ctx, rules,
             submit=lambda read: Background.instance().submit(read, label="history read"))
-        try:  # never fails the run
-            self.eta = LiveEta(self)
-            self.eta.start(self._early_history.future)
+        try:  # never fails the run; its news goes through the publisher
+            self.eta = LiveEta(self.ctx, lambda: self.options, self.publisher,
+                               lambda: timing_client.task_counts(self.client, self.plugin_name))
+            self.eta.start(self._early_history.future, flow_run.scheduled_start())
         except Exception:
             logger.debug("dask-profiling: no live ETA", exc_info=True)
             self.eta = None
@@ -297,7 +298,8 @@ class Session:
             self.publisher.stop_retries()
         try:
             self.publisher.publish(
-                result, self.stages, post=publish, eta=self.eta,
+                result, self.stages, post=publish,
+                eta=self.eta.forecast if self.eta is not None else None,
                 fail_on_regression=publish and self.options.on_regression == "fail")
         except Exception as exc:  # a bug while publishing: said, and the verdict stands
             run_log(logging.WARNING, f"dask-profiling: the run {result.run_id} is stored "

@@ -7,15 +7,30 @@ process, in the order it was submitted. The model is Prefect's own ``QueueServic
 event worker uses it: one queue per process, drained with a bound when the process exits, so
 nothing submitted is lost by a flow that returns before its reports are stored.
 
+A job is typed, as Prefect's ``EventsWorker(QueueService[Event])`` takes ``Event`` s: a
+small dataclass whose fields say what it is about, with a ``label`` and a ``run()`` that does
+it (:class:`Job`; e.g. :class:`~prefect_dask_profiling.prefect.artifacts.ArtifactJob`, the live
+ETA's :class:`~prefect_dask_profiling.run.live_eta.EtaTick`), queued by :meth:`Background.post`
+or repeated by :meth:`Background.every`. :meth:`Background.submit` still queues a plain call.
+
 A job runs in the :mod:`contextvars` context of the thread that submitted it (the flow run's
-context is visible to it, as Prefect's artifact and event calls need). A job that raises is
-logged; its exception is in its :class:`~concurrent.futures.Future`.
+context is visible to it, as Prefect's artifact and event calls need), or the one it was
+posted with. A job that raises is logged; its exception is in its
+:class:`~concurrent.futures.Future`.
 
 Examples
 --------
 >>> service = Background.instance()
 >>> service.submit(print, "stored", label="report read").result()
 stored
+>>> @dataclass
+... class Hello:
+...     name: str
+...     label: ClassVar[str] = "hello"
+...     def run(self) -> str:
+...         return f"hello {self.name}"
+>>> service.post(Hello("eta")).result()
+'hello eta'
 """
 
 from __future__ import annotations
@@ -31,7 +46,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from prefect_dask_profiling.errors import InvalidInput
 
@@ -39,6 +54,16 @@ logger = logging.getLogger("prefect_dask_profiling")
 
 #: How long the process waits at exit for the jobs still queued (seconds).
 EXIT_DRAIN_S = 120.0
+
+
+class Job(Protocol):
+    """A typed job of the background service: its fields say what it is about."""
+
+    #: What it is, in a warning about it (a class-level constant, usually).
+    label: str
+
+    def run(self) -> Any:
+        """Do it (on the service's thread); what it returns is its future's result."""
 
 
 @dataclass(order=True)
@@ -125,19 +150,39 @@ class Background:
         return self._queue(lambda: context.run(fn, *args, **kwargs), 0.0,
                            label or getattr(fn, "__name__", repr(fn)))
 
-    def every(self, interval: float, fn: Callable[[], Any], *, label: str = "",
+    def post(self, job: Job, *, context: contextvars.Context | None = None) -> Future:
+        """Queue ``job.run()`` after the jobs already queued, in a copy of ``context``
+        (default: the caller's).
+
+        Returns
+        -------
+        concurrent.futures.Future
+            Its result, or the exception it raised.
+        """
+        run = getattr(job, "run", None)
+        if not callable(run):
+            raise InvalidInput(f"post() needs a job with a run() method, got {job!r}")
+        context = (context or contextvars.copy_context()).copy()
+        return self._queue(lambda: context.run(run), 0.0, str(getattr(job, "label", "")) or
+                           type(job).__name__)
+
+    def every(self, interval: float, fn: Job | Callable[[], Any], *, label: str = "",
               first_after: float | None = None) -> Periodic:
-        """Run ``fn()`` every ``interval`` seconds (first after ``first_after``, by default
-        ``interval``) until the returned :class:`Periodic` is cancelled.
+        """Run ``fn`` (a :class:`Job`: its ``run()``; or a plain call) every ``interval``
+        seconds (first after ``first_after``, by default ``interval``) until the returned
+        :class:`Periodic` is cancelled.
 
         A periodic job is not waited for by :meth:`drain`; a slow run delays the next one
         (runs never overlap), and other jobs queued meanwhile run in between.
         """
         if not (isinstance(interval, int | float) and interval > 0):
             raise InvalidInput(f"every() needs an interval > 0 seconds, got {interval!r}")
+        run = getattr(fn, "run", fn)
+        if not callable(run):
+            raise InvalidInput(f"every() needs a job or a callable, got {fn!r}")
+        label = label or str(getattr(fn, "label", "")) or getattr(fn, "__name__", repr(fn))
         context = contextvars.copy_context()
-        periodic = Periodic(self, float(interval), lambda: context.run(fn),
-                            label or getattr(fn, "__name__", repr(fn)))
+        periodic = Periodic(self, float(interval), lambda: context.run(run), label)
         self._queue(periodic, interval if first_after is None else first_after,
                     periodic.label, periodic=periodic)
         return periodic

@@ -1,6 +1,6 @@
 """The Automation of docs/eta.md, as its JSON reads, on a real Prefect server: created
-through the API, its trigger fires on an ``at-risk`` event emitted by LiveEta's own code and
-its notification reaches a webhook."""
+through the API, its trigger fires on an ``at-risk`` event emitted by the live ETA's own code
+(its forecast's news, told by the run's publisher) and its notification reaches a webhook."""
 
 from __future__ import annotations
 
@@ -10,15 +10,14 @@ import re
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
 import pytest
+from live_etas import live_eta
 
 from prefect_dask_profiling.forecast.model import Eta, StageLag
-from prefect_dask_profiling.prefect.eta import LiveEta
 from prefect_dask_profiling.prefect.runner import ProfilingOptions
 from prefect_dask_profiling.store.manifest import RunContext
 
@@ -61,16 +60,6 @@ def documented_automation() -> dict:
     return json.loads(block)
 
 
-@dataclass
-class Owner:
-    """What a LiveEta reads of its session: the options and the run's context."""
-
-    options: ProfilingOptions
-    ctx: RunContext = field(default_factory=lambda: RunContext(
-        run_id=f"20261203T010000Z-{uuid.uuid4().hex[:6]}", pipeline="eta-automation",
-        version="1", flow_run_id=str(uuid.uuid4())))
-
-
 def test_the_documented_automation_fires_on_at_risk(prefect_server, webhook):
     from prefect.blocks.notifications import CustomWebhookNotificationBlock
     from prefect.events.worker import EventsWorker
@@ -89,17 +78,19 @@ def test_the_documented_automation_fires_on_at_risk(prefect_server, webhook):
     automation_id = created.json()["id"]
     try:
         time.sleep(2)  # the triggers service loads new automations as it is told of them
-        live = LiveEta(Owner(ProfilingOptions(deadline="06:00 UTC")))
-        live.deadline_at = datetime.now(UTC) + timedelta(minutes=5)
+        live = live_eta(ProfilingOptions(deadline="06:00 UTC"), RunContext(
+            run_id=f"20261203T010000Z-{uuid.uuid4().hex[:6]}", pipeline="eta-automation",
+            version="1", flow_run_id=str(uuid.uuid4())))
+        forecast = live.forecast
+        forecast.deadline.at = datetime.now(UTC) + timedelta(minutes=5)
         eta = Eta(True, "ETA 06:10–06:25", remaining_s=600.0, remaining_low_s=600.0,
                   remaining_high_s=900.0, finish_low=datetime.now(UTC),
                   finish_high=datetime.now(UTC) + timedelta(minutes=15), percent_done=40.0,
                   lag=StageLag("ndvi", 95.0, 1800.0, 3510.0))
-        live.tracker.update("at-risk")
-        live._emit("at-risk", eta)
-        assert live.events, "the event was not emitted"
+        assert forecast.judge_deadline(eta) == "at-risk"  # its finish is past the deadline
+        assert forecast.sink.eta_events, "the event was not emitted"
         EventsWorker.drain_all(timeout=10)
-        run_id = live.session.ctx.run_id
+        run_id = forecast.ctx.run_id
         deadline = time.monotonic() + 90
         while not any(run_id in b for b in bodies) and time.monotonic() < deadline:
             time.sleep(0.5)

@@ -14,7 +14,7 @@ import pytest
 from eta_flows import events_of, make_eta_flow
 from prefect.events.worker import EventsWorker
 
-from prefect_dask_profiling.prefect.eta import AT_RISK_EVENT, LATE_EVENT, event_id
+from prefect_dask_profiling.forecast.live import AT_RISK_EVENT, LATE_EVENT, event_id
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner
 from prefect_dask_profiling.store.runs import RunStore
 

@@ -37,7 +37,7 @@ from prefect.events import emit_event
 from prefect.events.worker import EventsWorker
 from prefect.logging.handlers import APILogWorker
 
-from prefect_dask_profiling.prefect.eta import AT_RISK_EVENT, LATE_EVENT, ON_TRACK_EVENT, event_id
+from prefect_dask_profiling.forecast.live import AT_RISK_EVENT, LATE_EVENT, ON_TRACK_EVENT, event_id
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner
 from prefect_dask_profiling.run.background import Background
 from prefect_dask_profiling.store.runs import RunStore, new_run_id

@@ -1,31 +1,24 @@
 """The live ETA's lines in the run's markdown artifact: the ETA at the start, the deadline
 and its events, how the estimate fared at 25 / 50 / 75 % (no cluster, no server: the
-LiveEta is fed its estimates directly)."""
+forecast is fed its estimates directly)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from live_etas import live_eta
+
+from prefect_dask_profiling.forecast.live import LiveForecast
 from prefect_dask_profiling.forecast.model import Eta
-from prefect_dask_profiling.prefect.eta import LiveEta
 from prefect_dask_profiling.prefect.runner import ProfilingOptions
 from prefect_dask_profiling.store.manifest import RunContext
 
 START = datetime(2026, 12, 3, 1, 0, tzinfo=UTC)
 
 
-@dataclass
-class Owner:
-    """What a LiveEta reads of its session: the options and the run's context."""
-
-    options: ProfilingOptions
-    ctx: RunContext = field(default_factory=lambda: RunContext(
-        run_id="r1", pipeline="ndvi", version="1", started=START))
-
-
-def live(**options) -> LiveEta:
-    return LiveEta(Owner(ProfilingOptions(**options)))
+def live(**options) -> LiveForecast:
+    return live_eta(ProfilingOptions(**options), RunContext(
+        run_id="r1", pipeline="ndvi", version="1", started=START)).forecast
 
 
 def test_no_eta_says_why():
@@ -40,8 +33,8 @@ def test_the_start_eta_the_deadline_and_how_it_fared():
     eta = live(deadline="06:00 Europe/Berlin")
     eta.eta = Eta(True, "ETA 05:10–05:20")
     eta.first_text = "ETA 04:55–05:25"
-    eta.deadline_at = datetime(2026, 12, 3, 5, 0, tzinfo=UTC)
-    eta.tracker.emitted = ["at-risk", "on-track"]
+    eta.deadline.at = datetime(2026, 12, 3, 5, 0, tzinfo=UTC)
+    eta.deadline.tracker.emitted = ["at-risk", "on-track"]
     # (elapsed s, predicted total s) of a 1000 s run: 900 by 25 %, 1100 by 50 %, 1020 by 75 %
     eta.predictions = [(0.0, 950.0), (200.0, 900.0), (450.0, 1100.0), (700.0, 1020.0),
                        (990.0, 1000.0)]
@@ -72,11 +65,11 @@ def test_a_history_read_whose_estimate_is_still_queued_is_settled_for_the_markdo
     eta = live()
     history: Future = Future()
     history.set_result(SimpleNamespace(manifests=(), baseline=SimpleNamespace(history=None)))
-    eta._history_future = history
+    eta.history = history
     assert eta.markdown_lines(actual_s=10.0) == [
         "- **ETA**: no ETA yet: needs 3 earlier runs of ndvi 1 (has 0)"]
     failed: Future = Future()
     failed.set_exception(OSError("store down"))
     other = live()
-    other._history_future = failed
+    other.history = failed
     assert other.markdown_lines() == []

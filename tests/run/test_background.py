@@ -7,6 +7,8 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 import pytest
 
@@ -100,7 +102,46 @@ def test_a_failing_periodic_job_runs_again():
         periodic.cancel()
 
 
+@dataclass
+class Count:
+    """A typed job: counts its runs, says the context it ran in."""
+
+    runs: list[str] = field(default_factory=list)
+    done: threading.Event = field(default_factory=threading.Event)
+    label: ClassVar[str] = "count"
+
+    def run(self) -> int:
+        self.runs.append(marker.get())
+        if len(self.runs) >= 2:
+            self.done.set()
+        return len(self.runs)
+
+
+def test_a_typed_job_runs_in_the_context_it_was_posted_with():
+    service = Background(name="test-typed")
+    marker.set("caller")
+    assert service.post(Count()).result(timeout=30) == 1
+    other = contextvars.Context()
+    other.run(marker.set, "flow run")
+    job = Count()
+    service.post(job, context=other).result(timeout=30)
+    assert job.runs == ["flow run"]
+    marker.set("unset")
+
+
+def test_a_typed_job_can_repeat_under_its_label():
+    service = Background(name="test-typed-every")
+    job = Count()
+    periodic = service.every(0.01, job)
+    try:
+        assert job.done.wait(timeout=60) and periodic.label == "count"
+    finally:
+        periodic.cancel()
+
+
 @pytest.mark.parametrize("call, message", [
+    (lambda s: s.post(lambda: None), r"run\(\) method"),
+    (lambda s: s.every(1, "not a job"), "job or a callable"),
     (lambda s: s.every(0, lambda: None), "interval > 0"),
     (lambda s: s.every(-1, lambda: None), "interval > 0"),
     (lambda s: s.drain(timeout=-1), "timeout >= 0"),

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import pandas as pd
+from live_etas import live_eta
 from typer.testing import CliRunner
 
 from prefect_dask_profiling.cli import app
 from prefect_dask_profiling.forecast.live_store import estimate_doc
-from prefect_dask_profiling.prefect.eta import LiveEta
 from prefect_dask_profiling.prefect.runner import ProfilingOptions
 from prefect_dask_profiling.run.background import Background
 from prefect_dask_profiling.store import layout
@@ -101,16 +100,6 @@ def test_dask_profiling_sweep_removes_the_leftover_estimates(tmp_path):
     assert human.exit_code == 0 and "0 leftover live estimate(s) removed" in human.stdout
 
 
-@dataclass
-class Owner:
-    """What a LiveEta reads of its session: the options and the run's context."""
-
-    options: ProfilingOptions
-    ctx: RunContext = field(default_factory=lambda: RunContext(
-        run_id=new_run_id(NOW), pipeline="ndvi", version="1", started=NOW,
-        flow_run_id=None))
-
-
 def test_the_next_run_of_the_pipeline_sweeps_the_leftovers(tmp_path):
     store = RunStore(str(tmp_path / "store"))
     fresh, dead = run_ids(2)
@@ -118,13 +107,15 @@ def test_the_next_run_of_the_pipeline_sweeps_the_leftovers(tmp_path):
     estimate(store, "ndvi", fresh, age_s=5.0, interval_s=600.0, now=now)  # overlapping, alive
     estimate(store, "ndvi", dead, age_s=3600.0, now=now)
     other = estimate(store, "other", dead, age_s=3600.0, now=now)  # another pipeline's
-    tonight = LiveEta(Owner(ProfilingOptions(store=store.url, eta_interval=3600.0)))
-    estimate(store, "ndvi", tonight.session.ctx.run_id, age_s=3600.0, now=now)  # kept
+    ctx = RunContext(run_id=new_run_id(NOW), pipeline="ndvi", version="1", started=NOW,
+                     flow_run_id=None)
+    tonight = live_eta(ProfilingOptions(store=store.url, eta_interval=3600.0), ctx)
+    estimate(store, "ndvi", ctx.run_id, age_s=3600.0, now=now)  # kept
     tonight.start(Future())  # the history is still being read
     try:
         assert Background.instance().drain(timeout=60)
         assert sorted(store.live_estimates("ndvi")) == sorted(
-            [fresh, tonight.session.ctx.run_id])
+            [fresh, ctx.run_id])
         assert store.fs.exists(store._path(store._relative(other)))
     finally:
         tonight.stop()
