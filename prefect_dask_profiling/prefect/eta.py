@@ -155,7 +155,7 @@ class LiveEta:
         self.interval = check_eta_interval(options.eta_interval)
         self.margin_s = check_margin(options.deadline_margin)
         self.deadline = parse_deadline(options.deadline)
-        self.needed = options.rule.min_history
+        self.needed = options.rules.regression.min_history
         self.stats: HistoryStats | None = None
         self.eta: Eta | None = None
         self.deadline_at: datetime | None = None
