@@ -7,6 +7,7 @@ cluster's cost rates or the pickled runner shares it.
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 from dataclasses import fields, replace
 
@@ -95,3 +96,25 @@ def test_a_run_is_judged_by_the_rules_of_its_options_built_no_other_time(
 def test_finish_run_without_options_leaves_the_failure_to_the_caller():
     assert DEFAULT_OPTIONS.on_regression == "warn"
     assert DEFAULT_OPTIONS.rules == ProfilingOptions().rules
+
+
+def test_the_runner_takes_every_option_as_a_keyword_with_its_default():
+    """A new option is a field of ``ProfilingOptions`` and a keyword of the runner, named
+    alike and with the same default; the runner passes them on without naming them."""
+    import inspect
+
+    from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner
+
+    keywords = {name: p.default for name, p in
+                inspect.signature(ProfiledDaskTaskRunner.__init__).parameters.items()
+                if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    defaults = {f.name: (f.default if f.default_factory is dataclasses.MISSING
+                         else f.default_factory()) for f in fields(ProfilingOptions)}
+    assert set(keywords) - {"profiling", "report_renderer"} == set(defaults)
+    loose = {"storage_options", "check_options"}  # None in the runner: copied into a dict
+    assert {k: keywords[k] for k in defaults if k not in loose} == {
+        k: v for k, v in defaults.items() if k not in loose}
+    runner = ProfiledDaskTaskRunner(threshold=3.0, check_options={"min_share": 0.0},
+                                    otel="off", eta_interval=60.0)
+    assert runner.profiling == ProfilingOptions(threshold=3.0, check_options={"min_share": 0.0},
+                                                otel="off", eta_interval=60.0)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import inspect
 import logging
@@ -66,6 +67,9 @@ def __getattr__(name: str) -> Any:
 
 __all__ = ["ProfiledDaskTaskRunner", "ProfilingOptions", "RegressionDetected", "finish",
            "profiled"]
+
+OPTION_FIELDS = frozenset(f.name for f in dataclasses.fields(ProfilingOptions))
+
 
 def _copy_dict(value: dict | None) -> Any:
     """A copy of ``value`` when it is a dict, ``{}`` for None; anything else is left for
@@ -127,17 +131,13 @@ class ProfiledDaskTaskRunner(DaskTaskRunner):
                  deadline_margin: float | timedelta = 0.0,
                  eta_interval: float | timedelta = DEFAULT_ETA_INTERVAL_S,
                  otel: str = "auto", profiling: ProfilingOptions | None = None) -> None:
+        # every keyword that names a field of ProfilingOptions, as given: a new option is a
+        # keyword of the signature above and a field of the options, nothing else here
+        arguments = dict(locals())
+        given = {name: arguments[name] for name in OPTION_FIELDS}
+        given["check_options"] = _copy_dict(check_options)
         check_renderer(report_renderer)
-        self.profiling = profiling or ProfilingOptions(
-            store=store, storage_options=storage_options, pipeline=pipeline, version=version,
-            report_retention_days=report_retention_days, stage_reports=stage_reports,
-            report_min_seconds=report_min_seconds,
-            on_regression=on_regression, retry_on_regression=retry_on_regression,
-            threshold=threshold, history=history,
-            sample_interval=sample_interval, check_options=_copy_dict(check_options),
-            store_timeout=store_timeout, cost=cost, cost_regression=cost_regression,
-            deadline=deadline, deadline_margin=deadline_margin,
-            eta_interval=eta_interval, otel=otel)
+        self.profiling = profiling or ProfilingOptions(**given)
         super().__init__(cluster=cluster, address=address, cluster_class=cluster_class,
                          cluster_kwargs=cluster_kwargs, adapt_kwargs=adapt_kwargs,
                          client_kwargs=client_kwargs,
