@@ -171,7 +171,7 @@ def memory_failed(result) -> bool:
 def run_trial(record, rng: np.random.Generator, regime: Regime, warmup: int,
               step_jitter: bool, counts: SequentialCounts, where: Path) -> None:
     """One trial on a fresh store: warm-up nights, J1 and J2, counted into ``counts``."""
-    from prefect_dask_profiling.run.pipeline import FinishSettings, finish_run
+    from prefect_dask_profiling.run.pipeline import finish_run
     from prefect_dask_profiling.store.manifest import RunContext
     from prefect_dask_profiling.store.runs import RunStore, new_run_id
 
@@ -189,7 +189,7 @@ def run_trial(record, rng: np.random.Generator, regime: Regime, warmup: int,
         ctx = RunContext(run_id=new_run_id(started), pipeline="bench", version="1",
                          started=started)
         result = finish_run(store, night(record, values, spilled, rng.uniform(0.35, 0.55)),
-                            ctx, [], FinishSettings(), ended=started + timedelta(hours=1))
+                            ctx, [], ended=started + timedelta(hours=1))
         results.append(result)
         counts.nights += 1
         counts.memory_false += memory_failed(result)

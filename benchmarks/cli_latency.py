@@ -91,7 +91,7 @@ def scaled(record, factor: float):
 def store_nights(url: str, options: dict, spool: Path, runs: int) -> list[str]:
     """Store ``runs`` judged nights of :data:`PIPELINE` at ``url``; their run ids, oldest
     first."""
-    from prefect_dask_profiling.run.pipeline import FinishSettings, finish_run
+    from prefect_dask_profiling.run.pipeline import finish_run
     from prefect_dask_profiling.store.manifest import RunContext
     from prefect_dask_profiling.store.runs import RunStore, new_run_id
 
@@ -102,7 +102,7 @@ def store_nights(url: str, options: dict, spool: Path, runs: int) -> list[str]:
         noise = 1.0 + 0.015 * ((night * 7) % 5 - 2)  # deterministic, within the noise
         ctx = RunContext(run_id=new_run_id(T0 + timedelta(days=night)), pipeline=PIPELINE,
                          version="1")
-        finish_run(store, scaled(record, noise), ctx, [], FinishSettings())
+        finish_run(store, scaled(record, noise), ctx, [])
         ids.append(ctx.run_id)
     listed = len(store.list_runs(PIPELINE))
     if listed != runs:

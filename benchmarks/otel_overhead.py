@@ -33,7 +33,7 @@ def finished_run(stages: int):
     from distributed import Client, LocalCluster
     from run_records import record_stages
 
-    from prefect_dask_profiling.run.pipeline import FinishSettings, finish_run
+    from prefect_dask_profiling.run.pipeline import finish_run
     from prefect_dask_profiling.store.manifest import RunContext
     from prefect_dask_profiling.store.runs import RunStore, new_run_id
 
@@ -44,7 +44,7 @@ def finished_run(stages: int):
     when = datetime.now(UTC)
     ctx = RunContext(run_id=new_run_id(when), pipeline="otel-bench", version="1", started=when)
     store = RunStore(str(Path(tempfile.mkdtemp(prefix="otel-bench-")) / "store"))
-    return finish_run(store, record, ctx, [], FinishSettings())
+    return finish_run(store, record, ctx, [])
 
 
 def per_call_us(job, calls: int, repeats: int) -> float:

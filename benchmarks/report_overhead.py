@@ -8,7 +8,7 @@ per process and refilled), and the time to upload it to a local store and to a m
 server on 127.0.0.1.
 
     .venv/bin/python benchmarks/report_overhead.py [--tasks 10000] [--repeats 3]
-        [--pages 20] [--renderer flow]
+        [--pages 20]
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from prefect_dask_profiling.store.runs import RunStore, new_run_id
 from prefect_dask_profiling.timing.client import install
 
 
-def stage_once(client: Client, plugin: str, tasks: int, with_report: bool,
-               renderer: str = "flow") -> tuple[float, float, str | None]:
+def stage_once(client: Client, plugin: str, tasks: int,
+               with_report: bool) -> tuple[float, float, str | None]:
     """Run a stage of ``tasks`` tiny tasks; render its report (from the task records of
     ``plugin``) when asked.
 
@@ -39,8 +39,7 @@ def stage_once(client: Client, plugin: str, tasks: int, with_report: bool,
     x = da.ones(tasks, chunks=1)
     client.compute((x + 1).sum()).result()
     t1 = time.perf_counter()
-    html = (reports.render(client, window, renderer=renderer).html if window is not None
-            else None)
+    html = reports.render(client, window).html if window is not None else None
     return time.perf_counter() - t0, time.perf_counter() - t1, html
 
 
@@ -79,20 +78,18 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=10_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--pages", type=int, default=20)
-    parser.add_argument("--renderer", choices=reports.RENDERERS, default="flow")
     args = parser.parse_args()
     if args.tasks < 1 or args.repeats < 1 or args.pages < 1:
         parser.error("--tasks, --repeats and --pages must be >= 1")
     with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster, \
             Client(cluster) as client:
         plugin = install(client, task_records=True)  # in both: the report's cost is measured
-        stage_once(client, plugin, 1000, True, args.renderer)  # warm-up: imports
+        stage_once(client, plugin, 1000, True)  # warm-up: imports
         plain, reported, renders, html = [], [], [], ""
         for i in range(args.repeats):
             order = (False, True) if i % 2 == 0 else (True, False)
             for with_report in order:
-                wall, render_s, out = stage_once(client, plugin, args.tasks, with_report,
-                                                 args.renderer)
+                wall, render_s, out = stage_once(client, plugin, args.tasks, with_report)
                 (reported if with_report else plain).append(wall)
                 if with_report:
                     renders.append(render_s)

@@ -48,7 +48,7 @@ from distributed import Client, LocalCluster, wait
 from prefect_dask_profiling.regression.baseline import load_baseline
 from prefect_dask_profiling.regression.drift import load_series
 from prefect_dask_profiling.reports import stage_reports as reports
-from prefect_dask_profiling.run.pipeline import FinishSettings, finish_run
+from prefect_dask_profiling.run.pipeline import finish_run
 from prefect_dask_profiling.store.manifest import RunContext, StageInfo
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 from prefect_dask_profiling.summary import collect, summarise
@@ -206,7 +206,7 @@ def wide(prefixes: int, stages: int) -> None:
                              version="1")
             stage_infos = [StageInfo(name=f"stage{s:02d}") for s in range(stages)]
             t0 = time.perf_counter()
-            result = finish_run(store, record, ctx, stage_infos, FinishSettings())
+            result = finish_run(store, record, ctx, stage_infos)
             elapsed = time.perf_counter() - t0
         stored = sum(p.stat().st_size for p in Path(result.location).rglob("*") if p.is_file())
         steps = result.manifest.get("finish_seconds") or {}

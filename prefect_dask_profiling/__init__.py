@@ -45,7 +45,7 @@ _LAZY = {
     "summarise": "prefect_dask_profiling.summary",
     "utilisation": "prefect_dask_profiling.summary",
     "ProfiledDaskTaskRunner": "prefect_dask_profiling.prefect.runner",
-    "ProfilingOptions": "prefect_dask_profiling.prefect.runner",
+    "ProfilingOptions": "prefect_dask_profiling.options",
     "profiled": "prefect_dask_profiling.prefect.runner",
     "finish": "prefect_dask_profiling.prefect.runner",
     "finish_run": "prefect_dask_profiling.run.pipeline",

@@ -34,15 +34,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from prefect_dask_profiling.errors import InvalidInput
-
 if TYPE_CHECKING:
     from prefect_dask_profiling.run.pipeline import FinishResult
 
 logger = logging.getLogger("prefect_dask_profiling")
 
-#: The values of the ``otel`` option: ``"auto"`` makes spans when a provider is configured.
-OTEL_MODES = ("auto", "off")
 #: The attribute namespace (docs/observability.md lists every attribute).
 NS = "dask_profiling"
 #: The most prefixes per stage made into span events (the largest by compute seconds).
@@ -56,16 +52,6 @@ MAX_METRIC_PREFIXES = 20
 OTHER = "other"
 
 Attributes = dict[str, str | bool | int | float]
-
-
-def check_otel_mode(mode: object) -> str:
-    """``mode`` when it is one of :data:`OTEL_MODES`; else :class:`InvalidInput` naming them.
-
-    Validated with the other options, before any cluster starts.
-    """
-    if mode not in OTEL_MODES:
-        raise InvalidInput(f"otel must be one of {OTEL_MODES}, got {mode!r}")
-    return str(mode)
 
 
 def tracing_configured() -> bool:

@@ -33,8 +33,12 @@ ROOT = Path(prefect_dask_profiling.__file__).parent
 
 # The layers, lowest first: a part may import its own modules and any part listed before it
 # in LAYERS; ``bench`` (the benchmark protocol) stands aside and imports only BENCH_USES.
+# ``options`` (the runner's frozen options and their checks) sits right above the parts it
+# checks its values with (cost rates, deadlines, store URLs, the rules) and below every part
+# that reads them.
 LAYERS = ["errors", "_util", "environment", "timing", "stages", "summary", "cost", "forecast",
-          "store", "reports", "regression", "diagnosis", "export", "run", "otel", "prefect", "cli"]
+          "store", "reports", "regression", "options", "diagnosis", "export", "run", "otel",
+          "prefect", "cli"]
 BENCH_USES = {"errors", "_util", "environment", "timing", "summary", "diagnosis"}
 ALLOWED: dict[str, set[str]] = {part: set(LAYERS[:i]) for i, part in enumerate(LAYERS)}
 ALLOWED["bench"] = BENCH_USES
@@ -342,6 +346,25 @@ def test_importing_the_package_leaves_prefect_out():
                           timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "", f"imported Prefect modules: {done.stdout.strip()}"
+
+
+# The options travel inside the runner to every Dask worker, which unpickles them around every
+# Prefect task: importing their module loads none of these.
+OPTIONS = f"{PACKAGE}.options"
+NOT_ON_THE_WORKERS = ("pandas", "numpy", "prefect", "prefect_dask")
+
+
+def test_the_options_import_no_pandas_numpy_or_prefect():
+    code = (f"import sys\nimport {OPTIONS}\n"
+            f"{OPTIONS}.ProfilingOptions(store='memory://x', cost={{'worker_hour': 1.0}}, "
+            "deadline='06:00 UTC').rules\n"
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+            f"{NOT_ON_THE_WORKERS!r})\n"
+            "print(','.join(bad))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "", f"the options loaded: {done.stdout.strip()}"
 
 
 # A flow script is ``__main__``: cloudpickle pickles its functions by value, with every

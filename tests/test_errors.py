@@ -86,9 +86,15 @@ def test_guarded_maps_a_verdict_failure_to_exit_1():
 
 # -------------------------------------------------- bad input raises the tree (issue 57)
 def _options(**kwargs):
-    from prefect_dask_profiling.prefect.runner import ProfilingOptions
+    from prefect_dask_profiling.options import ProfilingOptions
 
     return ProfilingOptions(**kwargs)
+
+
+def _renderer(name):
+    from prefect_dask_profiling.options import check_renderer
+
+    return check_renderer(name)
 
 
 def _rule(**kwargs):
@@ -178,7 +184,7 @@ def _tables(tables):
     (lambda: _options(cost_regression="maybe"), "cost_regression must be one of"),
     (lambda: _options(retry_on_regression="yes"), "retry_on_regression must be True"),
     (lambda: _options(stage_reports="some"), "stage_reports must be one of"),
-    (lambda: _options(report_renderer="ascii"), "report_renderer must be one of"),
+    (lambda: _renderer("ascii"), "report_renderer must be one of"),
     (lambda: _options(storage_options="key=k"), "storage_options must be a dict"),
     (lambda: _older_than("soon"), "--older-than must look like 30d"),
     (lambda: _classes(["slow"]), "unknown bottleneck class"),

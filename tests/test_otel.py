@@ -23,13 +23,13 @@ from run_records import record_stages, scaled
 
 from prefect_dask_profiling import otel
 from prefect_dask_profiling.errors import InvalidInput
-from prefect_dask_profiling.run.pipeline import FinishResult, FinishSettings, finish_run
+from prefect_dask_profiling.options import ProfilingOptions, check_otel_mode
+from prefect_dask_profiling.run.pipeline import FinishResult, finish_run
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 
 PIPELINE = "spans"
-LOOSE = FinishSettings(check_options={"min_seconds": 0.0, "min_share": 0.0},
-                       fail_on_regression=True)
+LOOSE = ProfilingOptions(check_options={"min_seconds": 0.0, "min_share": 0.0})
 START = datetime(2026, 11, 1, 2, tzinfo=UTC)
 NS = otel.NS
 
@@ -175,7 +175,7 @@ def test_otel_off_builds_nothing_even_with_an_sdk(regressed):
 @pytest.mark.parametrize("mode", ["on", "", None, True])
 def test_an_unknown_otel_mode_is_refused_naming_the_allowed_ones(mode):
     with pytest.raises(InvalidInput, match=r"otel must be one of \('auto', 'off'\)"):
-        otel.check_otel_mode(mode)
+        check_otel_mode(mode)
 
 
 def test_a_spent_budget_leaves_the_remaining_spans_unmade_with_one_warning(regressed,

@@ -30,7 +30,6 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -39,24 +38,13 @@ import distributed
 from prefect import Flow
 from prefect_dask import DaskTaskRunner
 
-from prefect_dask_profiling._util import lazy_exports, positive_int, positive_number, validate_name
-from prefect_dask_profiling.cost.rates import CostRates, CostSpec, parse_cost
+from prefect_dask_profiling._util import lazy_exports
+from prefect_dask_profiling.cost.rates import CostSpec
 from prefect_dask_profiling.errors import InvalidInput
-from prefect_dask_profiling.forecast.model import (
-    DEFAULT_ETA_INTERVAL_S,
-    check_eta_interval,
-    check_margin,
-    parse_deadline,
-)
-from prefect_dask_profiling.otel import check_otel_mode
-from prefect_dask_profiling.regression.rule import (
-    COST_REGRESSION_MODES,
-    CheckOptions,
-    RegressionRule,
-)
-from prefect_dask_profiling.reports.stage_reports import check_renderer
+from prefect_dask_profiling.forecast.model import DEFAULT_ETA_INTERVAL_S
+from prefect_dask_profiling.options import ProfilingOptions, check_renderer
+from prefect_dask_profiling.regression.rule import RegressionRule
 from prefect_dask_profiling.stages import running_task_annotations, running_task_key
-from prefect_dask_profiling.store.url import check_store_url, redacted_options
 from prefect_dask_profiling.timing.plugin import (
     PARENT_ANNOTATION,
     RUN_ANNOTATION,
@@ -77,162 +65,7 @@ __getattr__, __dir__ = lazy_exports(
 __all__ = ["ProfiledDaskTaskRunner", "ProfilingOptions", "RegressionDetected", "finish",
            "profiled"]
 
-ON_REGRESSION = ("fail", "warn")
-STAGE_REPORTS = ("auto", True, False)
-COST_REGRESSION = COST_REGRESSION_MODES  # ("warn", "fail", "off")
-
-
-@dataclass(frozen=True)
-class ProfilingOptions:
-    """What the runner adds to ``DaskTaskRunner``; validated before any cluster starts.
-
-    Parameters
-    ----------
-    store
-        fsspec URL of the run store; default env ``DASK_PROFILING_STORE``, else
-        ``./.dask-profiling``.
-    storage_options
-        Passed to fsspec (e.g. ``endpoint_url``, ``key``/``secret`` for S3).
-    pipeline
-        History key; default the flow's name.
-    version
-        Pipeline version; default the flow's explicit ``@flow(version=...)``. A new version
-        starts a new baseline.
-    report_retention_days
-        Days per-stage reports are kept (S3 lifecycle rule, local ``sweep``).
-    stage_reports
-        ``True`` (default): a Dask performance report for every stage, drawn in a
-        background thread while the next stage runs (the flow waits for them only at
-        ``finish()``); ``"auto"``: a report for each stage that ran at least
-        ``report_min_seconds``, and for every stage that regressed or drifted, rendered at
-        ``finish()``; ``False``: none.
-    report_min_seconds
-        In ``"auto"`` mode, the shortest stage (wall seconds) that always gets its report.
-    report_renderer
-        ``"flow"`` (default and only choice): the scheduler only copies the stage's data
-        (a few ms of its event loop) and the flow process draws the report. ``"dask"``
-        (Dask's own report drawn on the scheduler, bounded by replacing two of the
-        scheduler's methods) was removed and is refused naming why.
-    on_regression
-        ``"fail"`` ends the flow run Failed on a regression; ``"warn"`` only reports.
-    retry_on_regression
-        ``False`` (default): a regression ends the flow run Failed **without** Prefect's
-        flow retries (``@flow(retries=N)`` is for flaky infrastructure; a regression is not
-        flaky, and a retry re-runs the whole pipeline). ``True``: a regression fails the
-        attempt like any error, and Prefect retries it while retries are left (each
-        attempt is stored as a run of its own, with its ``attempt`` in the manifest).
-    threshold
-        Ratio to the baseline median that counts as a regression (> 1).
-    history
-        How many earlier healthy runs form the baseline.
-    sample_interval
-        Seconds between worker memory/CPU samples.
-    check_options
-        The other settings of :class:`~prefect_dask_profiling.regression.rule.RegressionRule`
-        by name (``z_threshold``, ``min_seconds``, ``min_share``, ``min_history``, ...); each
-        value is checked here.
-    store_timeout
-        Upper bound in seconds for any one call to the store; when the store does not
-        answer, the run's files wait in the local spool (``dask-profiling upload-pending``).
-    cost
-        Rates that price the resource-hours the cluster allocated (an estimate; see
-        docs/cost.md): ``{"worker_hour": 0.12}``, any of ``worker_hour``, ``thread_hour``,
-        ``gib_hour`` (and ``currency``), or rates by worker attribute, first match wins:
-        ``{"resources": {"GPU": {...}}}`` (a Dask resource tag the worker holds),
-        ``{"workers": {"gpu-*": {...}}}`` (its name), ``{"clusters": {"FargateCluster":
-        {...}, "*": {...}}}`` (this runner's cluster class)
-        (:func:`~prefect_dask_profiling.cost.rates.parse_cost`).
-        ``None`` (default): resource-hours only, no price anywhere.
-    cost_regression
-        ``"warn"`` (default): a stage whose idle worker-hours grew against the baseline
-        (``threshold`` x its median) is named in the manifest, the artifact and a warning;
-        informational, it never fails the run. ``"fail"``: judged like storage requests
-        (one night suspected, the next confirms or clears it) and a confirmed idle
-        regression is a regression of the run (it fails the flow under
-        ``on_regression="fail"``). ``"off"``: not judged.
-    deadline
-        When the run's data must be ready: a time of day with a time zone
-        (``"06:00 Europe/Berlin"``: its first occurrence after the flow run's scheduled
-        start) or a ``timedelta`` from the scheduled start (``expected_start_time``). The
-        live ETA then emits ``dask-profiling.run.at-risk`` / ``on-track`` / ``late``.
-    deadline_margin
-        Seconds (or a ``timedelta``) before the deadline the ETA's upper end must stay.
-    eta_interval
-        Seconds (or a ``timedelta``) between two ETA updates inside a stage (default 30).
-    otel
-        ``"auto"`` (default): when the flow process has an OpenTelemetry SDK
-        ``TracerProvider``, the run's stages become spans under the flow-run span once the
-        run is stored (docs/observability.md); without one nothing is built. ``"off"``:
-        never.
-    """
-
-    store: str | None = None
-    storage_options: dict[str, Any] | None = None
-    pipeline: str | None = None
-    version: str | None = None
-    report_retention_days: int = 30
-    stage_reports: bool | str = True
-    report_min_seconds: float = 20.0
-    report_renderer: str = "flow"
-    on_regression: str = "fail"
-    retry_on_regression: bool = False
-    threshold: float = RegressionRule.threshold
-    history: int = RegressionRule.history
-    sample_interval: float = 1.0
-    check_options: CheckOptions = field(default_factory=CheckOptions)
-    store_timeout: float = 10.0
-    cost: CostRates | None = None
-    cost_regression: str = "warn"
-    deadline: str | timedelta | None = None
-    deadline_margin: float | timedelta = 0.0
-    eta_interval: float | timedelta = DEFAULT_ETA_INTERVAL_S
-    otel: str = "auto"
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "cost", parse_cost(self.cost))
-        check_otel_mode(self.otel)
-        if self.cost_regression not in COST_REGRESSION:
-            raise InvalidInput(f"cost_regression must be one of {COST_REGRESSION}, "
-                               f"got {self.cost_regression!r}")
-        parse_deadline(self.deadline)  # each refused here, naming its option
-        check_margin(self.deadline_margin)
-        check_eta_interval(self.eta_interval)
-        positive_int(self.report_retention_days, "report_retention_days")
-        if self.on_regression not in ON_REGRESSION:
-            raise InvalidInput(f"on_regression must be one of {ON_REGRESSION}, "
-                               f"got {self.on_regression!r}")
-        if not isinstance(self.retry_on_regression, bool):
-            raise InvalidInput("retry_on_regression must be True or False, "
-                               f"got {self.retry_on_regression!r}")
-        self.rule  # noqa: B018 - threshold, history and check_options: refused here if bad
-        positive_number(self.sample_interval, "sample_interval (seconds)", allow_zero=True)
-        if not any(self.stage_reports is v or self.stage_reports == v == "auto"
-                   for v in STAGE_REPORTS):
-            raise InvalidInput(f"stage_reports must be one of {STAGE_REPORTS}, "
-                               f"got {self.stage_reports!r}")
-        positive_number(self.report_min_seconds, "report_min_seconds", allow_zero=True)
-        check_renderer(self.report_renderer)
-        positive_number(self.store_timeout, "store_timeout (seconds)")
-        if self.pipeline is not None:
-            validate_name(self.pipeline, "pipeline")
-        if self.version is not None:
-            validate_name(self.version, "version")
-        if self.store is not None:
-            check_store_url(self.store)
-        if self.storage_options is not None and not isinstance(self.storage_options, dict):
-            raise InvalidInput("storage_options must be a dict")
-
-    def __repr__(self) -> str:
-        """Every field, with the credential values of ``storage_options`` as ``***``."""
-        fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
-                           if f.name != "storage_options")
-        return (f"ProfilingOptions(storage_options="
-                f"{redacted_options(self.storage_options)!r}, {fields})")
-
-    @property
-    def rule(self) -> RegressionRule:
-        """The regression rule these options describe (validated)."""
-        return RegressionRule.from_options(self.threshold, self.history, self.check_options)
+OPTION_FIELDS = frozenset(f.name for f in dataclasses.fields(ProfilingOptions))
 
 
 def _copy_dict(value: dict | None) -> Any:
@@ -273,7 +106,10 @@ class ProfiledDaskTaskRunner(DaskTaskRunner):
     """A ``DaskTaskRunner`` that records, stores and judges every run.
 
     Every argument of ``prefect_dask.DaskTaskRunner`` works unchanged; the keyword-only
-    arguments are :class:`ProfilingOptions`.
+    arguments are the fields of :class:`~prefect_dask_profiling.options.ProfilingOptions`
+    (or the whole object, ``profiling=``), kept as :attr:`profiling` and passed as it is to
+    the run's session. ``report_renderer`` is only checked: ``"flow"`` is the one renderer
+    (``"dask"`` was removed and is refused, naming why).
     """
 
     def __init__(self, cluster=None, address: str | None = None, cluster_class=None,
@@ -292,24 +128,21 @@ class ProfiledDaskTaskRunner(DaskTaskRunner):
                  deadline_margin: float | timedelta = 0.0,
                  eta_interval: float | timedelta = DEFAULT_ETA_INTERVAL_S,
                  otel: str = "auto", profiling: ProfilingOptions | None = None) -> None:
-        self.profiling = profiling or ProfilingOptions(
-            store=store, storage_options=storage_options, pipeline=pipeline, version=version,
-            report_retention_days=report_retention_days, stage_reports=stage_reports,
-            report_min_seconds=report_min_seconds, report_renderer=report_renderer,
-            on_regression=on_regression, retry_on_regression=retry_on_regression,
-            threshold=threshold, history=history,
-            sample_interval=sample_interval, check_options=_copy_dict(check_options),
-            store_timeout=store_timeout, cost=cost, cost_regression=cost_regression,
-            deadline=deadline, deadline_margin=deadline_margin,
-            eta_interval=eta_interval, otel=otel)
+        # every keyword that names a field of ProfilingOptions, as given: a new option is a
+        # keyword of the signature above and a field of the options, nothing else here
+        arguments = dict(locals())
+        given = {name: arguments[name] for name in OPTION_FIELDS}
+        given["check_options"] = _copy_dict(check_options)
+        check_renderer(report_renderer)
+        self.profiling = profiling or ProfilingOptions(**given)
         super().__init__(cluster=cluster, address=address, cluster_class=cluster_class,
                          cluster_kwargs=cluster_kwargs, adapt_kwargs=adapt_kwargs,
                          client_kwargs=client_kwargs,
                          performance_report_path=performance_report_path)
         rates = self.profiling.cost
         if rates is not None and rates.by_cluster:  # cost={"clusters": ...}: whose class
-            self.profiling = replace(self.profiling,
-                                     cost=rates.with_cluster(cluster_type_name(self)))
+            self.profiling = self.profiling.evolve(
+                cost=rates.with_cluster(cluster_type_name(self)))
         self._session = None
         self._startup_error: BaseException | None = None
 
@@ -330,7 +163,7 @@ class ProfiledDaskTaskRunner(DaskTaskRunner):
         state["_session"] = None
         state["_startup_error"] = None
         if self.profiling.storage_options:
-            state["profiling"] = replace(self.profiling, storage_options=None)
+            state["profiling"] = self.profiling.evolve(storage_options=None)
         return state
 
     # -- lifecycle -------------------------------------------------------------------------

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 from contextlib import ExitStack
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import dask
@@ -28,7 +27,6 @@ from prefect_dask_profiling.run.live_eta import LiveEta
 from prefect_dask_profiling.run.pipeline import (
     EarlyHistory,
     FinishResult,
-    FinishSettings,
     complete_run,
     judge_run,
     read_history_early,
@@ -67,12 +65,9 @@ class Session:
                                    self.options.report_retention_days,
                                    self.options.retry_on_regression, self.options.otel)
         self.reports = reports.StageReports(
-            client, plugin_name, self.ctx, self.warnings, lambda: self.store,
-            reports.ReportSettings(
-                mode=self.options.stage_reports, min_seconds=self.options.report_min_seconds,
-                renderer=self.options.report_renderer,
-                retention_days=self.options.report_retention_days), self.publisher,
-            submit=Background.instance().submit)
+            client, plugin_name, self.ctx, self.warnings, lambda: self.store, self.publisher,
+            submit=Background.instance().submit, mode=self.options.stage_reports,
+            min_seconds=self.options.report_min_seconds)
         self.book = StageBook(client, plugin_name, self.warnings, self.reports,
                               self.options.cost, log=run_log)
         self.stages, self.io = self.book.stages, self.book.io
@@ -135,28 +130,18 @@ class Session:
         return RunStore(self.options.store, self.options.storage_options,
                         timeout=self.options.store_timeout)
 
-    def _settings(self) -> FinishSettings:
-        """How the run is judged and kept, from the runner's options."""
-        o = self.options
-        return FinishSettings(
-            threshold=o.threshold, history=o.history, check_options=o.check_options.copy(),
-            report_retention_days=o.report_retention_days, spool_budget_s=o.store_timeout,
-            fail_on_regression=o.on_regression == "fail",
-            cost=o.cost, cost_regression=o.cost_regression)
-
     def _read_history_early(self) -> None:
         """Start reading the run's history while the flow computes (once the pipeline and
         version are known), and the live ETA on it: finish() then judges without waiting."""
         if self._early_history is not None or self.finished or not self._captured:
             return
         try:
-            rules = self._settings().rules
             store = self._new_store()  # its own: remembered reads never meet our writes
         except Exception:  # a bad setting is refused at finish(), with its message
             logger.debug("history not read early", exc_info=True)
             return
         self._early_history = read_history_early(
-            store, self.ctx, rules,
+            store, self.ctx, self.options.rules,
             submit=lambda read: Background.instance().submit(read, label="history read"))
         try:  # never fails the run; its news goes through the publisher
             self.eta = LiveEta(self.ctx, lambda: self.options, self.publisher,
@@ -172,7 +157,7 @@ class Session:
             return
         from prefect_dask_profiling.store.url import check_store_url
 
-        self.options = replace(self.options, store=check_store_url(url))
+        self.options = self.options.evolve(store=check_store_url(url))
 
     # -- flow context and preflight ----------------------------------------------------------
 
@@ -342,7 +327,7 @@ class Session:
         if publish:
             self.publisher.begin(self.stages, self.warnings)
         env = self.book.environment()
-        end = store_record(self.store, record, self.ctx, self.stages, self._settings(),
+        end = store_record(self.store, record, self.ctx, self.stages, self.options,
                            state=state, error=error, env=env,
                            warnings=[*self.warnings, *([extra_warning] if extra_warning else [])],
                            early_history=self._early_history,

@@ -11,7 +11,8 @@ There is one renderer, ``"flow"``. The earlier ``"dask"`` renderer drew Dask's o
 ``Scheduler.performance_report`` on the scheduler (~0.5-0.8 s of event loop per report,
 during which it schedules nothing) and bounded it to the window by replacing the
 scheduler's ``get_task_stream`` and ``get_profile`` methods: patching someone else's
-scheduler for a copy of what the flow renderer draws. It is refused by name.
+scheduler for a copy of what the flow renderer draws. The runner refuses it by name
+(:func:`~prefect_dask_profiling.options.check_renderer`).
 
 The task stream a report draws is kept by the run's own scheduler plugin
 (:class:`~prefect_dask_profiling.timing.tasks.TaskRecords`: the run's finished tasks, the
@@ -34,7 +35,6 @@ from typing import TYPE_CHECKING, Protocol
 
 from distributed.metrics import time
 
-from prefect_dask_profiling.errors import InvalidInput
 from prefect_dask_profiling.reports import data as report_data
 
 if TYPE_CHECKING:
@@ -55,11 +55,6 @@ LOCAL_WORK_FIX = (
     "body (also inside `with get_dask_client():`) runs on Dask's local scheduler; send the "
     "work to the cluster with `with get_dask_client() as client: client.compute(x).result()` "
     "(or client.persist(x)), or do it inside a Prefect task")
-RENDERERS = ("flow",)
-_REMOVED = {"dask": (
-    "report_renderer='dask' was removed: it replaced the scheduler's get_task_stream and "
-    "get_profile to bound Dask's own report; reports are drawn in the flow process with "
-    "Dask's report builders (docs/reports.md); use report_renderer='flow' (the default)")}
 
 
 @dataclass
@@ -128,32 +123,16 @@ def close_window(client: Client, window: ReportWindow) -> WindowEnd:
 
 
 def render(client: Client, window: ReportWindow, end: WindowEnd | None = None,
-           timeout: float = 120.0, renderer: str = "flow",
-           stage: str = "") -> RenderedReport:
-    """Render the performance report of ``window``, up to ``end`` (default: now).
+           timeout: float = 120.0, stage: str = "") -> RenderedReport:
+    """Render the performance report of ``window``, up to ``end`` (default: now), in this
+    process from data copied off the scheduler.
 
     With ``end`` the report may be rendered later, while other work runs: its task stream
     holds exactly the records between the two cursors and its profiles stop at
-    ``end.stop``, so the next stage's tasks do not leak in. ``renderer`` is ``"flow"``
-    (drawn here from copied data), the only one.
-
-    Raises
-    ------
-    ValueError
-        For an unknown ``renderer``.
+    ``end.stop``, so the next stage's tasks do not leak in.
     """
-    check_renderer(renderer)
     end = end or close_window(client, window)
     return _render_in_flow(client, window, end, timeout, stage)
-
-
-def check_renderer(renderer: str) -> str:
-    """``renderer`` if it names a renderer; ``ValueError`` naming the choices otherwise."""
-    if renderer in _REMOVED:
-        raise InvalidInput(_REMOVED[renderer])
-    if renderer not in RENDERERS:
-        raise InvalidInput(f"report_renderer must be one of {RENDERERS}, got {renderer!r}")
-    return renderer
 
 
 def _render_in_flow(client: Client, window: ReportWindow, end: WindowEnd, timeout: float,
@@ -189,18 +168,6 @@ def local_work_text(info: StageInfo) -> str | None:
     return (f"stage {info.name!r}: {local['tasks']} Dask tasks ran on local threads of the "
             f"flow process ({local['seconds']:.2f} s in {local['computes']} compute call(s)), "
             f"not on the cluster, so the profile did not record them. {LOCAL_WORK_FIX}")
-
-
-@dataclass(frozen=True)
-class ReportSettings:
-    """How a run's stage reports are made: the runner's ``stage_reports`` (``True``,
-    ``False`` or ``"auto"``), ``report_min_seconds``, ``report_renderer`` and
-    ``report_retention_days`` (how long their links stay valid)."""
-
-    mode: bool | str = True
-    min_seconds: float = 0.0
-    renderer: str = "flow"
-    retention_days: int = 30
 
 
 class ReportStored(Protocol):
@@ -248,8 +215,6 @@ class StageReports:
         The run's warnings: the reports add theirs (e.g. a spooled upload).
     store
         The run's store, when a report is stored (the session may switch stores).
-    settings
-        How reports are made (:class:`ReportSettings`).
     publisher
         The run's :class:`~prefect_dask_profiling.prefect.publish.Publisher`: told when a
         report is stored (it posts the report's link); ``None``: no link is posted.
@@ -257,20 +222,25 @@ class StageReports:
         Queues a report's drawing: ``submit(fn, *args, label=...)`` returns its future (the
         session passes the submit of the process's one
         :class:`~prefect_dask_profiling.run.background.Background` service).
+    mode
+        The runner's ``stage_reports``: ``True`` (a report for every stage), ``False``
+        (none) or ``"auto"`` (:func:`render_now`).
+    min_seconds
+        The runner's ``report_min_seconds``: in ``"auto"`` mode, the shortest stage that
+        always gets its report.
     """
 
     def __init__(self, client: Client, plugin: str, ctx: RunContext, warnings: list[str],
-                 store: Callable[[], RunStore], settings: ReportSettings,
-                 publisher: ReportStored | None = None, *,
-                 submit: Callable[..., Future]) -> None:
-        check_renderer(settings.renderer)
+                 store: Callable[[], RunStore], publisher: ReportStored | None = None, *,
+                 submit: Callable[..., Future], mode: bool | str = True,
+                 min_seconds: float = 0.0) -> None:
         self.publisher = publisher
         self._submit = submit
         self.client = client
         self.plugin = plugin
         self.ctx = ctx
         self.warnings = warnings
-        self.settings = settings
+        self.mode, self.min_seconds = mode, min_seconds
         self._store = store
         self._first_window: dict[str, ReportWindow] = {}
         self._opened_since: dict[str, set[str]] = {}  # other stages opened since the first
@@ -290,7 +260,7 @@ class StageReports:
                 since.add(name)
         self._opened_since.setdefault(name, set())
         window = self._first_window.get(name)
-        if window is None and self.settings.mode:
+        if window is None and self.mode:
             try:
                 window = open_window(self.client, self.plugin)
             except Exception as exc:
@@ -324,11 +294,10 @@ class StageReports:
         self._span_notes[info.name] = self._span_note(info)
         self._deferred = [d for d in self._deferred if d.info is not info]  # superseded
         seconds = end.stop - window.start
-        settings = self.settings
-        if not render_now(settings.mode, seconds, settings.min_seconds, raised=failed):
+        if not render_now(self.mode, seconds, self.min_seconds, raised=failed):
             self.note(info, (
                 f"no report: the stage ran {seconds:.1f} s, under report_min_seconds="
-                f"{settings.min_seconds:g} (rendered only if it regresses)"))
+                f"{self.min_seconds:g} (rendered only if it regresses)"))
             self._deferred.append(_Deferred(info, window, end))
             return
         earlier = self._pending.get(info.name)
@@ -405,8 +374,7 @@ class StageReports:
               post_link: bool = True) -> None:
         """Draw the stage's report, store it, and (``post_link``) tell the publisher."""
         try:
-            rendered = render(self.client, window, end, stage=info.name,
-                              renderer=self.settings.renderer)
+            rendered = render(self.client, window, end, stage=info.name)
         except Exception as exc:
             self.note(info, f"report not rendered: {exc!r}")
             return

@@ -30,7 +30,8 @@ PUT, 403, 503, a timeout) spools what was not written and never loses the judgem
 the caller applies to the flow all the same.
 
 Nothing here changes the flow's own outcome: deciding to fail the flow on a regression is
-the caller's (:attr:`FinishResult.regressed` and :attr:`FinishSettings.fail_on_regression`).
+the caller's (:attr:`FinishResult.regressed`; the runner's ``on_regression``, read from the
+options only to store the state the flow will end in).
 """
 
 from __future__ import annotations
@@ -48,8 +49,9 @@ import pandas as pd
 
 from prefect_dask_profiling.cost.allocation import allocation
 from prefect_dask_profiling.environment import Environment
+from prefect_dask_profiling.options import ProfilingOptions
 from prefect_dask_profiling.regression.blind import blindness
-from prefect_dask_profiling.regression.rule import CheckOptions, RegressionRule, Rules
+from prefect_dask_profiling.regression.rule import Rules
 from prefect_dask_profiling.store.manifest import (
     Baseline,
     Manifest,
@@ -64,7 +66,6 @@ from prefect_dask_profiling.summary.io import stage_io_summaries
 from prefect_dask_profiling.summary.memory import stage_memory_info
 
 if TYPE_CHECKING:
-    from prefect_dask_profiling.cost.rates import CostRates
     from prefect_dask_profiling.diagnosis.stages import Diagnosis
     from prefect_dask_profiling.regression.judge import History, Judgement
     from prefect_dask_profiling.store.runs import RunStore
@@ -77,49 +78,11 @@ VERDICT_COLUMNS = ["stage", "prefix", "verdict", "cause", "baseline_s", "latest_
                    "ratio", "robust_z", "tasks_ratio", "share", "n_history"]
 
 
-@dataclass(frozen=True)
-class FinishSettings:
-    """How a run is judged and kept; built from the runner's options.
-
-    Parameters
-    ----------
-    threshold
-        Ratio to the baseline median that counts as a regression.
-    history
-        How many earlier healthy runs form the baseline.
-    check_options
-        Further settings of the regression rule (``min_seconds``, ``z_threshold``, ...).
-    report_retention_days
-        Days the per-stage reports are kept (S3 lifecycle rule).
-    spool_budget_s
-        Longest time spent delivering files that earlier runs left in the local spool.
-    fail_on_regression
-        Whether the caller fails the flow on a regression: the stored state then says
-        ``FAILED``.
-    cost_regression
-        ``"warn"`` (default): stages whose idle worker-hours grew against the baseline are
-        named in the manifest, the artifact and a warning, informational only; ``"fail"``:
-        a confirmed idle regression fails the run like a time regression (the outcome);
-        ``"off"``: not judged (:attr:`~.regression.rule.RegressionRule.cost_regression`).
-    cost
-        Rates that price the allocated resource-hours
-        (:class:`~prefect_dask_profiling.cost.rates.CostRates`); ``None``: no price.
-    """
-
-    threshold: float = RegressionRule.threshold
-    history: int = RegressionRule.history
-    check_options: CheckOptions = field(default_factory=CheckOptions)
-    report_retention_days: int = 30
-    spool_budget_s: float = 10.0
-    fail_on_regression: bool = False
-    cost: CostRates | None = None
-    cost_regression: str = "warn"
-
-    @property
-    def rules(self) -> Rules:
-        """The rules the run is judged by (refused here if a setting is bad)."""
-        return Rules.from_options(self.threshold, self.history, self.check_options,
-                                  self.cost_regression)
+#: What :func:`finish_run` judges by when it is given no options: the defaults of
+#: :class:`~prefect_dask_profiling.options.ProfilingOptions`, with ``on_regression="warn"``:
+#: whether a regression fails the flow is the caller's to say (``"fail"`` stores the
+#: regressed run's state as ``FAILED``).
+DEFAULT_OPTIONS = ProfilingOptions(on_regression="warn")
 
 
 @dataclass
@@ -195,7 +158,7 @@ class RunEnd:
     record: RunRecord
     ctx: RunContext
     stages: list[StageInfo]
-    settings: FinishSettings
+    options: ProfilingOptions
     state: str | None
     error: BaseException | None
     env: Environment
@@ -281,7 +244,7 @@ def _deliver_spool(end: RunEnd) -> None:
     deliver = getattr(end.store, "deliver_pending", None)
     if deliver is None:
         return
-    report = deliver(end.settings.spool_budget_s)
+    report = deliver(end.options.store_timeout)
     if not report:
         return
     end.manifest_extra["spool_delivery"] = report
@@ -294,7 +257,7 @@ def _deliver_spool(end: RunEnd) -> None:
 
 
 def _lifecycle(end: RunEnd) -> None:
-    warning = end.store.ensure_lifecycle(end.settings.report_retention_days)
+    warning = end.store.ensure_lifecycle(end.options.report_retention_days)
     if warning:
         end.warnings.append(warning)
 
@@ -320,7 +283,7 @@ def _history(end: RunEnd) -> None:
     end.manifest_extra["history_read"] = {"at": _now(), "when": "finish",
                                           **({"why": stale} if stale else {})}
     end.history = load_history(end.store, end.ctx.pipeline, end.ctx.version,
-                               end.settings.rules, run_id=end.ctx.run_id,
+                               end.options.rules, run_id=end.ctx.run_id,
                                started=end.ctx.started.isoformat(),
                                flow_run_id=end.ctx.flow_run_id,
                                attempt=end.ctx.attempt)
@@ -369,7 +332,7 @@ class EarlyHistory:
         if (self.location, self.pipeline, self.version, self.run_id) != (
                 end.store.url, end.ctx.pipeline, end.ctx.version, end.ctx.run_id):
             return "read for another store or run"
-        if self.rules != end.settings.rules:
+        if self.rules != end.options.rules:
             return "read for other rules"
         delivered = (end.manifest_extra.get("spool_delivery") or {}).get("pipelines") or {}
         if end.ctx.pipeline in delivered.values():
@@ -430,7 +393,7 @@ def _judge(end: RunEnd) -> None:
                  "workers": end.record.n_workers, "threads": end.record.threads,
                  "environment": end.env, "stages": [s.__dict__ for s in end.stages],
                  "incidents": end.record.incidents})
-    end.judgement = judge(tonight, end.history, end.settings.rules)
+    end.judgement = judge(tonight, end.history, end.options.rules)
     end.warnings.extend(end.judgement.warnings())  # each verdict family's, in order
     end.tables.update(end.judgement.stored_tables())
     end.manifest_extra.update(end.judgement.to_manifest())
@@ -539,7 +502,7 @@ JUDGING_STEPS = ("summary", "history", "judgement")
 
 
 def finish_run(store: RunStore, record: RunRecord, ctx: RunContext, stages: list[StageInfo],
-               settings: FinishSettings | None = None, *, state: str | None = None,
+               options: ProfilingOptions | None = None, *, state: str | None = None,
                error: BaseException | None = None, env: Environment | None = None,
                warnings: list[str] | None = None,
                early_history: EarlyHistory | None = None,
@@ -561,8 +524,13 @@ def finish_run(store: RunStore, record: RunRecord, ctx: RunContext, stages: list
         The run's identity (run id, pipeline, version, flow run...).
     stages
         The stages the run opened (reports already stored are listed in them).
-    settings
-        How the run is judged; default :class:`FinishSettings`.
+    options
+        The runner's options, as they are: the rules the run is judged by
+        (:attr:`~prefect_dask_profiling.options.ProfilingOptions.rules`), ``cost``,
+        ``cost_regression``, ``report_retention_days``, ``store_timeout`` (the longest spent
+        delivering what earlier runs left in the spool) and ``on_regression`` (``"fail"``:
+        a regressed run is stored ``FAILED``, the state the caller gives the flow); default
+        :data:`DEFAULT_OPTIONS`.
     state
         The flow's final state (``COMPLETED``, ``FAILED``...) when it is already known (the
         runner's exit path); default from ``error`` and the verdict. Any state other than
@@ -597,7 +565,7 @@ def finish_run(store: RunStore, record: RunRecord, ctx: RunContext, stages: list
     StoreError
         Only when the run id already exists in the store (runs are never overwritten).
     """
-    end = store_record(store, record, ctx, stages, settings, state=state, error=error,
+    end = store_record(store, record, ctx, stages, options, state=state, error=error,
                        env=env, warnings=warnings, early_history=early_history, ended=ended,
                        log_warnings=log_warnings)
     judge_run(end)
@@ -610,7 +578,7 @@ def finish_run(store: RunStore, record: RunRecord, ctx: RunContext, stages: list
 
 
 def store_record(store: RunStore, record: RunRecord, ctx: RunContext,
-                 stages: list[StageInfo], settings: FinishSettings | None = None, *,
+                 stages: list[StageInfo], options: ProfilingOptions | None = None, *,
                  state: str | None = None, error: BaseException | None = None,
                  env: Environment | None = None, warnings: list[str] | None = None,
                  early_history: EarlyHistory | None = None, ended: datetime | None = None,
@@ -627,7 +595,8 @@ def store_record(store: RunStore, record: RunRecord, ctx: RunContext,
         Only when the run id already exists in the store (runs are never overwritten).
     """
     end = RunEnd(store=store, record=record, ctx=ctx, stages=stages,
-                 settings=settings or FinishSettings(), state=state, error=error,
+                 options=options if options is not None else DEFAULT_OPTIONS, state=state,
+                 error=error,
                  env=env if env is not None else environment(),
                  warnings=[*(warnings or []), *record.warnings],
                  early_history=early_history, ended=ended, log_warnings=log_warnings)
@@ -706,7 +675,7 @@ def _manifest(end: RunEnd, *, provisional: bool) -> Manifest:
     """The run's manifest: provisional (``unjudged``, verdict pending) or final."""
     state = end.state
     if state is None:
-        fails = end.error is not None or (end.regressed and end.settings.fail_on_regression)
+        fails = end.error is not None or (end.regressed and end.options.on_regression == "fail")
         state = "FAILED" if fails else "COMPLETED"
     if end.record.incomplete and state == "COMPLETED":
         state = "CRASHED"
@@ -800,7 +769,7 @@ def _stage_totals(stages: list[StageInfo], record: RunRecord, util: pd.DataFrame
 def _allocation(end: RunEnd) -> None:
     """What the cluster allocated per stage, outside the stages and for the run (priced
     when rates were given): each stage's ``allocation``, the manifest's ``allocation``."""
-    alloc = allocation(end.record, end.settings.cost)
+    alloc = allocation(end.record, end.options.cost)
     by_stage = {row.scope: row for row in alloc.stages}
     for info in end.stages:
         row = by_stage.get(info.name)

@@ -108,7 +108,7 @@ def test_a_record_without_samples_still_gets_a_verdict(record):
 def test_finish_stores_a_diagnosis_per_stage_and_explains_a_regression(record, tmp_path):
     import copy
 
-    from prefect_dask_profiling.run.pipeline import FinishSettings, finish_run
+    from prefect_dask_profiling.run.pipeline import finish_run
     from prefect_dask_profiling.store.manifest import RunContext
     from prefect_dask_profiling.store.runs import RunStore
 
@@ -120,7 +120,7 @@ def test_finish_stores_a_diagnosis_per_stage_and_explains_a_regression(record, t
         # one run per night: ids order the runs even when the test runs within a second
         run_id = f"202611{next(nights):02d}T020000Z-abcdef"
         ctx = RunContext(run_id=run_id, pipeline="nightly", version="1")
-        return finish_run(store, rec, ctx, [], FinishSettings(), env=env_)
+        return finish_run(store, rec, ctx, [], env=env_)
 
     for _ in range(4):
         first = finish(record, env)

@@ -25,7 +25,7 @@ from s3_servers import (
     s3_options,
 )
 
-from prefect_dask_profiling.run.pipeline import FinishSettings, finish_run
+from prefect_dask_profiling.run.pipeline import finish_run
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 
@@ -204,7 +204,7 @@ def test_finish_run_survives_a_listing_failure_at_the_final_write(bucket, tmp_pa
         store = RunStore(URL, s3_options(proxy.endpoint), spool_dir=spool,
                          timeout=SETUP_TIMEOUT)
         ctx = RunContext(run_id=new_run_id(), pipeline=PIPE, version="1")
-        result = finish_run(store, record, ctx, [], FinishSettings())
+        result = finish_run(store, record, ctx, [])
         assert any(r.is_list and action == 503 for r, action in proxy.log)
         assert result.run_id == ctx.run_id
         proxy.rule = lambda request: None

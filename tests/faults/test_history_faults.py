@@ -16,8 +16,9 @@ import pytest
 from run_records import record_stages
 from s3_servers import boto_client, reset_moto, s3_options
 
+from prefect_dask_profiling.options import ProfilingOptions
 from prefect_dask_profiling.regression.baseline import load_baseline
-from prefect_dask_profiling.run.pipeline import FinishSettings, finish_run
+from prefect_dask_profiling.run.pipeline import finish_run
 from prefect_dask_profiling.store import layout
 from prefect_dask_profiling.store.manifest import RunContext, sha256
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
@@ -131,7 +132,8 @@ def test_damaged_run_is_left_out_named_or_repaired(damage, store, record, fault,
         listed = [r["run_id"] for r in store.list_runs(PIPELINE, VERSION)]
         base = load_baseline(store, PIPELINE, VERSION, n=HISTORY)
         ctx = RunContext(run_id=new_run_id(), pipeline=PIPELINE, version=VERSION)
-        result = finish_run(store, record, ctx, [], FinishSettings(history=HISTORY))
+        result = finish_run(store, record, ctx, [],
+                            ProfilingOptions(on_regression="warn", history=HISTORY))
     warned = [r.message for r in caplog.records if r.name.startswith("prefect_dask_profiling")
               and r.levelno >= logging.WARNING and damaged in r.message and named in r.message]
     assert warned, f"no warning names run {damaged} and {named}: {caplog.messages}"

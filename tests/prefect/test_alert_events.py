@@ -17,6 +17,7 @@ import httpx
 import pytest
 from run_records import record_stages, scaled
 
+from prefect_dask_profiling.options import ProfilingOptions
 from prefect_dask_profiling.prefect.events import (
     EPISODE_KINDS,
     REGRESSION_EVENT,
@@ -24,7 +25,7 @@ from prefect_dask_profiling.prefect.events import (
 )
 from prefect_dask_profiling.regression.alert_history import acknowledge
 from prefect_dask_profiling.regression.judge import judge_stored
-from prefect_dask_profiling.run.pipeline import FinishSettings, finish_run
+from prefect_dask_profiling.run.pipeline import finish_run
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 
@@ -32,9 +33,8 @@ pytestmark = pytest.mark.slow
 
 PIPELINE = "alerting"
 EPISODE_EVENTS = [f"dask-profiling.regression.{kind}" for kind in EPISODE_KINDS]
-SETTINGS = FinishSettings(check_options={"min_seconds": 0.0, "min_share": 0.0,
-                                         "confirm": "always", "resolve_after": 3},
-                          fail_on_regression=True)
+SETTINGS = ProfilingOptions(check_options={"min_seconds": 0.0, "min_share": 0.0,
+                                           "confirm": "always", "resolve_after": 3})
 
 
 def read_episode_events(api_url: str, episode_id: str, expect: int,

@@ -21,17 +21,17 @@ import httpx
 import pytest
 from run_records import record_stages, scaled
 
+from prefect_dask_profiling.options import ProfilingOptions
 from prefect_dask_profiling.prefect.events import emit_detection_events
-from prefect_dask_profiling.run.pipeline import FinishResult, FinishSettings, finish_run
+from prefect_dask_profiling.run.pipeline import FinishResult, finish_run
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 
 pytestmark = pytest.mark.slow
 
 PIPELINE = "pairing"
-SETTINGS = FinishSettings(check_options={"min_seconds": 0.0, "min_share": 0.0,
-                                         "confirm": "always", "resolve_after": 3},
-                          fail_on_regression=True)
+SETTINGS = ProfilingOptions(check_options={"min_seconds": 0.0, "min_share": 0.0,
+                                           "confirm": "always", "resolve_after": 3})
 PREFIX = "dask-profiling.regression."
 # The field every lifecycle event names its episode in (spelled out as docs/alerts.md
 # gives it to an Automation; prefect.events.EPISODE_RESOURCE and EPISODE_ROLE)

@@ -32,13 +32,15 @@ from s3_servers import boto_client, moto_server, s3_options
 from tiers import starts_processes
 
 from prefect_dask_profiling import stage
+from prefect_dask_profiling.options import RENDERERS as RENDERER_CHOICES
+from prefect_dask_profiling.options import check_renderer
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner, profiled
 from prefect_dask_profiling.reports import stage_reports as reports
 from prefect_dask_profiling.reports.html import TABS
 from prefect_dask_profiling.store.runs import RunStore
 from prefect_dask_profiling.timing import client as timing_client
 
-RENDERERS = pytest.mark.parametrize("renderer", reports.RENDERERS)
+RENDERERS = pytest.mark.parametrize("renderer", RENDERER_CHOICES)
 STREAM_LENGTH = ("distributed.scheduler.dashboard.tasks.task-stream-length",
                  "distributed.scheduler.dashboard.status.task-stream-length")
 
@@ -90,13 +92,13 @@ def test_late_render_stops_at_the_window_end(client, plugin, renderer):
     client.compute(da.ones(40, chunks=1).sum()).result()
     end = reports.close_window(client, window)
     client.compute(da.ones(200, chunks=1).sum()).result()  # the "next stage"
-    late = reports.render(client, window, end, renderer=renderer)
+    late = reports.render(client, window, end)
     assert late.tasks == end.index - window.index == late.shown
     assert late.renderer == renderer
     assert 40 <= late.tasks < 100
     assert not late.truncated
     assert f"number of tasks: {late.tasks} " in late.html  # the stage's tasks
-    unbounded = reports.render(client, window, renderer=renderer)  # default: up to now
+    unbounded = reports.render(client, window)  # default: up to now
     assert unbounded.tasks >= late.tasks + 200
 
 
@@ -109,8 +111,8 @@ def test_concurrent_renders_keep_their_own_end(client, plugin, renderer):
     _run(client, "second-key", 60)
     second_end = reports.close_window(client, second)
     with ThreadPoolExecutor(2) as pool:  # as two runs' report threads would
-        ra = pool.submit(reports.render, client, first, first_end, renderer=renderer)
-        rb = pool.submit(reports.render, client, second, second_end, renderer=renderer)
+        ra = pool.submit(reports.render, client, first, first_end)
+        rb = pool.submit(reports.render, client, second, second_end)
         a, b = ra.result(), rb.result()
     assert (a.shown, b.shown) == (30, 60)
     assert len(_keys(a.html, "first-key")) == 30 and not _keys(a.html, "second-key")
@@ -136,7 +138,7 @@ def test_a_report_after_three_times_the_recorder_holds_only_its_own_tasks(
     _run(client, "early-key", 20)
     end = reports.close_window(client, window)
     _run(client, "late-key", 150)  # 3x the recorder's limit finish after the stage
-    cut = reports.render(client, window, end, renderer=renderer)
+    cut = reports.render(client, window, end)
     # no window opened after it: its records were thinned evenly (a sample, its longest
     # among them), never replaced by the later tasks (on 5beef4d: all 20 gone)
     assert (cut.tasks, cut.truncated) == (20, True) and 0 < cut.shown < 20
@@ -155,7 +157,7 @@ def test_a_partly_overwritten_stage_keeps_exactly_what_is_left_of_it(
     _run(client, "early-key", 40)
     end = reports.close_window(client, window)
     _run(client, "late-key", 30)  # 70 tasks, 50 kept: the stage's thinned to every other
-    cut = reports.render(client, window, end, renderer=renderer)
+    cut = reports.render(client, window, end)
     # every other of the stage's 40 (its whole time), and up to 2 of its longest besides
     assert (cut.tasks, cut.truncated) == (40, True) and 20 <= cut.shown <= 22
     shown = _numbers(cut.html, "early-key")
@@ -163,10 +165,9 @@ def test_a_partly_overwritten_stage_keeps_exactly_what_is_left_of_it(
     assert not _keys(cut.html, "late-key")
 
 
-def test_an_unknown_renderer_is_refused_by_name(client, plugin):
-    window = reports.open_window(client, plugin)
+def test_an_unknown_renderer_is_refused_by_name():
     with pytest.raises(ValueError, match="report_renderer must be one of"):
-        reports.render(client, window, renderer="bokeh")
+        check_renderer("bokeh")
     with pytest.raises(ValueError, match="report_renderer"):
         ProfiledDaskTaskRunner(report_renderer="scheduler")
     with pytest.raises(ValueError, match="report_renderer='dask' was removed: it replaced"):
@@ -174,8 +175,10 @@ def test_an_unknown_renderer_is_refused_by_name(client, plugin):
 
 
 def test_every_stage_gets_a_report_by_default():
-    options = ProfiledDaskTaskRunner().profiling
-    assert (options.stage_reports, options.report_renderer) == (True, "flow")
+    options = ProfiledDaskTaskRunner(report_renderer="flow").profiling
+    assert options.stage_reports is True
+    assert options == ProfiledDaskTaskRunner().profiling  # the renderer is no option: one
+    assert not hasattr(options, "report_renderer")
 
 
 @pytest.mark.parametrize("mode, seconds, raised, expected", [

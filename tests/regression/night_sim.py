@@ -48,12 +48,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from prefect_dask_profiling.options import ProfilingOptions
 from prefect_dask_profiling.regression import alert_history
 from prefect_dask_profiling.regression.history import accept_run
 from prefect_dask_profiling.regression.judge import judge_stored
 from prefect_dask_profiling.run.pipeline import (
+    DEFAULT_OPTIONS,
     FinishResult,
-    FinishSettings,
     complete_run,
     judge_run,
     store_record,
@@ -292,14 +293,14 @@ class Driver:
     base
         The real record every night is made from.
     settings
-        How nights are judged (default :class:`FinishSettings`: the default rules).
+        How nights are judged (default the pipeline's ``DEFAULT_OPTIONS``: the default rules).
     """
 
     def __init__(self, store: RunStore, base: RunRecord,
-                 settings: FinishSettings | None = None, pipeline: str = PIPELINE) -> None:
+                 settings: ProfilingOptions | None = None, pipeline: str = PIPELINE) -> None:
         self.store = store
         self.base = base
-        self.settings = settings or FinishSettings()
+        self.settings = settings or DEFAULT_OPTIONS
         self.pipeline = pipeline
 
     def run(self, spec: NightSpec) -> NightRun:

@@ -15,7 +15,7 @@ import pytest
 from night_sim import Driver, NightRun, NightSpec
 from run_records import record_stages
 
-from prefect_dask_profiling.run.pipeline import FinishSettings
+from prefect_dask_profiling.options import ProfilingOptions
 from prefect_dask_profiling.store.runs import RunStore
 
 pytestmark = pytest.mark.slow  # generated nights through finish_run: > 10 s a test
@@ -30,7 +30,8 @@ def driver(record, tmp_path, store: RunStore | None = None, threshold: float = 2
            **rule) -> Driver:
     """A driver on ``tmp_path``'s store (or ``store``) judging with ``rule``."""
     store = store or RunStore(str(tmp_path / "store"), spool_dir=tmp_path / "spool")
-    return Driver(store, record, FinishSettings(threshold=threshold, check_options=rule))
+    return Driver(store, record, ProfilingOptions(on_regression="warn", threshold=threshold,
+                                                  check_options=rule))
 
 
 def quiet(day: int, seed: int = 0, **kwargs) -> NightSpec:

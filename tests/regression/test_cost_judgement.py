@@ -14,9 +14,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from prefect_dask_profiling.options import ProfilingOptions
 from prefect_dask_profiling.regression.judge import judge_stored
 from prefect_dask_profiling.regression.rule import RegressionRule
-from prefect_dask_profiling.run.pipeline import FinishResult, FinishSettings, finish_run
+from prefect_dask_profiling.run.pipeline import FinishResult, finish_run
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 from prefect_dask_profiling.summary.record import RunRecord
@@ -62,8 +63,8 @@ class Nights:
 
     def __init__(self, tmp_path, cost_regression: str) -> None:
         self.store = RunStore(str(tmp_path / "store"), spool_dir=tmp_path / "spool")
-        self.settings = FinishSettings(check_options={"min_share": 0.0},
-                                       cost_regression=cost_regression)
+        self.settings = ProfilingOptions(on_regression="warn", check_options={"min_share": 0.0},
+                                         cost_regression=cost_regression)
         self.day = 0
         self.jitter = iter([1.0, 0.96, 1.04, 0.98, 1.02] * 4)  # median 1: "was 0.40"
 
@@ -153,5 +154,5 @@ def test_off_judges_nothing_and_bad_modes_are_refused(tmp_path) -> None:
     with pytest.raises(ValueError, match="cost_regression"):
         RegressionRule(cost_regression="loud")
     with pytest.raises(ValueError, match="cost_regression"):
-        _ = FinishSettings(cost_regression="loud").rules
+        ProfilingOptions(cost_regression="loud")
     assert "cost_regression" not in RegressionRule().check_options()

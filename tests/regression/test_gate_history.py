@@ -17,8 +17,8 @@ import pytest
 from night_sim import Driver, NightRun, NightSpec
 from run_records import record_stages
 
+from prefect_dask_profiling.options import ProfilingOptions
 from prefect_dask_profiling.regression import alert_history
-from prefect_dask_profiling.run.pipeline import FinishSettings
 from prefect_dask_profiling.store import layout
 from prefect_dask_profiling.store.runs import RunStore
 
@@ -33,7 +33,7 @@ def record(inproc_client):
 def driver(record, tmp_path) -> Driver:
     """A driver whose flows fail on a confirmed regression (``on_regression="fail"``)."""
     return Driver(RunStore(str(tmp_path / "store"), spool_dir=tmp_path / "spool"), record,
-                  FinishSettings(fail_on_regression=True))
+                  ProfilingOptions())
 
 
 def quiet(day: int, **kwargs) -> NightSpec:

@@ -15,9 +15,9 @@ import pytest
 from night_sim import MIB, Driver, NightRun, NightSpec, copy_local_store, same_verdict
 from run_records import record_stages
 
+from prefect_dask_profiling.options import ProfilingOptions
 from prefect_dask_profiling.prefect.events import REGRESSION_EVENT, findings
 from prefect_dask_profiling.regression import alert_history
-from prefect_dask_profiling.run.pipeline import FinishSettings
 from prefect_dask_profiling.store.runs import RunStore
 
 pytestmark = pytest.mark.slow  # generated nights through finish_run: > 10 s a test
@@ -30,7 +30,7 @@ def record(inproc_client):
 
 def driver(record, tmp_path, **rule) -> Driver:
     store = RunStore(str(tmp_path / "store"), spool_dir=tmp_path / "spool")
-    return Driver(store, record, FinishSettings(check_options=rule))
+    return Driver(store, record, ProfilingOptions(on_regression="warn", check_options=rule))
 
 
 def quiet(day: int, seed: int = 0, **kwargs) -> NightSpec:

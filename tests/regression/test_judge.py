@@ -19,11 +19,12 @@ from typer.testing import CliRunner
 
 import prefect_dask_profiling.run.pipeline as finishing
 from prefect_dask_profiling.cli import app
+from prefect_dask_profiling.options import ProfilingOptions
 from prefect_dask_profiling.regression.baseline import Baseline
 from prefect_dask_profiling.regression.drift import drifted
 from prefect_dask_profiling.regression.judge import History, Tonight, judge
 from prefect_dask_profiling.regression.rule import DriftRule, RegressionRule, Rules
-from prefect_dask_profiling.run.pipeline import FinishSettings, finish_run
+from prefect_dask_profiling.run.pipeline import finish_run
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 
@@ -36,11 +37,12 @@ def record(inproc_client):
     return record_stages(inproc_client, {"read": 300, "reduce": 300})
 
 
-def night(store: RunStore, record, when: datetime, settings: FinishSettings | None = None,
+def night(store: RunStore, record, when: datetime, settings: ProfilingOptions | None = None,
           **kwargs):
     ctx = RunContext(run_id=new_run_id(when), pipeline=PIPELINE, version="1", started=when)
     kwargs.setdefault("ended", when + timedelta(hours=1))
-    return finish_run(store, record, ctx, [], settings or FinishSettings(check_options=LOOSE),
+    return finish_run(store, record, ctx, [],
+                      settings or ProfilingOptions(on_regression="warn", check_options=LOOSE),
                       **kwargs)
 
 
@@ -64,7 +66,7 @@ def test_every_stored_run_is_judged_again_to_its_stored_outcome(record, tmp_path
     slow = scaled(record, {"read": 4.0})
     # the strict night before the regressed one: after it, it would confirm what the
     # regressed night only suspected (a small prefix, by its timing) and count as regressed
-    strict = FinishSettings(threshold=5.0, check_options=LOOSE)
+    strict = ProfilingOptions(on_regression="warn", threshold=5.0, check_options=LOOSE)
     strict_night = night(store, slow, start + timedelta(days=6), strict)  # 4x < 5x: healthy
     results.append(night(store, slow, start + timedelta(days=7)))  # regressed
     results.append(night(store, slow, start + timedelta(days=8),
@@ -115,7 +117,7 @@ def test_a_threshold_below_the_drift_ratio_lowers_it_instead_of_switching_drift_
     assert Rules(RegressionRule(threshold=3.0), DriftRule(min_ratio=1.8)).drift.min_ratio == 1.8
     store = RunStore(str(tmp_path / "store"), spool_dir=tmp_path / "spool")
     start = datetime(2026, 11, 1, 2, tzinfo=UTC)
-    settings = FinishSettings(threshold=1.3, check_options=LOOSE)
+    settings = ProfilingOptions(on_regression="warn", threshold=1.3, check_options=LOOSE)
     for n in range(11):
         result = night(store, scaled(record, {"read": 1.06 ** n}), start + timedelta(days=n),
                        settings)

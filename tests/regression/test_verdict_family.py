@@ -26,12 +26,13 @@ import pytest
 from typer.testing import CliRunner
 
 from prefect_dask_profiling.cli import app
+from prefect_dask_profiling.options import ProfilingOptions
 from prefect_dask_profiling.prefect.artifacts import run_markdown
 from prefect_dask_profiling.prefect.events import event_payload, findings
 from prefect_dask_profiling.regression import alerts
 from prefect_dask_profiling.regression.families import REGISTRY, StageFamily
 from prefect_dask_profiling.regression.rule import RegressionRule, Rules
-from prefect_dask_profiling.run.pipeline import FinishResult, FinishSettings, finish_run
+from prefect_dask_profiling.run.pipeline import FinishResult, finish_run
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 from prefect_dask_profiling.summary.record import RunRecord
@@ -123,7 +124,7 @@ def finish(store: RunStore, day: int, tasks: int) -> FinishResult:
     when = START + timedelta(days=day)
     ctx = RunContext(run_id=new_run_id(when), pipeline=PIPELINE, version="1", started=when)
     return finish_run(store, night_record(tasks), ctx, [],
-                      FinishSettings(check_options={"min_share": 0.0}),
+                      ProfilingOptions(on_regression="warn", check_options={"min_share": 0.0}),
                       ended=when + timedelta(minutes=12), log_warnings=False)
 
 

@@ -13,7 +13,7 @@ import dask.array as da
 import pytest
 
 from prefect_dask_profiling.prefect.publish import Publisher
-from prefect_dask_profiling.reports.stage_reports import ReportSettings, StageReports
+from prefect_dask_profiling.reports.stage_reports import StageReports
 from prefect_dask_profiling.run.background import Background
 from prefect_dask_profiling.store.manifest import RunContext, StageInfo
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
@@ -28,8 +28,7 @@ def run(inproc_client, tmp_path):
         ctx = RunContext(run_id=new_run_id(), pipeline="nightly", version="1")
         store = RunStore(str(tmp_path))
         return StageReports(inproc_client, plugin, ctx, [], lambda: store,
-                            ReportSettings(**settings),
-                            submit=Background.instance().submit), ctx
+                            submit=Background.instance().submit, **settings), ctx
     yield make
     timing_client.uninstall(inproc_client, plugin)
 
@@ -93,7 +92,7 @@ def test_a_plugin_keeping_no_task_records_gives_no_report_and_says_why(inproc_cl
         ctx = RunContext(run_id=new_run_id(), pipeline="nightly", version="1")
         store = RunStore(str(tmp_path))
         reports = StageReports(inproc_client, plugin, ctx, [], lambda: store,
-                               ReportSettings(), submit=Background.instance().submit)
+                               submit=Background.instance().submit)
         info = StageInfo(name="load")
         _stage(reports, info, inproc_client)
         reports.drain()

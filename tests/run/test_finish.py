@@ -13,7 +13,7 @@ import pytest
 from run_records import record_stages
 
 from prefect_dask_profiling.run import pipeline as finish_mod
-from prefect_dask_profiling.run.pipeline import FinishSettings, finish_run
+from prefect_dask_profiling.run.pipeline import finish_run
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 
@@ -24,7 +24,7 @@ def record_of(client):
 
 def finish(store: RunStore, record, pipeline: str = "nightly", **kwargs):
     ctx = RunContext(run_id=new_run_id(), pipeline=pipeline, version="1")
-    return finish_run(store, record, ctx, [], FinishSettings(), **kwargs)
+    return finish_run(store, record, ctx, [], **kwargs)
 
 
 def failing(message: str):
@@ -175,7 +175,7 @@ def test_a_run_delivered_from_the_spool_gets_its_fleet_file(inproc_client, tmp_p
 def test_views_are_drawn_after_the_run_is_complete(inproc_client, tmp_path):
     store = RunStore(str(tmp_path))
     ctx = RunContext(run_id=new_run_id(), pipeline="nightly", version="1")
-    result = finish_run(store, record_of(inproc_client), ctx, [], FinishSettings())
+    result = finish_run(store, record_of(inproc_client), ctx, [])
     assert result.views_pending is not None
     assert result.wait_views(timeout=60) == []
     # linked where they are written, before they are: the same places
@@ -197,7 +197,7 @@ def test_a_view_that_fails_is_a_warning_and_the_run_is_unharmed(inproc_client, t
     monkeypatch.setattr(fleet, "write_fleet", broken)
     store = RunStore(str(tmp_path))
     ctx = RunContext(run_id=new_run_id(), pipeline="nightly", version="1")
-    result = finish_run(store, record_of(inproc_client), ctx, [], FinishSettings())
+    result = finish_run(store, record_of(inproc_client), ctx, [])
     warnings = result.wait_views(timeout=60)
     assert warnings == ["fleet view not stored: OSError: disk full"]
     assert store.read_manifest("nightly", ctx.run_id)["status"] == "healthy"  # run unharmed

@@ -12,13 +12,13 @@ import pandas as pd
 import pytest
 from run_records import record_stages
 
-from prefect_dask_profiling.run.pipeline import FinishSettings, finish_run
+from prefect_dask_profiling.options import ProfilingOptions
+from prefect_dask_profiling.run.pipeline import finish_run
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 from prefect_dask_profiling.summary import summarise
 
-SETTINGS = FinishSettings(check_options={"min_seconds": 0.0, "min_share": 0.0},
-                          fail_on_regression=True)
+SETTINGS = ProfilingOptions(check_options={"min_seconds": 0.0, "min_share": 0.0})
 
 
 @pytest.fixture(scope="module")

@@ -15,14 +15,14 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from run_records import record_stages, scaled
 
+from prefect_dask_profiling.options import ProfilingOptions
 from prefect_dask_profiling.prefect.events import findings
-from prefect_dask_profiling.run.pipeline import FinishSettings, finish_run
+from prefect_dask_profiling.run.pipeline import finish_run
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 
 PIPELINE = "ending"
-LOOSE = FinishSettings(check_options={"min_seconds": 0.0, "min_share": 0.0},
-                       fail_on_regression=True)
+LOOSE = ProfilingOptions(check_options={"min_seconds": 0.0, "min_share": 0.0})
 START = datetime(2026, 11, 1, 2, tzinfo=UTC)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dask.array as da
 import pytest
 
-from prefect_dask_profiling.reports.stage_reports import ReportSettings, StageReports
+from prefect_dask_profiling.reports.stage_reports import StageReports
 from prefect_dask_profiling.run.background import Background
 from prefect_dask_profiling.run.stages import StageBook
 from prefect_dask_profiling.stages import stage
@@ -27,7 +27,7 @@ def book(inproc_client, tmp_path):
     ctx = RunContext(run_id=new_run_id(), pipeline="nightly", version="1")
     store = RunStore(str(tmp_path))
     reports = StageReports(inproc_client, plugin, ctx, warnings, lambda: store,
-                           ReportSettings(mode="off"), submit=Background.instance().submit)
+                           submit=Background.instance().submit, mode="off")
     yield StageBook(inproc_client, plugin, warnings, reports, cost=None)
     timing_client.uninstall(inproc_client, plugin)
 

@@ -26,7 +26,8 @@ from s3_servers import (
     s3_options,
 )
 
-from prefect_dask_profiling.run.pipeline import FinishSettings, finish_run
+from prefect_dask_profiling.options import ProfilingOptions
+from prefect_dask_profiling.run.pipeline import finish_run
 from prefect_dask_profiling.store import layout
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
@@ -77,7 +78,7 @@ def test_next_run_delivers_the_spool_byte_identical(record, tmp_path):
     store = RunStore(str(folder), spool_dir=spool)
     second = finish_run(store, record,
                         RunContext(run_id=new_run_id(), pipeline="other", version="1"), [],
-                        FinishSettings(spool_budget_s=10))
+                        ProfilingOptions(on_regression="warn", store_timeout=10))
     assert stored(store, waiting) == waiting  # byte-identical
     assert spooled(spool) == {}
     delivery = store.read_manifest("other", second.run_id)["spool_delivery"]
@@ -276,8 +277,6 @@ def test_redaction_helpers():
 
 
 def test_profiling_options_repr_redacts_storage_options():
-    from prefect_dask_profiling.prefect.runner import ProfilingOptions
-
     options = ProfilingOptions(store="s3://bucket/p", storage_options={
         "key": "AKIAREPRKEY", "secret": "repr-secret-value", "endpoint_url": "http://h:1"})
     text = repr(options)

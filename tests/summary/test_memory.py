@@ -20,7 +20,7 @@ from distributed import Client, LocalCluster, wait
 from tiers import starts_processes
 
 from prefect_dask_profiling import collect, install, stage, uninstall
-from prefect_dask_profiling.run.pipeline import FinishSettings, finish_run
+from prefect_dask_profiling.run.pipeline import finish_run
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 from prefect_dask_profiling.summary.memory import describe_incident, stage_memory
@@ -118,7 +118,7 @@ def test_a_worker_killed_for_memory_is_a_suspected_oom_incident_and_the_run_land
 
     store = RunStore(str(tmp_path))
     ctx = RunContext(run_id=new_run_id(), pipeline="memory", version="1")
-    result = finish_run(store, record, ctx, [], FinishSettings(), error=RuntimeError("lost"))
+    result = finish_run(store, record, ctx, [], error=RuntimeError("lost"))
     manifest = store.read_manifest("memory", ctx.run_id)
     assert manifest["incidents"][0]["keys"] == ["hog-0"]
     assert result.manifest["incidents"][0]["kind"] == "suspected OOM"

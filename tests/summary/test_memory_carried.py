@@ -27,7 +27,7 @@ from distributed import Client, LocalCluster, wait
 from tiers import starts_processes
 
 from prefect_dask_profiling import collect, install, stage, uninstall
-from prefect_dask_profiling.run.pipeline import FinishResult, FinishSettings, finish_run
+from prefect_dask_profiling.run.pipeline import FinishResult, finish_run
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 
@@ -84,7 +84,7 @@ def night(client: Client, store: RunStore, mib: int, release_first: bool) -> Fin
     finally:
         uninstall(client, name)
     ctx = RunContext(run_id=new_run_id(), pipeline="carry", version="1")
-    return finish_run(store, record, ctx, [], FinishSettings())
+    return finish_run(store, record, ctx, [])
 
 
 def describe(result: FinishResult) -> str:
