@@ -145,7 +145,8 @@ class LiveEta:
                  read_counts: Callable[[], Counts] | None = None) -> None:
         o = options()
         self.forecast = LiveForecast(ctx, sink, interval=o.eta_interval, deadline=o.deadline,
-                                     margin=o.deadline_margin, needed=o.rules.regression.min_history)
+                                     margin=o.deadline_margin,
+                                     needed=o.rules.regression.min_history)
         self.live = LiveObject(ctx, options)
         self.read_counts = read_counts
 
