@@ -275,6 +275,23 @@ def shipped() -> set[str]:
     return found
 
 
+# Where a timing/ module runs, when the scheduler does not run it: in its name.
+RUNTIMES = ("client", "worker", "scheduler")
+
+
+def test_every_timing_module_is_shipped_or_named_for_where_it_runs():
+    """timing/ is the scheduler's side, shipped by value to schedulers without the package;
+    a module of it that the scheduler does not run says in its name where it runs instead
+    (``worker_io``: each worker; ``io_client``: the flow process) (issue 57)."""
+    modules = shipped()
+    elsewhere = [m for m in MODULES if part(m) == "timing" and not is_package(m)
+                 and m not in modules]
+    unnamed = [m for m in elsewhere if not any(r in m.rsplit(".", 1)[1] for r in RUNTIMES)]
+    assert not unnamed, f"timing/ modules the scheduler does not run, named for no runtime: " \
+                        f"{unnamed}"
+    assert elsewhere, "the check sees the worker and client modules"
+
+
 def test_the_scheduler_plugin_imports_only_what_a_bare_scheduler_has():
     stdlib = set(sys.stdlib_module_names) | {"__future__"}
     modules = shipped()
