@@ -152,7 +152,7 @@ def report_link(store: RunStore, run_id: str, stage: str, pipeline: str,
 
     ``StoreNotFound`` for an unknown run or a report that expired or was never written.
     """
-    from prefect_dask_profiling.store import layout, s3
+    from prefect_dask_profiling.store import layout
     from prefect_dask_profiling.store.errors import StoreNotFound
 
     manifest = store.read_manifest(pipeline, run_id)
@@ -172,4 +172,4 @@ def report_link(store: RunStore, run_id: str, stage: str, pipeline: str,
     url = store.presign(location, expires_s)
     return {"pipeline": pipeline, "run_id": run_id, "stage": stage, "location": location,
             "url": url, "signed": url is not None,
-            "expires_s": min(expires_s, s3.MAX_PRESIGN_S) if store.kind == "s3" else None}
+            "expires_s": store.backend.link_expiry(expires_s)}

@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import io
 import logging
-import os
-import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast, overload
 
@@ -221,19 +219,12 @@ def write_fleet(store: RunStore, manifest: Manifest, tasks: pd.DataFrame) -> str
     pipeline = validate_name(manifest.get("pipeline"), "pipeline")
     run_id = validate_name(manifest.get("run_id"), "run_id")
     data = to_parquet(fleet_rows(manifest, tasks))
-    path = store._path(layout.fleet_file(pipeline, run_id))
+    rel = layout.fleet_file(pipeline, run_id)
     store._check_reachable()  # a store that just failed is not waited for again
     try:
-        if store.kind == "local":
-            # readers never see a half-written file: write aside, then rename
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = f"{os.path.dirname(path)}/.{run_id}.{uuid.uuid4().hex}.tmp"
-            with open(tmp, "wb") as fh:
-                fh.write(data)
-            os.replace(tmp, path)
-        else:
-            # one PUT: objects appear whole; bounded by the store's timeout like its own calls
-            store.fs.pipe_file(path, data, **store.call_options(len(data)))
+        # readers never see a half-written file (a local one is written aside and renamed);
+        # bounded by the store's timeout like its own calls
+        store.backend.put_whole(rel, data, store.call_options(len(data)))
     except Exception as exc:
         raise StoreError(f"could not write the fleet view of run {run_id} to "
                          f"{fleet_location(store, pipeline)}: {type(exc).__name__}: "

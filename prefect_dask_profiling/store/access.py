@@ -1,10 +1,12 @@
 """File access for the run store: one filesystem under one root, bounded calls, the breaker.
 
 :class:`StoreAccess` is the base every part of
-:class:`~prefect_dask_profiling.store.runs.RunStore` builds on: it resolves the URL into an
-fsspec filesystem and a root, turns paths relative to the root into locations, and does the
-store's few primitive calls (put, exclusive put, read, read many, exists, list children,
-find) each within the store's timeout. Every failure becomes one
+:class:`~prefect_dask_profiling.store.runs.RunStore` builds on: its backend
+(:mod:`~prefect_dask_profiling.store.backends`, one small class per kind of storage,
+chosen once from the URL's protocol) resolves the URL into an fsspec filesystem and a root;
+it turns paths relative to the root into locations, and does the store's few primitive
+calls (put, exclusive put, read, read many, exists, list children, find) each within the
+store's timeout, the listings through the backend. Every failure becomes one
 :class:`~prefect_dask_profiling.errors.StoreError` leaf (:meth:`StoreAccess._failure`) with
 a one-line, credential-free message.
 
@@ -19,14 +21,16 @@ import logging
 import math
 import os
 import time
-from datetime import datetime
+from collections.abc import Callable
 from pathlib import Path
-from typing import Required, TypedDict
+from typing import TypeVar
 
 from prefect_dask_profiling._util import validate_name
 from prefect_dask_profiling.errors import InvalidInput
 from prefect_dask_profiling.store import layout, s3
 from prefect_dask_profiling.store import url as store_url
+from prefect_dask_profiling.store.backends import open_backend
+from prefect_dask_profiling.store.backends.base import Backend, FileInfo
 from prefect_dask_profiling.store.errors import (
     StoreAccessDenied,
     StoreConflict,
@@ -38,42 +42,15 @@ from prefect_dask_profiling.store.manifest import is_provisional
 from prefect_dask_profiling.store.memory import ReadMemory
 from prefect_dask_profiling.store.spool import Spool, default_spool_dir
 from prefect_dask_profiling.store.tables import first_line
-from prefect_dask_profiling.store.url import public_url
 
 logger = logging.getLogger(__name__)
 
 STORE_DOWN_S = 30.0  # after a failure, spool directly for this long instead of waiting again
-_CONTENT_TYPES = {".html": "text/html", ".csv": "text/csv", ".json": "application/json"}
 _UNREACHABLE = {"ConnectionError", "ReadTimeoutError", "ConnectionClosedError",
                 "ClientConnectorError", "ServerDisconnectedError", "EndpointConnectionError",
                 "ConnectTimeoutError"}
 _DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled"}
-
-
-class FileInfo(TypedDict, total=False):
-    """One entry of a store listing: fsspec's ``info`` of a local file, or an S3
-    ``ListObjectsV2`` item with fsspec's ``name``, ``size`` and ``type`` added; which time
-    keys it has depends on the filesystem (``retention.mtime`` reads the first present)."""
-
-    name: str
-    size: int
-    type: Required[str]
-    LastModified: datetime
-    last_modified: datetime | float
-    mtime: datetime | float
-    modified: datetime | float
-    created: datetime | float
-
-
-class ListRequest(TypedDict, total=False):
-    """The arguments of one S3 ``ListObjectsV2`` call: the bucket and key prefix, ``/`` as
-    the ``Delimiter`` to list folders, where to start and the next page's token."""
-
-    Bucket: Required[str]
-    Prefix: Required[str]
-    Delimiter: str
-    StartAfter: str
-    ContinuationToken: str
+_T = TypeVar("_T")
 
 
 class Breaker:
@@ -120,10 +97,6 @@ class StoreAccess:
 
     def __init__(self, url: str | None = None, storage_options: dict | None = None, *,
                  spool_dir: str | os.PathLike | None = None, timeout: float = 10.0) -> None:
-        import fsspec
-        from fsspec.asyn import AsyncFileSystem
-        from fsspec.implementations.local import LocalFileSystem
-
         raw = store_url.check_store_url(store_url.resolve_url(url))
         if storage_options is None:
             storage_options = store_url.env_storage_options()
@@ -134,33 +107,23 @@ class StoreAccess:
             raise InvalidInput(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.timeout = float(timeout)
         self._secrets = store_url.secret_values(storage_options)
-        protocol, path = fsspec.core.split_protocol(raw)
-        protocol = protocol.lower() if protocol else None
-        if protocol in store_url.LOCAL_PROTOCOLS:
-            self.kind = "local"
-            self.root = os.path.abspath(os.path.expanduser(path))
-            self.url = self.root
-            self.fs = LocalFileSystem(auto_mkdir=True)
-        elif protocol in store_url.S3_PROTOCOLS:
-            self.kind = "s3"
-            self.root = store_url.s3_root(raw)
-            self.url = f"s3://{self.root}"
-            self.fs = s3.make_s3fs(storage_options, self.timeout)
-        else:
-            self.kind = protocol
-            self.fs, root = fsspec.core.url_to_fs(raw, **storage_options)
-            self.root = root.rstrip("/")
-            self.url = public_url(raw)
-        self._kw = {"timeout": self.timeout} if isinstance(self.fs, AsyncFileSystem) else {}
-        self._local = isinstance(self.fs, LocalFileSystem)
+        self.backend: Backend = open_backend(raw, storage_options, self.timeout)
+        self.fs, self.root, self.url = self.backend.fs, self.backend.root, self.backend.url
+        self._kw = self.backend.call_kw
         self.spool_dir = Path(spool_dir).expanduser() if spool_dir else default_spool_dir()
         self.spool = Spool(self.spool_dir, self.url,
-                           store_url.location_options(storage_options, protocol))
+                           store_url.location_options(storage_options,
+                                                      store_url.protocol_of(raw)))
         self.breaker = Breaker()
         self.memory = ReadMemory()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
+
+    @property
+    def kind(self) -> str:
+        """The backend's name: ``local``, ``s3`` or another fsspec protocol (read-only)."""
+        return self.backend.name
 
     # ------------------------------------------------------------------ paths
     def location(self, rel: str) -> str:
@@ -168,7 +131,7 @@ class StoreAccess:
         return f"{self.url}/{rel}"
 
     def _path(self, rel: str) -> str:
-        return f"{self.root}/{rel}" if rel else self.root
+        return self.backend.path(rel)
 
     def _relative(self, location: str) -> str:
         prefix = f"{self.url}/"
@@ -235,16 +198,7 @@ class StoreAccess:
     def _put(self, rel: str, data: bytes, exclusive: bool,
              timeout: float | None = None) -> None:
         self.memory.forget()
-        path = self._path(rel)
-        if exclusive and self._local:
-            with self.fs.open(path, "xb") as f:  # atomic O_EXCL create
-                f.write(data)
-            return
-        kwargs = self.call_options(len(data), timeout)
-        if self.kind == "s3":
-            kwargs["ContentType"] = _CONTENT_TYPES.get(os.path.splitext(rel)[1],
-                                                       "application/octet-stream")
-        self.fs.pipe_file(path, data, mode="create" if exclusive else "overwrite", **kwargs)
+        self.backend.put(rel, data, exclusive, self.call_options(len(data), timeout))
 
     def _put_checked(self, rel: str, data: bytes, exclusive: bool,
                      timeout: float | None = None) -> None:
@@ -321,123 +275,26 @@ class StoreAccess:
 
     def _children(self, rel: str) -> list[str]:
         """Names directly below folder ``rel`` (one listing; ``[]`` when there is none)."""
-        if self.kind == "s3":
-            return list(self._listing(rel))
-        self._check_reachable()
-        base = self.fs._strip_protocol(self._path(rel)).rstrip("/") + "/"
-        try:
-            found = self.fs.ls(self._path(rel), detail=False, **self._kw)
-        except (FileNotFoundError, NotADirectoryError):
-            return []
-        except Exception as exc:
-            raise self._failure(exc, f"could not list {self.location(rel)}") from None
-        names = []
-        for path in found:
-            path = self.fs._strip_protocol(path).rstrip("/")
-            if path.startswith(base):
-                names.append(path[len(base):])
-        return [n for n in names if n and "/" not in n]
+        return self._listed(rel, self.backend.children)
 
     def _listing(self, rel: str) -> dict[str, FileInfo]:
         """Entries directly below folder ``rel`` with their info (``type`` is ``directory``
         or ``file``); ``{}`` when there is none."""
-        if self.kind == "s3":
-            files, folders = self._s3_list(rel, folders=True)
-            out = {path.rpartition("/")[2]: info for path, info in files.items()}
-            out.update({name: {"type": "directory"} for name in folders})
-            return out
-        self._check_reachable()
-        base = self.fs._strip_protocol(self._path(rel)).rstrip("/") + "/"
-        try:
-            found = self.fs.ls(self._path(rel), detail=True, **self._kw)
-        except (FileNotFoundError, NotADirectoryError):
-            return {}
-        except Exception as exc:
-            raise self._failure(exc, f"could not list {self.location(rel)}") from None
-        out = {}
-        for info in found:
-            path = self.fs._strip_protocol(info["name"]).rstrip("/")
-            name = path[len(base):] if path.startswith(base) else ""
-            if name and "/" not in name:
-                out[name] = info
-        return out
+        return self._listed(rel, self.backend.listing)
 
     def _find(self, rel: str) -> dict[str, FileInfo]:
         """Files below ``rel`` as ``{path relative to the root: info}``."""
-        if self.kind == "s3":
-            return self._s3_list(rel, folders=False)[0]
-        base = self._path(rel)
+        return self._listed(rel, self.backend.find)
+
+    def _listed(self, rel: str, listing: Callable[[str], _T]) -> _T:
+        """``listing(rel)``, one of the backend's listings of folder ``rel``, after the
+        breaker's check; its failure as the store's error leaf."""
         self._check_reachable()
         try:
-            found = self.fs.find(base, detail=True, **self._kw)
-        except FileNotFoundError:
-            return {}
+            return listing(rel)
         except Exception as exc:
             raise self._failure(exc, f"could not list {self.location(rel)}") from None
-        root = self.fs._strip_protocol(self._path("")).rstrip("/") + "/"
-        below = self.fs._strip_protocol(base).rstrip("/") + "/"
-        out = {}
-        for path, info in found.items():
-            path = self.fs._strip_protocol(path)
-            if path.startswith(below) and info.get("type", "file") == "file":
-                out[path[len(root):]] = info
-        return out
 
-
-    def _s3_list(self, rel: str, *, folders: bool, start_after: str | None = None,
-                 stop: str | None = None) -> tuple[dict[str, FileInfo], list[str]]:
-        """One paged S3 listing below folder ``rel``: ``({path relative to the root: info},
-        [folder names])``, in key order; ``({}, [])`` when there is nothing (or no bucket).
-
-        One ``list_objects_v2`` request per 1,000 keys and nothing else: s3fs's ``find`` and
-        ``ls`` send a HEAD and a second listing for an empty folder (an accepted-runs folder
-        is empty in most stores, and listed every night).
-
-        Parameters
-        ----------
-        rel
-            The folder, relative to the root.
-        folders
-            List with the delimiter ``/``: the files and folders directly below ``rel``.
-            Otherwise every file below it, and no folders.
-        start_after
-            Only names (relative to ``rel``) after this one (S3's ``StartAfter``).
-        stop
-            Ask for no page after one that reached past this name: the caller needs the
-            names up to it only.
-        """
-        self._check_reachable()
-        bucket, _, key = self._path(rel).partition("/")
-        prefix = f"{key}/" if key else ""
-        kwargs: ListRequest = {"Bucket": bucket, "Prefix": prefix}
-        if folders:
-            kwargs["Delimiter"] = "/"
-        if start_after is not None:
-            kwargs["StartAfter"] = prefix + start_after
-        files: dict[str, FileInfo] = {}
-        names: list[str] = []
-        below = f"{rel}/" if rel else ""
-        try:
-            while True:
-                page = self.fs.call_s3("list_objects_v2", **kwargs, **self._kw)
-                last = ""
-                for item in page.get("Contents") or []:
-                    name = item["Key"][len(prefix):]
-                    last = max(last, name)
-                    if name and not name.endswith("/"):  # not a folder placeholder
-                        files[below + name] = {**item, "name": f"{bucket}/{item['Key']}",
-                                               "size": item["Size"], "type": "file"}
-                for common in page.get("CommonPrefixes") or []:
-                    name = common["Prefix"][len(prefix):].rstrip("/")
-                    last = max(last, name)
-                    names.append(name)
-                if not page.get("IsTruncated") or (stop is not None and last > stop):
-                    return files, sorted(names)
-                kwargs["ContinuationToken"] = page["NextContinuationToken"]
-        except FileNotFoundError:
-            return {}, []
-        except Exception as exc:
-            raise self._failure(exc, f"could not list {self.location(rel)}") from None
 
 def unreachable(exc: BaseException | None) -> bool:
     """Whether ``exc`` (or its cause) says the endpoint did not answer, not that it refused."""

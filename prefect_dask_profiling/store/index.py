@@ -9,7 +9,6 @@ read side of :class:`~prefect_dask_profiling.store.runs.RunStore` builds on it
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
@@ -181,26 +180,16 @@ class IndexReading(StoreAccess):
         covers from and to (``None``: no end), and the folder names it found (unchecked:
         only those of a window are checked, not 100,000 of a local store).
 
-        On S3 one listing from the start of ``lo``'s month partition on (``StartAfter``),
-        stopped past ``hi``: the folders of a window's months, not of the whole history.
-        Elsewhere one listing of every folder, names only.
+        A backend that lists from a name on (S3's ``StartAfter``) lists from the start of
+        ``lo``'s month partition, stopped past ``hi``: the folders of a window's months, not
+        of the whole history. Elsewhere one listing of every folder, names only.
         """
-        rel = layout.pipeline_runs(pipeline)
-        if self.kind == "s3":
-            start = layout.partition_start(lo)
-            _, names = self._s3_list(rel, folders=True, start_after=start, stop=hi)
-            return start, hi, tuple(names)
-        if self._local:  # names only: no stat, no path handling per folder
-            self._check_reachable()
-            try:
-                names = os.listdir(self._path(rel))
-            except (FileNotFoundError, NotADirectoryError):
-                names = []
-            except OSError as exc:
-                raise self._failure(exc, f"could not list {self.location(rel)}") from None
-        else:
-            names = self._children(rel)
-        return "", None, tuple(names)
+        start = layout.partition_start(lo)
+        folders = self._listed(layout.pipeline_runs(pipeline),
+                               lambda rel: self.backend.folders(rel, start, hi))
+        if folders.bounded:
+            return start, hi, tuple(folders.names)
+        return "", None, tuple(folders.names)
 
     def _list_all_runs(self, pipeline: str) -> list[dict]:
         """Every run of ``pipeline``, newest first (see :meth:`list_runs`)."""

@@ -23,29 +23,28 @@ class Retention(StoreAccess):
     def ensure_lifecycle(self, retention_days: int) -> str | None:
         """On S3, make sure ``reports/`` expires after ``retention_days`` (merged by rule ID).
 
-        Returns ``None`` when the rule is in place (or the store is not S3), else a warning
+        Returns ``None`` when the rule is in place (or the backend keeps none), else a warning
         (missing permission, missing bucket, unreachable endpoint): it never raises for those.
         """
         if isinstance(retention_days, bool) or not isinstance(retention_days, int) \
                 or retention_days < 1:
             raise InvalidInput("retention_days must be a whole number >= 1, "
                                f"got {retention_days!r}")
-        if self.kind != "s3":
+        plan = self.backend.lifecycle(retention_days)
+        if plan is None:
             return None
-        bucket, _, prefix = self.root.partition("/")
-        rules = s3.lifecycle_rules(prefix, retention_days)
         try:
             self._check_reachable()
-            s3.merge_lifecycle(self.fs, bucket, rules, timeout=self.timeout)
+            self.backend.put_lifecycle(plan)
         except Exception as exc:
             self.breaker.trip_if_unreachable(exc)
             code = s3.error_code(exc)
             cause = f"{code}: {first_line(exc)}" if code else self._describe(exc)
-            fix = ("grant s3:GetLifecycleConfiguration and s3:PutLifecycleConfiguration, or "
+            fix = (f"grant {plan.permissions}, or "
                    if isinstance(exc, PermissionError) else "retry later, or ")
             message = self._redact(
-                f"could not set the lifecycle rule on bucket {bucket!r} ({cause}): objects "
-                f"under {rules[0]['Filter']['Prefix']} will not expire automatically; {fix}run "
+                f"could not set the lifecycle rule on bucket {plan.container!r} ({cause}): "
+                f"objects under {plan.expiring} will not expire automatically; {fix}run "
                 f"`dask-profiling sweep --store {self.url}` regularly")
             logger.warning(message)
             return message
@@ -91,10 +90,8 @@ class Retention(StoreAccess):
         if isinstance(expires_s, bool) or not isinstance(expires_s, int) or expires_s <= 0:
             raise InvalidInput(f"expires_s must be a positive whole number, got {expires_s!r}")
         rel = self._relative(location)
-        if self.kind != "s3":
-            return None
         try:
-            return s3.presign(self.fs, self._path(rel), expires_s, timeout=self.timeout)
+            return self.backend.presign(rel, expires_s)
         except Exception as exc:
             logger.warning("could not sign a link to %s: %s", self.location(rel),
                            self._describe(exc))
