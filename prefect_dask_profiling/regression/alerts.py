@@ -108,7 +108,8 @@ from prefect_dask_profiling.regression.rule import RegressionRule
 __all__ = ["ABSOLUTE", "CARRIED_RUNS", "EVENT_KINDS", "EVENT_PREFIX", "FAMILIES",
            "JUDGED_STATUSES", "METRIC", "OPEN_STATES", "PAGES", "STATES", "Ack", "AlertEvent",
            "Book", "CarriedDoc", "CarriedRatio", "Episode", "Key", "Night",
-           "Signal", "adopt", "advance", "episode_id", "failing", "instant", "overlaps",
+           "Signal", "adopt", "advance", "episode_id", "failing", "instant", "keep_carried_ids",
+           "overlaps",
            "pages", "priors", "replay", "run_status", "silenced"]
 
 METRIC = "total_s"
@@ -808,9 +809,34 @@ def replay(nights: Iterable[Night], acks: Iterable[Ack] = (), *, restart: str | 
                                       and e.id not in said))
         else:
             book, new = advance(book, night, acks)
+        if folded:
+            book = keep_carried_ids(book, night.carried)
         events.extend(new)
         folded.append(night)
     return book, events
+
+
+def keep_carried_ids(book: Book, carried: Book | None) -> Book:
+    """``book`` with each id a night's judge started from (its ``carried`` state) that the
+    replay does not know made an alias of the open episode that holds its key.
+
+    The replay leaves out a night that cannot be read any more; when that night opened an
+    episode and paged its id, the next night folds the key anew under its own id. The next
+    night's stored state still holds the id its judge saw, so it stays answerable: ``ack``
+    finds the episode by it, and its ``cleared`` / ``resolved`` event names it.
+    """
+    if carried is None:
+        return book
+    known = {i for e in book.episodes for i in e.ids}
+    episodes, changed = list(book.episodes), False
+    for seen in carried.open():
+        missing = tuple(i for i in seen.ids if i not in known)
+        hit = next((k for k, e in enumerate(episodes) if e.open and e.key == seen.key), None)
+        if missing and hit is not None:
+            episodes[hit] = replace(episodes[hit], aliases=(*episodes[hit].aliases, *missing))
+            known.update(missing)
+            changed = True
+    return replace(book, episodes=tuple(episodes)) if changed else book
 
 
 def _start(first: Night | None, restart: str | None) -> Book:

@@ -235,3 +235,30 @@ def test_a_suspicion_an_overlapping_night_cleared_unseen_is_announced_next_night
     _, events = alert_history.episodes_of(drive.store, "sim", "1")
     assert sorted(e.id for e in events if e.run_id == after.run_id) == \
         sorted(e["id"] for e in after.events), lines(runs)
+
+
+# ---------------------------------------------------------------------- issue 56, seed 32
+def test_an_id_paged_by_a_night_whose_manifest_is_lost_stays_answerable(record, tmp_path):
+    """A 10x step pages its ids; the next night confirms it; then the step night's manifest
+    is damaged for good. The replay leaves that night out and folds the key anew under the
+    next night's id, but the next night's stored state (``carried``) still holds the paged
+    id: ``alerts`` finds the episode by it, ``ack`` answers it, and the ``resolved`` event
+    names it (found by the 525-night simulation, seed 32 day 35)."""
+    from prefect_dask_profiling.regression import alert_history
+
+    drive = driver(record, tmp_path)
+    runs = [drive.run(quiet(d)) for d in range(6)]
+    step = drive.run(quiet(6, factors={"reduce": 10.0}, kind="step 10x"))
+    runs += [step, drive.run(quiet(7, factors={"reduce": 10.0}, kind="still 10x"))]
+    paged = paged_ids([step])
+    assert step.status == "regressed" and paged, lines(runs)
+    drive.damage(step.run_id, "manifest.json")  # for good
+    runs.append(drive.run(quiet(8, factors={"reduce": 10.0}, kind="10x, step night lost")))
+    book, _ = alert_history.episodes_of(drive.store, "sim", "1")
+    assert all(holder(book, i) is not None and holder(book, i).open for i in paged), \
+        (paged, book.episodes)
+    for ep_id in sorted(paged):
+        alert_history.acknowledge(drive.store, "sim", "1", ep_id,
+                                  at=runs[-1].spec.ended + timedelta(hours=1))
+    runs += [drive.run(quiet(d, kind="back")) for d in range(9, 14)]
+    assert paged <= resolved_ids(runs), lines(runs)
