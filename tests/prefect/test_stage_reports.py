@@ -252,7 +252,9 @@ def test_each_flow_report_holds_exactly_its_stage_s_tasks(s3_run):
     late = stages["late"]["report"]
     # the late stage alone ran 3x the recorder's limit: a sample over its whole time is
     # shown (every 4th, and its longest), and it says so (on 5beef4d: its last 50 only)
-    assert (late["tasks"], late["truncated"]) == (LATE, True) and 37 <= late["shown"] <= 41
+    # (every 4th is 38; the 2 longest, and later tasks longer than them, come on top: how
+    # many depends on the machine's load, up to the recorder's limit of 50)
+    assert (late["tasks"], late["truncated"]) == (LATE, True) and 37 <= late["shown"] <= 50
     shown = _numbers(html["late"], "late-key")
     assert len(shown) == late["shown"] and shown[0] <= 20 and shown[-1] >= 130
     assert f"report sampled: {late['shown']} of 150 tasks shown" in html["late"]
@@ -336,8 +338,10 @@ def test_a_stored_report_opens_in_chromium_with_dask_s_tabs(s3_run, chromium, bo
     assert probe, done.stdout[-2000:]
     seen = json.loads(probe.group(1).replace("&quot;", '"'))
     assert seen["tabs"] == list(TABS) and seen["views"] >= 1, seen
-    # the task stream's columns (typed arrays in the page) decode to one row per task shown
-    assert seen["rows"] == seen["starts"] == shown > 0, (seen, shown)
+    # the task stream's columns (typed arrays in the page) decode to one row per action of
+    # the tasks shown (Dask's rectangles): a compute each, and a transfer or a disk read
+    # where a task had one (under load the scheduler moves data more: CI saw 41 for 40)
+    assert seen["rows"] == seen["starts"] >= shown > 0, (seen, shown)
     shot = tmp_path / "stage-report.png"  # the task-stream tab, as docs/stage-report.png
     subprocess.run([chromium, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
                     f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=180,
