@@ -23,6 +23,7 @@ from prefect_dask_profiling.store.errors import StoreNotFound
 if TYPE_CHECKING:
     import pandas as pd
 
+    from prefect_dask_profiling.regression.alert_history import Replayed
     from prefect_dask_profiling.regression.alerts import Book, Episode
     from prefect_dask_profiling.store.runs import RunStore
 
@@ -50,9 +51,10 @@ def _versions(store: RunStore, pipeline: str, version: str | None) -> list[str]:
 
 
 def _books(store: RunStore, pipeline: str | None, version: str | None,
-           runs: int) -> list[tuple[str, str, Book]]:
-    """The episodes of each pipeline (``pipeline``, else every one) and version; an unknown
-    pipeline, or a ``version`` no pipeline asked about has runs of, is a ``StoreNotFound``."""
+           runs: int) -> list[tuple[str, str, Replayed]]:
+    """The replayed episodes of each pipeline (``pipeline``, else every one) and version,
+    with the nights left out; an unknown pipeline, or a ``version`` no pipeline asked about
+    has runs of, is a ``StoreNotFound``."""
     from prefect_dask_profiling.regression import alert_history, history
 
     if version is not None:
@@ -62,8 +64,7 @@ def _books(store: RunStore, pipeline: str | None, version: str | None,
     out = []
     for name in pipelines:
         for ver in _versions(store, name, version):
-            book, _ = alert_history.episodes_of(store, name, ver, runs=runs)
-            out.append((name, ver, book))
+            out.append((name, ver, alert_history.replayed(store, name, ver, runs=runs)))
     if version is not None and not out:
         raise StoreNotFound(_unknown_version(store, pipelines, version))
     return out
@@ -96,12 +97,19 @@ def alerts_command(
     run_store = existing_store(store)
     books = _books(run_store, pipeline, version, runs)
     if show_stats:
-        _print_stats(books, runs, as_json)
+        _print_stats([(name, ver, found.book) for name, ver, found in books], runs, as_json)
         return
-    episodes = [e for _, _, book in books for e in book.episodes if show_all or e.open]
+    episodes = [e for _, _, found in books for e in found.book.episodes
+                if show_all or e.open]
+    skipped = [{"pipeline": name, "version": ver, **s.to_json()}
+               for name, ver, found in books for s in found.skipped]
     if as_json:
-        emit_json({"store": run_store.url, "episodes": [e.to_json() for e in episodes]})
+        emit_json({"store": run_store.url, "episodes": [e.to_json() for e in episodes],
+                   "skipped": skipped})
         return
+    for night in skipped:
+        say(f"{night['pipeline']} {night['version']}: night {night['run_id']} left out of "
+            f"the replay: {night['reason']}")
     if not episodes:
         say("no open alert episodes" if not show_all else "no alert episodes")
         return

@@ -47,9 +47,9 @@ from prefect_dask_profiling.store.runs import RunStore, StoreError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ACKS", "JUDGED_STATUSES", "LOOKBACK_RUNS", "NightsRead", "SkippedNight", "Stats",
-           "ack_marker", "acknowledge", "damaged", "episodes_frame", "episodes_of",
-           "load_acks", "load_nights", "read_nights", "stats"]
+__all__ = ["ACKS", "JUDGED_STATUSES", "LOOKBACK_RUNS", "NightsRead", "Replayed", "SkippedNight",
+           "Stats", "ack_marker", "acknowledge", "damaged", "episodes_frame", "episodes_of",
+           "load_acks", "load_nights", "read_nights", "replayed", "stats"]
 
 ACKS = layout.ACKS
 # How many judged runs are replayed by default (two months of nightly runs); an episode
@@ -463,8 +463,20 @@ def _history_of(docs: dict[str, Mapping[str, Any]], started: str | None,
     return out
 
 
-def episodes_of(store: RunStore, pipeline: str, version: str, runs: int | None = None
-                ) -> tuple[Book, list[AlertEvent]]:
+@dataclass(frozen=True)
+class Replayed:
+    """The state of one pipeline version after its stored nights (:func:`replayed`), every
+    event, and the nights the replay left out because they cannot be read, named with why:
+    ``alerts`` shows them, so a damaged night is never only a log line."""
+
+    book: Book
+    events: list[AlertEvent]
+    skipped: tuple[SkippedNight, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+def replayed(store: RunStore, pipeline: str, version: str, runs: int | None = None
+             ) -> Replayed:
     """The state of ``pipeline``/``version`` after its stored nights, and every event:
     each night replayed with the rules it was judged with, as the judge does.
 
@@ -477,8 +489,19 @@ def episodes_of(store: RunStore, pipeline: str, version: str, runs: int | None =
     runs = LOOKBACK_RUNS if runs is None else runs
     accepted = store.accepted(pipeline, version)
     restart = max(accepted) if accepted else None
-    return replay(load_nights(store, pipeline, version, runs + 1, since=restart),
-                  load_acks(store, pipeline, version), restart=restart)
+    found = read_nights(store, pipeline, version, runs + 1, since=restart)
+    book, events = replay(list(found.nights), load_acks(store, pipeline, version),
+                          restart=restart)
+    return Replayed(book, events, found.skipped, found.notes)
+
+
+def episodes_of(store: RunStore, pipeline: str, version: str, runs: int | None = None
+                ) -> tuple[Book, list[AlertEvent]]:
+    """The book and events of :func:`replayed`, each night left out named in a warning."""
+    found = replayed(store, pipeline, version, runs)
+    for line in (*[s.line() for s in found.skipped], *found.notes):
+        logger.warning("%s %s: %s", pipeline, version, line)
+    return found.book, found.events
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from run_records import record_stages
-from s3_servers import boto_client, reset_moto, s3_options
+from s3_servers import FaultProxy, boto_client, reset_moto, s3_options
 
 from prefect_dask_profiling.options import ProfilingOptions
 from prefect_dask_profiling.regression.baseline import load_baseline
@@ -153,3 +153,35 @@ def test_damaged_run_is_left_out_named_or_repaired(damage, store, record, fault,
     assert ctx.run_id in [r["run_id"] for r in store.list_runs(PIPELINE)]
     fault.recovered()
     fault.survived()
+
+
+def test_a_503_on_one_baseline_manifest_leaves_the_night_unjudged_naming_it(
+        record, tmp_path, moto_endpoint):
+    """Issue 56, item 6: S3 answering ``503 SlowDown`` for one baseline night's manifest
+    (through a real proxy in front of moto, every retry of s3fs included) says nothing about
+    that night, so it is not left out of one family while the others use it: tonight is
+    stored ``unjudged``, naming the night and the store's answer, and the next night, with
+    the store answering again, is judged with that night back in its baseline."""
+    reset_moto(moto_endpoint)
+    boto_client(moto_endpoint).create_bucket(Bucket=BUCKET)
+    with FaultProxy(moto_endpoint) as proxy:
+        store = RunStore(f"s3://{BUCKET}/h", s3_options(proxy.endpoint),
+                         spool_dir=tmp_path / "spool", timeout=5)
+        ids = history(store, record)
+        hit = ids[-2]
+        key = f"{BUCKET}/h/{layout.manifest_file(PIPELINE, hit)}"
+        proxy.rule = lambda r: 503 if r.method == "GET" and r.key == key else None
+        options = ProfilingOptions(on_regression="warn", history=HISTORY)
+        tonight = RunContext(run_id=new_run_id(), pipeline=PIPELINE, version=VERSION)
+        result = finish_run(store, record, tonight, [], options)
+        assert any(r.key == key and action == 503 for r, action in proxy.log)
+        assert result.status == "unjudged", result.manifest.get("skipped")
+        reason = result.manifest["unjudged_reason"]
+        assert hit in reason and "did not answer" in reason, reason
+        assert not result.manifest.get("skipped")  # an outage is not damage
+        proxy.rule = lambda r: None
+        nxt = RunContext(run_id=new_run_id(), pipeline=PIPELINE, version=VERSION)
+        later = finish_run(store, record, nxt, [], options)
+    assert later.judged, later.manifest.get("unjudged_reason")
+    assert hit in later.manifest["baseline"]["runs"], later.manifest["baseline"]
+    assert tonight.run_id not in later.manifest["baseline"]["runs"]  # unjudged never counts

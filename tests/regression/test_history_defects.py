@@ -8,13 +8,16 @@ Defects 4, 8, 9 and 10 have their tests elsewhere.
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import numpy as np
 import pytest
 from night_sim import MIB, Driver, NightRun, NightSpec, copy_local_store, same_verdict
 from run_records import record_stages
+from typer.testing import CliRunner
 
+from prefect_dask_profiling.cli import app
 from prefect_dask_profiling.options import ProfilingOptions
 from prefect_dask_profiling.prefect.events import REGRESSION_EVENT, findings
 from prefect_dask_profiling.regression import alert_history
@@ -189,6 +192,13 @@ def test_an_unreadable_verdict_table_costs_at_most_its_night(record, tmp_path):
     assert second.judged and third.judged, lines(runs)
     assert first.run_id in [s["run_id"] for s in second.manifest["skipped"]]
     assert "regressed" in (second.status, third.status), lines(runs)
+    # `alerts` names the night its replay left out, in JSON and in the table's header
+    listed = CliRunner().invoke(app, ["alerts", "--store", drive.store.url, "--json"])
+    assert listed.exit_code == 0, listed.output
+    [skipped] = json.loads(listed.stdout)["skipped"]
+    assert skipped["run_id"] == first.run_id and "regression.csv" in skipped["reason"]
+    shown = CliRunner().invoke(app, ["alerts", "--store", drive.store.url])
+    assert f"night {first.run_id} left out of the replay" in shown.stdout, shown.output
 
 
 # ---------------------------------------------------------------------- the window's edge
