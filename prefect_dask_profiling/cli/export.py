@@ -124,15 +124,15 @@ def drift_command(
         raise BadInput(f"run {result.manifest['run_id']} cannot be judged now: {result.error}")
     from prefect_dask_profiling.regression.drift import describe_drift, drifted
 
-    verdicts = judgement.drift
+    verdicts, note = judgement.drift, judgement.notes.get("drift", "")
     failing = drifted(verdicts, failing_only=True)
     if as_json:
-        emit_json({"pipeline": name, "run_id": judgement.run_id, "note": judgement.series_note,
+        emit_json({"pipeline": name, "run_id": judgement.run_id, "note": note,
                    "failing": not failing.empty, "rules": judgement.rules.to_dict(),
                    "verdicts": verdicts.to_dict("records")})
     else:
         print_table(verdicts[[c for c in DRIFT_SHOW if c in verdicts.columns]],
-                    title=f"{name} {judgement.run_id}: drift ({judgement.series_note})")
+                    title=f"{name} {judgement.run_id}: drift ({note})")
         say(describe_drift(drifted(verdicts)))
     if not failing.empty:
         raise typer.Exit(EXIT_VERDICT)

@@ -38,7 +38,6 @@ from typing import Any, TypedDict, cast
 import pandas as pd
 
 from prefect_dask_profiling._util import InvalidInput
-from prefect_dask_profiling.regression import drift as drift_rule
 from prefect_dask_profiling.regression.alert_history import (
     SkippedNight,
     damaged,
@@ -65,7 +64,14 @@ from prefect_dask_profiling.regression.baseline import (
 )
 from prefect_dask_profiling.regression.explain import Explanation
 from prefect_dask_profiling.regression.families import REGISTRY, Family
-from prefect_dask_profiling.regression.judged import History, Outcome, OutcomeDoc, Tonight
+from prefect_dask_profiling.regression.families.base import HistoryQuery
+from prefect_dask_profiling.regression.judged import (
+    FamilyRead,
+    History,
+    Outcome,
+    OutcomeDoc,
+    Tonight,
+)
 from prefect_dask_profiling.regression.rule import RegressionRule, Rules
 from prefect_dask_profiling.store.runs import RunStore, StoreError
 
@@ -149,8 +155,11 @@ class Judgement:
     explanations
         Per regressed stage: how its bottleneck and the run's context changed since the
         baseline runs (:func:`~.explain.explain_verdicts`).
-    baseline_runs, baseline_note, series_note
-        Which runs the night was compared with, and notes on them.
+    baseline_runs, baseline_note
+        Which runs the night was compared with, and a note on them.
+    notes
+        Per family that read history of its own (:meth:`~.families.Family.read`), a note on
+        it (drift: where its series starts).
     carried
         The state the judgement started from (the history's :class:`~.alerts.Book`),
         stored with the night: a later replay whose window begins here starts from it.
@@ -169,7 +178,7 @@ class Judgement:
     explanations: dict[str, Explanation] = field(default_factory=dict)
     baseline_runs: tuple[str, ...] = ()
     baseline_note: str = ""
-    series_note: str = ""
+    notes: Mapping[str, str] = field(default_factory=dict)
     carried: Book = field(default_factory=Book)
     skipped: tuple[SkippedNight, ...] = ()
 
@@ -288,8 +297,9 @@ def load_history(store: RunStore, pipeline: str, version: str, rules: Rules, *,
     Notes
     -----
     One read of the history serves every family: the replay's nights
-    (:func:`~.alert_history.read_nights`), the time baseline's tables, the drift series and
-    each family's baseline manifests (:meth:`~.families.Family.history_size` of its
+    (:func:`~.alert_history.read_nights`), the time baseline's tables, what each family
+    reads of its own (:meth:`~.families.Family.read`: the drift series) and each family's
+    baseline manifests (:meth:`~.families.Family.history_size` of its
     :attr:`~.families.Family.baseline`'s nights) all leave out the same nights, those
     that cannot be read (:attr:`History.skipped`, named in :attr:`History.warnings` and the
     baseline's note). A damaged night costs at most itself; nights older than the accepted
@@ -325,7 +335,7 @@ def load_history(store: RunStore, pipeline: str, version: str, rules: Rules, *,
     if elsewhere:  # the baseline's note names the nights it left out itself
         named = f"left out unreadable night(s) {', '.join(elsewhere)}"
         baseline.note = "; ".join(p for p in (baseline.note, named) if p)
-    return History(baseline, families.series, families.note,
+    return History(baseline, families.reads,
                    families.of(REGISTRY.primary.baseline), book, acks,
                    (*[s.line() for s in left_out], *found.notes),
                    baselines=families.manifests, skipped=left_out)
@@ -336,8 +346,7 @@ class _Families:
     """What every family reads of one replayed history, leaving out the same nights."""
 
     baseline: Baseline
-    series: pd.DataFrame
-    note: str
+    reads: dict[str, FamilyRead]
     manifests: dict[str, tuple[Mapping[str, Any], ...]]
     skipped: tuple[SkippedNight, ...]
 
@@ -347,23 +356,22 @@ class _Families:
 
 def _read_families(store: RunStore, pipeline: str, version: str, rules: Rules, book: Book,
                    *, run_id: str, before: str | None, exclude: frozenset[str]) -> _Families:
-    """The time baseline's tables, the drift series and each family's baseline manifests,
-    all without the nights in ``exclude``; the nights found unreadable on the way.
+    """The time baseline's tables, what each family reads of its own (:meth:`~.families.
+    Family.read`: the drift series) and each family's baseline manifests, all without the
+    nights in ``exclude``; the nights found unreadable on the way.
 
     Raises
     ------
     HistoryUnavailable
         When the store does not answer for one of them (:func:`~.alert_history.damaged`).
     """
-    if rules.drift.enabled:
-        series = drift_rule.read_series(store, pipeline, version, exclude_run_id=run_id,
-                                        before=before, max_runs=rules.drift.max_runs,
-                                        keep_first=rules.drift.start_nights, exclude=exclude)
-    else:
-        series = drift_rule.SeriesRead(drift_rule.empty_series(), "drift is switched off")
+    query = HistoryQuery(store, pipeline, version, rules, run_id, before, exclude)
+    reads = {family.name: read for family in REGISTRY
+             if (read := family.read(query)) is not None}
     baseline = read_baseline(store, pipeline, version, book, rules.regression.history,
                              str(REGISTRY.primary.baseline), exclude=exclude)
-    skipped = [*series.skipped, *(SkippedNight(r, why) for r, why in baseline.skipped)]
+    skipped = [*(s for read in reads.values() for s in read.skipped),
+               *(SkippedNight(r, why) for r, why in baseline.skipped)]
     left_out = exclude | {s.run_id for s in skipped}
     manifests = {}
     for family in _readers(rules):
@@ -374,7 +382,7 @@ def _read_families(store: RunStore, pipeline: str, version: str, rules: Rules, b
         skipped += bad
         left_out |= {s.run_id for s in bad}
         manifests[name] = tuple(docs[r] for r in sorted(docs))
-    return _Families(baseline, series.series, series.note, manifests, tuple(skipped))
+    return _Families(baseline, reads, manifests, tuple(skipped))
 
 
 def _manifests(store: RunStore, pipeline: str, candidates: list[str], k: int
@@ -440,7 +448,8 @@ def judge(tonight: Tonight, history: History, rules: Rules | None = None) -> Jud
                                                                       rules),
                      tables=tables, explanations=explanations,
                      baseline_runs=tuple(history.baseline.runs),
-                     baseline_note=history.baseline.note, series_note=history.series_note,
+                     baseline_note=history.baseline.note,
+                     notes={name: read.note for name, read in history.reads.items()},
                      carried=history.alerts, skipped=history.skipped)
 
 

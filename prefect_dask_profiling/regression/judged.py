@@ -17,7 +17,7 @@ from prefect_dask_profiling.regression.alert_history import SkippedNight
 from prefect_dask_profiling.regression.alerts import Ack, AlertEvent, AlertEventDoc, Book, Key
 from prefect_dask_profiling.regression.baseline import Baseline
 
-__all__ = ["History", "Outcome", "OutcomeDoc", "Tonight"]
+__all__ = ["FamilyRead", "History", "Outcome", "OutcomeDoc", "Tonight"]
 
 
 class OutcomeDoc(TypedDict):
@@ -76,6 +76,27 @@ class Tonight:
 
 
 @dataclass(frozen=True)
+class FamilyRead:
+    """What one family read of the history besides its baseline's manifests
+    (:meth:`~.families.Family.read`): its data, a note on it, and the nights it found
+    unreadable (every family is then judged without them).
+
+    Attributes
+    ----------
+    data
+        The family's own reading (drift: the series of comparable nights).
+    note
+        Where it starts, or why it is empty; stored with the family's part of the manifest.
+    skipped
+        The nights it found damaged or gone.
+    """
+
+    data: Any
+    note: str = ""
+    skipped: tuple[SkippedNight, ...] = ()
+
+
+@dataclass(frozen=True)
 class History:
     """What a run is judged against: loaded by :func:`load_history`.
 
@@ -83,11 +104,9 @@ class History:
     ----------
     baseline
         The healthy baseline runs of the same version (:func:`~.baseline.load_baseline`).
-    series
-        Every comparable night since the baseline start, ``run_id, started, stage, prefix,
-        tasks, total_s`` (:func:`~.drift.load_series`); empty when drift is switched off.
-    series_note
-        Where the series starts.
+    reads
+        What each family read of the history besides the baselines' manifests, by family
+        name (:meth:`~.families.Family.read`; drift: its series of comparable nights).
     manifests
         The manifests of the time baseline's nights (for explanations).
     alerts
@@ -107,8 +126,7 @@ class History:
     """
 
     baseline: Baseline
-    series: pd.DataFrame
-    series_note: str = ""
+    reads: Mapping[str, FamilyRead] = field(default_factory=dict)
     manifests: tuple[Mapping[str, Any], ...] = ()
     alerts: Book = field(default_factory=Book)
     acks: tuple[Ack, ...] = ()

@@ -23,6 +23,7 @@ from prefect_dask_profiling.options import ProfilingOptions
 from prefect_dask_profiling.regression.baseline import Baseline
 from prefect_dask_profiling.regression.drift import drifted
 from prefect_dask_profiling.regression.judge import History, Tonight, judge
+from prefect_dask_profiling.regression.judged import FamilyRead
 from prefect_dask_profiling.regression.rule import DriftRule, RegressionRule, Rules
 from prefect_dask_profiling.run.pipeline import finish_run
 from prefect_dask_profiling.store.manifest import RunContext
@@ -138,7 +139,7 @@ def test_overlapping_runs_are_each_judged_as_themselves():
                            "prefix": "load", "tasks": 10, "total_s": 30.0}])
     history = History(Baseline(series[["run_id", "stage", "prefix", "tasks", "total_s"]],
                                [f"r{d:02d}" for d in range(10)], "1"),
-                      pd.concat([series, later], ignore_index=True))
+                      {"drift": FamilyRead(pd.concat([series, later], ignore_index=True))})
     tonight = Tonight(run_id="r10", pipeline=PIPELINE, version="1", started=days[9],
                       summary=pd.DataFrame([{"stage": "read", "prefix": "load", "tasks": 10,
                                              "total_s": 31.0}]))

@@ -78,8 +78,6 @@ def test_the_judgement_fails_a_night_whose_requests_doubled_before_its_time_move
                            "tasks": 48, "total_s": 10.0 * rng.uniform(0.95, 1.05)}
                           for m in baseline_manifests])
     history = History(Baseline(times, [m["run_id"] for m in baseline_manifests], "1"),
-                      pd.DataFrame(columns=["run_id", "started", "stage", "prefix", "tasks",
-                                            "total_s"]),
                       manifests=tuple(baseline_manifests),
                       baselines={"requests": tuple(baseline_manifests)})
     summary = pd.DataFrame([{"stage": "read", "prefix": "getitem", "tasks": 48,

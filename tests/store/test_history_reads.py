@@ -227,7 +227,8 @@ def test_judging_a_night_lists_the_run_folders_once(moto, tmp_path):
     lists = record_listings(store)
     with store.remembering_reads():
         history = load_history(store, PIPE, VERSION, Rules(), run_id=new_run_id())
-    assert history.baseline.runs == ids[-8:] and len(history.series["run_id"].unique()) == 50
+    series = history.reads["drift"].data
+    assert history.baseline.runs == ids[-8:] and len(series["run_id"].unique()) == 50
     folders = f"{layout.pipeline_runs(PIPE)}/"
     assert [after for prefix, after in lists if prefix == folders] == [f"{folders}202601"]
     index = [listed for listed in lists if listed[0].startswith(layout.INDEX)]

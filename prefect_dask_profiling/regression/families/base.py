@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
-from typing import Any, ClassVar, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import pandas as pd
 
@@ -30,10 +31,28 @@ from prefect_dask_profiling.regression.alerts import Book, Key, Night, Signal, S
 from prefect_dask_profiling.regression.baseline import Baseline
 from prefect_dask_profiling.regression.confirm import confirm_signals, metric_threshold
 from prefect_dask_profiling.regression.explain import Explanation
-from prefect_dask_profiling.regression.judged import History, Outcome, Tonight
+from prefect_dask_profiling.regression.judged import FamilyRead, History, Outcome, Tonight
 from prefect_dask_profiling.regression.rule import RegressionRule, Rules
 
-__all__ = ["REGISTRY", "Family", "Judged", "Registry", "StageFamily"]
+if TYPE_CHECKING:
+    from prefect_dask_profiling.store.runs import RunStore
+
+__all__ = ["REGISTRY", "Family", "HistoryQuery", "Judged", "Registry", "StageFamily"]
+
+
+@dataclass(frozen=True)
+class HistoryQuery:
+    """Which history a family reads (:meth:`Family.read`): the judged run's pipeline and
+    version in ``store``, its rules, the nights before ``before`` (re-judging a stored run),
+    never ``run_id`` itself nor the nights in ``exclude`` (found unreadable so far)."""
+
+    store: RunStore
+    pipeline: str
+    version: str
+    rules: Rules
+    run_id: str
+    before: str | None
+    exclude: frozenset[str]
 
 
 class Judged(Protocol):
@@ -49,7 +68,7 @@ class Judged(Protocol):
     def outcome(self) -> Outcome: ...
 
     @property
-    def series_note(self) -> str: ...
+    def notes(self) -> Mapping[str, str]: ...
 
     @property
     def tables(self) -> Mapping[str, pd.DataFrame]: ...
@@ -101,6 +120,18 @@ class Family:
     title: ClassVar[str | None] = None
 
     # ------------------------------------------------------------ history and detection
+    def read(self, query: HistoryQuery) -> FamilyRead | None:
+        """What it reads of the history besides its baseline's manifests, in the judge's
+        one read (``None``, the default: nothing). A night it finds unreadable goes in the
+        result's ``skipped``, and every family is then judged without it.
+
+        Raises
+        ------
+        HistoryUnavailable
+            When the store does not answer for a night it needs.
+        """
+        return None
+
     def history_size(self, rules: Rules) -> int:
         """How many baseline manifests it reads (0: none)."""
         return 0

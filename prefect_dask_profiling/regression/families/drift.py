@@ -1,6 +1,7 @@
 """The drift family: a slow climb of a prefix's seconds over many nights (:mod:`..drift`).
 
-Judged from the series of comparable nights since the baseline start (``History.series``),
+Judged from the series of comparable nights since the baseline start (read by
+:meth:`DriftFamily.read` in the judge's one read of the history),
 not on a failed or incomplete run; merged into the per-prefix verdicts (a one-night
 ``regression`` keeps its verdict). Only drift past the one-night ``threshold`` fails the run
 and reaches the state machine; a drifting prefix is always named.
@@ -15,8 +16,13 @@ import pandas as pd
 from prefect_dask_profiling._util import finite_number
 from prefect_dask_profiling.regression import drift as drift_rule
 from prefect_dask_profiling.regression.alerts import Key, SignalRow
-from prefect_dask_profiling.regression.families.base import REGISTRY, Family, Judged
-from prefect_dask_profiling.regression.judged import History, Tonight
+from prefect_dask_profiling.regression.families.base import (
+    REGISTRY,
+    Family,
+    HistoryQuery,
+    Judged,
+)
+from prefect_dask_profiling.regression.judged import FamilyRead, History, Tonight
 from prefect_dask_profiling.regression.rule import RegressionRule, Rules
 
 __all__ = ["DriftFamily", "DriftFlags"]
@@ -45,14 +51,28 @@ class DriftFamily(Family):
     fails_by_row: ClassVar[bool] = True
     always_stored: ClassVar[bool] = True
 
+    def read(self, query: HistoryQuery) -> FamilyRead:
+        """The series of comparable nights since the baseline start (``run_id, started,
+        stage, prefix, tasks, total_s``); empty when drift is switched off."""
+        rules = query.rules.drift
+        if not rules.enabled:
+            return FamilyRead(drift_rule.empty_series(), "drift is switched off")
+        found = drift_rule.read_series(query.store, query.pipeline, query.version,
+                                       exclude_run_id=query.run_id, before=query.before,
+                                       max_runs=rules.max_runs, keep_first=rules.start_nights,
+                                       exclude=query.exclude)
+        return FamilyRead(found.series, found.note, found.skipped)
+
     def detect(self, tonight: Tonight, history: History, rules: Rules) -> pd.DataFrame:
         """The drift table of the night; empty when drift is off or the run is not
         comparable (``rules.drift``)."""
         if not rules.drift.enabled or tonight.failed or tonight.incomplete:
             return self.empty()
         latest = tonight.summary.assign(run_id=tonight.run_id, started=tonight.started)
-        series = pd.concat([history.series, latest], ignore_index=True) \
-            if not history.series.empty else latest
+        read = history.reads.get(self.name)
+        series = read.data if read is not None else drift_rule.empty_series()
+        series = pd.concat([series, latest], ignore_index=True) if not series.empty \
+            else latest
         return drift_rule.detect_drift(series, rules, judged_run=tonight.run_id)
 
     def merge(self, verdicts: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
@@ -82,7 +102,8 @@ class DriftFamily(Family):
         return drift_rule.describe_drift(rows)
 
     def manifest(self, rows: pd.DataFrame, judged: Judged) -> dict[str, Any] | None:
-        doc: DriftFlags = {"note": judged.series_note, "failing": _names(self.failing(rows)),
+        doc: DriftFlags = {"note": judged.notes.get(self.name, ""),
+                           "failing": _names(self.failing(rows)),
                            "drifting": _names(self.flagged(rows))}
         return dict(doc)
 
