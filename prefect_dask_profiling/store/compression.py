@@ -17,8 +17,9 @@ from prefect_dask_profiling.errors import DamagedRecord
 
 #: The first two bytes of every gzip stream (RFC 1952); no HTML page starts with them.
 GZIP_MAGIC = b"\x1f\x8b"
-#: gzip's level for pages: 6 compresses a huge stage's report within 1% of level 9's size
-#: at about a third of its CPU (``benchmarks/report_scale.py --gzip``; docs/reports.md).
+#: gzip's level for pages: 6 stores a huge stage's report within 3% of level 9's size at a
+#: fifth of its CPU, and 14% smaller than level 1 (``benchmarks/report_scale.py --gzip``;
+#: docs/reports.md).
 GZIP_LEVEL = 6
 #: What a stored page says it is (with ``Content-Encoding: gzip`` when compressed).
 HTML_CONTENT_TYPE = "text/html; charset=utf-8"
