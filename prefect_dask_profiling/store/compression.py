@@ -1,7 +1,7 @@
 """Pages stored gzip-compressed: how they are compressed, and read back whatever their age.
 
-A stage's report is HTML with base64 arrays in it, 3-4 MB for a huge stage, that gzip
-shrinks several times over (docs/reports.md). On S3 the store keeps a page (``.html``)
+A stage's report is HTML with base64 arrays in it, 1-4.5 MB for a big stage, that gzip
+shrinks 7-8 times (docs/reports.md). On S3 the store keeps a page (``.html``)
 compressed, with ``Content-Encoding: gzip``, so a browser opening its link decodes it
 transparently; a local store keeps it plain, because a browser opening a file does not
 decode it (docs/store.md). Readers tell the two apart by gzip's magic bytes, so reports

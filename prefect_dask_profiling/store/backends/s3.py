@@ -45,7 +45,7 @@ class S3Backend(Backend):
     def put(self, rel: str, data: bytes, exclusive: bool, options: dict[str, Any]) -> None:
         """As :meth:`Backend.put`, with the object's ``ContentType`` (a report opens as a
         page from a link); a page (``.html``) goes gzip-compressed, its ``ContentEncoding``
-        ``gzip``: 4-8 times fewer bytes stored and sent, decoded by the browser (and by
+        ``gzip``: 7-8 times fewer bytes stored and sent, decoded by the browser (and by
         httpx, curl ``--compressed``...) that opens the link. Still one PUT."""
         content_type = _CONTENT_TYPES.get(os.path.splitext(rel)[1], "application/octet-stream")
         headers = {**options, "ContentType": content_type}
