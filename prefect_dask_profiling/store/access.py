@@ -27,11 +27,12 @@ from typing import TypeVar
 
 from prefect_dask_profiling._util import validate_name
 from prefect_dask_profiling.errors import InvalidInput
-from prefect_dask_profiling.store import layout, s3
+from prefect_dask_profiling.store import compression, layout, s3
 from prefect_dask_profiling.store import url as store_url
 from prefect_dask_profiling.store.backends import open_backend
 from prefect_dask_profiling.store.backends.base import Backend, FileInfo
 from prefect_dask_profiling.store.errors import (
+    DamagedRecord,
     StoreAccessDenied,
     StoreConflict,
     StoreError,
@@ -212,7 +213,7 @@ class StoreAccess:
             if not (exclusive and s3.is_exists_error(exc)):
                 raise
             remote = self.fs.cat_file(self._path(rel), **self._kw)
-            if remote == data:
+            if same_content(rel, remote, data):
                 logger.debug("%s was already stored byte-identical", self.location(rel))
                 return
             if rel.endswith("/" + layout.MANIFEST) and is_provisional(remote):
@@ -294,6 +295,20 @@ class StoreAccess:
             return listing(rel)
         except Exception as exc:
             raise self._failure(exc, f"could not list {self.location(rel)}") from None
+
+
+def same_content(rel: str, stored: bytes, data: bytes) -> bool:
+    """Whether ``stored``, the bytes the store holds at ``rel``, are what writing ``data``
+    there stored: the same bytes, or for a page (kept gzip-compressed on S3) the same page
+    once decompressed. A damaged stored page is not the same."""
+    if stored == data:
+        return True
+    if not compression.is_page(rel):
+        return False
+    try:
+        return compression.page_bytes(stored) == compression.page_bytes(data)
+    except DamagedRecord:
+        return False
 
 
 def unreachable(exc: BaseException | None) -> bool:

@@ -4,6 +4,7 @@ Paths are relative to the store's root (a local folder, ``s3://bucket/prefix``, 
 
     runs/<pipeline>/<run_id>/<name>.csv, extra files, manifest.json   a run's record
     reports/<pipeline>/<run_id>/<stage>.html                           expire after N days
+                                          (pages are gzip with Content-Encoding on S3)
     index/<pipeline>/<version>/<YYYY-MM>/<run_id>.<status>             recent runs: few listings
     accepted/<pipeline>/<version>/<run_id>                             a baseline restart
     acks/<pipeline>/<version>/<target>                                 an acknowledgement

@@ -1,4 +1,4 @@
-"""Reading runs: manifests and tables, accepted restarts, acknowledgements, remembered
+"""Reading runs: manifests and tables, pages, accepted restarts, acknowledgements, remembered
 reads, on top of the index (:mod:`.index`).
 
 Readers survive damaged runs: a run that cannot be read is skipped (or its index repaired)
@@ -18,7 +18,7 @@ from typing import Any, Self
 import pandas as pd
 
 from prefect_dask_profiling._util import InvalidInput, validate_name
-from prefect_dask_profiling.store import layout
+from prefect_dask_profiling.store import compression, layout
 from prefect_dask_profiling.store.errors import (
     DamagedRecord,
     StoreError,
@@ -51,6 +51,19 @@ class Reading(IndexReading):
         """
         with self.memory.block():
             yield self
+
+    # ------------------------------------------------------------------ pages
+    def read_page(self, location: str) -> str:
+        """The stored page at ``location`` (a stage's report, a run's trend page) as HTML:
+        decompressed when it is gzip (S3 keeps pages so), as it is otherwise (a local store,
+        reports stored before). ``StoreNotFound`` when it expired or was never written,
+        ``DamagedRecord`` when it is damaged gzip or not UTF-8."""
+        rel = self._relative(location)
+        data = compression.page_bytes(self._read(rel, "page"), self.location(rel))
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DamagedRecord(f"{self.location(rel)} is not a UTF-8 page: {exc}") from None
 
     # ------------------------------------------------------------------ one run's record
     def read_manifest(self, pipeline: str, run_id: str) -> Manifest:

@@ -26,6 +26,7 @@ from s3_servers import (
 )
 
 from prefect_dask_profiling.run.pipeline import finish_run
+from prefect_dask_profiling.store.compression import page_bytes
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 
@@ -109,7 +110,7 @@ def check_complete(proxy: FaultProxy, endpoint: str, spool, run_id: str) -> None
     manifest = later.read_manifest(PIPE, run_id)
     assert manifest["status"] == "healthy" and set(EXTRA) <= set(manifest["files"])
     for name, data in EXTRA.items():
-        assert stored(endpoint, f"runs/{PIPE}/{run_id}/{name}") == data, name
+        assert page_bytes(stored(endpoint, f"runs/{PIPE}/{run_id}/{name}")) == data, name
     assert [(r["run_id"], r["status"]) for r in later.list_runs(PIPE)] == [(run_id, "healthy")]
 
 
@@ -179,7 +180,8 @@ def test_a_store_that_refuses_listings_loses_nothing(bucket, tmp_path):
                                             "manifest.json"))
     assert manifest["status"] == "healthy"
     for name, data in EXTRA.items():
-        assert store.fs.cat_file(f"{BUCKET}/{ROOT}/runs/{PIPE}/{run_id}/{name}") == data
+        assert page_bytes(store.fs.cat_file(f"{BUCKET}/{ROOT}/runs/{PIPE}/{run_id}/{name}")) \
+            == data
     reset_moto(bucket)  # authentication off: "the next run" may list again
     boto_client(bucket).create_bucket(Bucket=BUCKET)
 

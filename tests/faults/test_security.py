@@ -20,6 +20,7 @@ from s3_servers import boto_client
 
 from faults.fault_flows import expected, make_fault_flow
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner
+from prefect_dask_profiling.store.compression import page_bytes
 
 pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.timeout(180)]
 
@@ -67,8 +68,8 @@ def bucket_texts(endpoint: str, bucket: str) -> tuple[dict[str, str], list[str]]
     texts, public = {}, []
     for obj in client.list_objects_v2(Bucket=bucket).get("Contents", []):
         key = obj["Key"]
-        texts[f"s3 {key}"] = client.get_object(Bucket=bucket, Key=key)["Body"].read().decode(
-            errors="replace")
+        body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        texts[f"s3 {key}"] = page_bytes(body).decode(errors="replace")  # pages are gzip
         grants = client.get_object_acl(Bucket=bucket, Key=key)["Grants"]
         if any(g["Grantee"].get("Type") == "Group" or any(
                 p in str(g["Grantee"].get("URI", "")) for p in PUBLIC_GRANTEES)

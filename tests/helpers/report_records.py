@@ -3,13 +3,16 @@
 The shape is that of a stage of tiny array tasks on a cluster of ``workers`` × ``threads``:
 each thread runs tasks of ``seconds`` back to back (a compute interval each, as Dask's
 ``startstops`` say), keys of a few prefixes, and one straggler 60 times as long every
-100,000 tasks. The records go through the run's recorder at its default bound
+100,000 tasks; with ``jitter``, each task's time is drawn from ``seconds`` × (1 ± jitter)
+(seeded), as real tasks' times vary. The records go through the run's recorder at its default bound
 (:class:`~prefect_dask_profiling.timing.tasks.TaskRecords`), as the scheduler plugin keeps
 them, and what it holds is copied as :func:`~prefect_dask_profiling.reports.data.fetch`
 would.
 """
 
 from __future__ import annotations
+
+import random
 
 from distributed import profile
 
@@ -30,8 +33,9 @@ def key_of(i: int) -> str:
 
 
 def recorded(n: int, workers: int = 16, threads: int = 2, seconds: float = 0.05,
-             limit: int = MAX_TASK_RECORDS) -> TaskRecords:
-    """The recorder after a window of ``n`` tasks."""
+             limit: int = MAX_TASK_RECORDS, jitter: float = 0.0) -> TaskRecords:
+    """The recorder after a window of ``n`` tasks (times varied by ``jitter``, seeded)."""
+    rng = random.Random(0)
     records = TaskRecords(limit)
     records.mark()
     slots = workers * threads
@@ -40,6 +44,8 @@ def recorded(n: int, workers: int = 16, threads: int = 2, seconds: float = 0.05,
         slot = i % slots
         duration = seconds * (STRAGGLER_FACTOR if i % STRAGGLER_EVERY == STRAGGLER_EVERY // 2
                               else 1)
+        if jitter:
+            duration *= 1 + rng.uniform(-jitter, jitter)
         start = clock[slot]
         clock[slot] = start + duration
         records.add(key_of(i), {
@@ -51,9 +57,9 @@ def recorded(n: int, workers: int = 16, threads: int = 2, seconds: float = 0.05,
 
 
 def stage_data_of(n: int, workers: int = 16, threads: int = 2,
-                  seconds: float = 0.05) -> StageData:
-    """The data of a report of a stage of ``n`` tasks."""
-    records = recorded(n, workers, threads, seconds)
+                  seconds: float = 0.05, jitter: float = 0.0) -> StageData:
+    """The data of a report of a stage of ``n`` tasks (times varied by ``jitter``)."""
+    records = recorded(n, workers, threads, seconds, jitter=jitter)
     _, kept = records.page(0, records.index, records.index)
     stops = [ss["stop"] for r in kept for ss in r[3]]
     return StageData(start=1e9, stop=max(stops, default=1e9),

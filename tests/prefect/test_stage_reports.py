@@ -21,7 +21,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import dask
 import dask.array as da
-import fsspec
 import pytest
 from bokeh_pages import page_document
 from distributed import Client, LocalCluster
@@ -222,17 +221,16 @@ def s3_run(prefect_server):
         options = s3_options(endpoint)
         store = f"s3://{BUCKET}/pfx"
         state = two_stages(cluster.scheduler_address, store, options)(return_state=True)
-        runs = RunStore(store, options).list_runs("stage-reports")
-        manifest = RunStore(store, options).read_manifest("stage-reports", runs[0]["run_id"])
-        html = {}
-        for info in manifest["stages"]:
-            with fsspec.open(info["report"]["location"], "r", **options) as f:
-                html[info["name"]] = f.read()
-        yield state, manifest, html
+        run_store = RunStore(store, options)
+        runs = run_store.list_runs("stage-reports")
+        manifest = run_store.read_manifest("stage-reports", runs[0]["run_id"])
+        html = {info["name"]: run_store.read_page(info["report"]["location"])  # gunzipped
+                for info in manifest["stages"]}
+        yield state, manifest, html, run_store
 
 
 def test_every_stage_of_a_flow_gets_its_report_stored_and_linked(s3_run):
-    state, manifest, html = s3_run
+    state, manifest, html, _ = s3_run
     assert state.is_completed(), state.message
     stages = {s["name"]: s for s in manifest["stages"]}
     assert set(stages) == {"early", "late"}
@@ -247,7 +245,7 @@ def test_every_stage_of_a_flow_gets_its_report_stored_and_linked(s3_run):
 
 
 def test_each_flow_report_holds_exactly_its_stage_s_tasks(s3_run):
-    _, manifest, html = s3_run
+    _, manifest, html, _ = s3_run
     stages = {s["name"]: s for s in manifest["stages"]}
     late = stages["late"]["report"]
     # the late stage alone ran 3x the recorder's limit: a sample over its whole time is
@@ -324,7 +322,7 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
 
 def test_a_stored_report_opens_in_chromium_with_dask_s_tabs(s3_run, chromium, bokeh_js,
                                                               tmp_path):
-    _, manifest, html = s3_run
+    _, manifest, html, _ = s3_run
     # the late stage: its own window is never overtaken by later tasks, so it always shows
     # some (the early one's report may be drawn after the late tasks filled the records)
     shown = {s["name"]: s["report"]["shown"] for s in manifest["stages"]}["late"]
@@ -347,6 +345,29 @@ def test_a_stored_report_opens_in_chromium_with_dask_s_tabs(s3_run, chromium, bo
                     f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=180,
                    stdin=subprocess.DEVNULL, check=True)
     assert shot.stat().st_size > 10_000
+
+
+def test_a_gzip_report_opens_in_chromium_straight_from_its_s3_link(s3_run, chromium, bokeh_js,
+                                                                   tmp_path):
+    """S3 keeps a report gzip-compressed with ``Content-Encoding: gzip``: Chromium opening
+    its presigned link decodes it and draws the task stream (the page stored as the run
+    stores it, its CDN pointed at the local Bokeh and a probe added)."""
+    _, manifest, html, store = s3_run
+    late = {s["name"]: s["report"] for s in manifest["stages"]}["late"]
+    page = bokeh_js(html["late"]).replace("</body>", PROBE % 1)
+    location = store.write_report("stage-reports", manifest["run_id"], "probe", page).location
+    head = store.fs.call_s3("head_object", Bucket=BUCKET,
+                            Key=location.split(f"s3://{BUCKET}/", 1)[1])
+    assert head["ContentEncoding"] == "gzip" and head["ContentLength"] < len(page) / 3
+    url = store.presign(location, 600)
+    done = subprocess.run([chromium, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
+                           "--dump-dom", url], capture_output=True, text=True, timeout=180,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-2000:]
+    probe = re.search(r'<pre id="probe">(.*?)</pre>', done.stdout)
+    assert probe, done.stdout[-2000:]
+    seen = json.loads(probe.group(1).replace("&quot;", '"'))
+    assert seen["tabs"] == list(TABS) and seen["rows"] >= late["shown"] > 0, (seen, late)
 
 
 def test_a_refilled_report_is_what_bokeh_itself_would_write(client, plugin):

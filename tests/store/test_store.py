@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import logging
 import os
 import sys
 import threading
 import time
-import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
+import httpx
 import pandas as pd
 import pytest
 from s3_servers import (
@@ -114,7 +115,7 @@ def test_s3_layout_manifest_last_and_readback(s3_store, moto_endpoint):
                     for n in ("tasks.csv", "workers.csv", "trend.html", "manifest.json")} | {
         marker_key, f"pfx/reports/ndvi/{run_id}/read.html"}
     head = client.head_object(Bucket=BUCKET, Key=f"pfx/reports/ndvi/{run_id}/read.html")
-    assert head["ContentType"] == "text/html"
+    assert (head["ContentType"], head["ContentEncoding"]) == ("text/html; charset=utf-8", "gzip")
     marker = json.loads(client.get_object(
         Bucket=BUCKET, Key=marker_key)["Body"].read())
     assert marker["run_id"] == run_id and marker["status"] == "healthy"
@@ -264,9 +265,10 @@ def test_s3_endpoint_down_spools_then_uploads_byte_identical(
                                                   ("tasks.csv", "workers.csv", "trend.html"))
         assert order[-1] == f"{run_id}.healthy"
         pd.testing.assert_frame_equal(back.read_table("ndvi", run_id), tasks_frame())
-        body = boto_client(endpoint).get_object(
-            Bucket=BUCKET, Key=f"pfx/reports/ndvi/{run_id}/read.html")["Body"].read()
-        assert body == b"<html>r</html>"
+        got = boto_client(endpoint).get_object(
+            Bucket=BUCKET, Key=f"pfx/reports/ndvi/{run_id}/read.html")
+        assert got["ContentEncoding"] == "gzip"  # delivered from the spool as written live
+        assert gzip.decompress(got["Body"].read()) == b"<html>r</html>"
         assert not any(p.is_file() for p in spool.rglob("*"))
         assert back.upload_pending().uploaded == 0
 
@@ -299,8 +301,9 @@ def test_s3_presign(s3_store, moto_endpoint):
     query = parse_qs(urlsplit(url).query)
     assert query["X-Amz-Algorithm"] == ["AWS4-HMAC-SHA256"]
     assert query["X-Amz-Expires"] == ["604800"]  # clipped to 7 days
-    with urllib.request.urlopen(url, timeout=10) as response:
-        assert response.read() == b"<html>x</html>"
+    response = httpx.get(url, timeout=10)  # it asks for gzip, and decodes it
+    assert response.headers["Content-Encoding"] == "gzip"
+    assert response.text == "<html>x</html>"
 
     with_token = RunStore(s3_store.url, {**s3_options(moto_endpoint, KEY, SECRET),
                                          "token": "SESSIONTOKEN123"}, timeout=ANSWERING_TIMEOUT)
@@ -531,8 +534,7 @@ def test_cli_report_local_and_s3(local_store, s3_store, moto_endpoint, monkeypat
     assert out.exit_code == 0, out.output
     info = json.loads(out.stdout)
     assert info["signed"] and info["expires_s"] == 120
-    with urllib.request.urlopen(info["url"], timeout=10) as response:
-        assert response.read() == b"<html>s3</html>"
+    assert httpx.get(info["url"], timeout=10).text == "<html>s3</html>"
 
     for args, message in [([run_id, "nostage"], "no report for stage"),
                           (["20990101T000000Z-000000", "read"], "not found"),

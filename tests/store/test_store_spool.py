@@ -29,6 +29,7 @@ from s3_servers import (
 from prefect_dask_profiling.options import ProfilingOptions
 from prefect_dask_profiling.run.pipeline import finish_run
 from prefect_dask_profiling.store import layout
+from prefect_dask_profiling.store.compression import page_bytes
 from prefect_dask_profiling.store.manifest import RunContext
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 from prefect_dask_profiling.store.url import (
@@ -56,7 +57,8 @@ def write_sample(store: RunStore, pipeline: str = "nightly") -> tuple[str, objec
 
 
 def stored(store: RunStore, rels) -> dict[str, bytes]:
-    return {rel: store.fs.cat_file(store._path(rel)) for rel in rels}
+    """The bytes stored at ``rels``, pages decompressed (S3 keeps them gzip)."""
+    return {rel: page_bytes(store.fs.cat_file(store._path(rel))) for rel in rels}
 
 
 @pytest.fixture(scope="module")

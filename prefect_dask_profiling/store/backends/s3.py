@@ -12,11 +12,12 @@ from __future__ import annotations
 import os
 from typing import Any, Required, TypedDict
 
-from prefect_dask_profiling.store import s3
+from prefect_dask_profiling.store import compression, s3
 from prefect_dask_profiling.store.backends.base import Backend, FileInfo, Folders, LifecyclePlan
 from prefect_dask_profiling.store.url import s3_root
 
-_CONTENT_TYPES = {".html": "text/html", ".csv": "text/csv", ".json": "application/json"}
+_CONTENT_TYPES = {".html": compression.HTML_CONTENT_TYPE, ".csv": "text/csv",
+                  ".json": "application/json"}
 
 
 class ListRequest(TypedDict, total=False):
@@ -43,9 +44,15 @@ class S3Backend(Backend):
 
     def put(self, rel: str, data: bytes, exclusive: bool, options: dict[str, Any]) -> None:
         """As :meth:`Backend.put`, with the object's ``ContentType`` (a report opens as a
-        page from a link)."""
+        page from a link); a page (``.html``) goes gzip-compressed, its ``ContentEncoding``
+        ``gzip``: 7-8 times fewer bytes stored and sent, decoded by the browser (and by
+        httpx, curl ``--compressed``...) that opens the link. Still one PUT."""
         content_type = _CONTENT_TYPES.get(os.path.splitext(rel)[1], "application/octet-stream")
-        super().put(rel, data, exclusive, {**options, "ContentType": content_type})
+        headers = {**options, "ContentType": content_type}
+        if compression.is_page(rel):
+            data = data if compression.is_gzip(data) else compression.gzip_page(data)
+            headers["ContentEncoding"] = "gzip"
+        super().put(rel, data, exclusive, headers)
 
     def children(self, rel: str) -> list[str]:
         """Names directly below folder ``rel``: one :meth:`listing`."""
