@@ -193,7 +193,10 @@ def raster_changes(now: RasterStack | None, baselines: list[RasterStack | None],
     base = [b for b in baselines if isinstance(b, dict)]
     if not base:
         return []
-    from prefect_dask_profiling.timing.worker_io import REQUEST_OPTION_DEFAULTS
+    from prefect_dask_profiling.timing.worker_io import (
+        REQUEST_OPTION_DEFAULTS,
+        UNCOMPARED_OPTIONS,
+    )
 
     out: list[ContextChange] = []
     for key, weight in RASTER_WEIGHT.items():
@@ -202,7 +205,7 @@ def raster_changes(now: RasterStack | None, baselines: list[RasterStack | None],
             out.append({"what": f"{key} (workers)", "was": was, "now": cur, "weight": weight})
     options = now.get("options") or {}
     names = set(options) | {n for b in base for n in (b.get("options") or {})}
-    for name in sorted(names):
+    for name in sorted(names - UNCOMPARED_OPTIONS):
         was = usual([(b.get("options") or {}).get(name) for b in base])
         cur = options.get(name)
         if was != cur:

@@ -149,3 +149,19 @@ def test_a_slower_stage_that_spilled_says_so():
     assert "1 suspected OOM" in text and "peak memory" not in text
     quiet = explain_stage("reduce", run(0, 2 * 2**30), baselines, ratio=2.6)
     assert quiet["memory"] == "" and "spilled" not in quiet["text"]
+
+
+def test_gdal_data_set_or_unset_is_no_change_but_a_request_option_is():
+    """Where GDAL finds its data files depends on when rasterio entered its environment in
+    the worker, not on the night: it is never named as a change (a regressed NDVI night
+    named "GDAL_DATA ... -> unset"); a request-shaping option still is."""
+    def night(**options: str) -> dict:
+        doc = manifest("compute", 0.8)
+        doc["environment"]["raster"] = {"gdal": "3.10.3", "options": options}
+        return doc
+
+    base = [night(GDAL_DATA="/venv/rasterio/gdal_data", GDAL_HTTP_MULTIRANGE="PARALLEL")
+            for _ in range(4)]
+    whats = [c["what"] for c in context_changes("read", night(GDAL_HTTP_MULTIRANGE="SERIAL"),
+                                                base)]
+    assert whats == ["GDAL_HTTP_MULTIRANGE"], whats
