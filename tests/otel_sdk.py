@@ -54,14 +54,14 @@ def reset_metrics_globals() -> None:
 
 
 @contextmanager
-def sdk_meter_provider() -> Iterator[Any]:
-    """A real SDK ``MeterProvider`` with an in-memory reader, set globally; yields the
-    reader."""
+def sdk_meter_provider(reader: Any = None) -> Iterator[Any]:
+    """A real SDK ``MeterProvider`` with ``reader`` (default an in-memory reader), set
+    globally; yields the reader."""
     from opentelemetry import metrics
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    reader = InMemoryMetricReader()
+    reader = reader if reader is not None else InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])
     reset_metrics_globals()
     metrics.set_meter_provider(provider)

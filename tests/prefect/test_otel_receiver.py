@@ -3,7 +3,9 @@
 The flow of tests/prefect/test_otel_flow.py (a real Prefect server, a real cluster, a seeded
 store so that its ``compute`` stage regresses) exports with the SDK's OTLP/HTTP exporter,
 batched as users configure it, to Arize Phoenix, which stores the spans; the trace is then
-read back from Phoenix's REST API.
+read back from Phoenix's REST API. Its metrics go out the same night through the SDK's
+``OTLPMetricExporter`` on a periodic reader, as users configure it, to an OTLP/HTTP
+endpoint that decodes them (tests/otel_metrics_receiver.py: Phoenix takes no metrics).
 """
 
 from __future__ import annotations
@@ -13,12 +15,15 @@ import uuid
 
 import pytest
 from distributed import LocalCluster
+from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from otel_flows import regressing_flow, seed, the_run
+from otel_metrics_receiver import running_metrics_receiver
 from otel_receiver import TraceServer, running_phoenix
-from otel_sdk import reset_trace_globals, sdk_provider
+from otel_sdk import reset_trace_globals, sdk_meter_provider, sdk_provider
 from tiers import starts_processes
 
 from prefect_dask_profiling import otel
@@ -66,12 +71,31 @@ def test_the_flows_trace_read_back_from_a_real_receiver(cluster, tmp_path, phoen
                                 "service.name": "otel-phoenix"})
     reset_trace_globals()
     try:
-        with sdk_provider(exporter, BatchSpanProcessor, resource=resource):
+        with running_metrics_receiver() as received, \
+                sdk_meter_provider(PeriodicExportingMetricReader(
+                    OTLPMetricExporter(endpoint=received.endpoint, timeout=10),
+                    export_interval_millis=3_600_000)), \
+                sdk_provider(exporter, BatchSpanProcessor, resource=resource):
             state = regressing_flow(cluster, store, "otel-phoenix")(return_state=True)
+            pushed = list(received.points)  # before the provider's shutdown exports again
     finally:
         reset_trace_globals()
     assert state.is_failed() and "regression" in state.message
     manifest = the_run(store, "otel-phoenix", seeded)
+    # the night's figures, pushed once at the run's end (the reader's own period is an hour)
+    names = {p.name for p in pushed}
+    assert {f"{NS}.stage.wall_time", f"{NS}.stage.utilisation",
+            f"{NS}.prefix.compute_time"} <= names, names
+    walls = {p.attributes[f"{NS}.stage"]: p for p in pushed
+             if p.name == f"{NS}.stage.wall_time"}
+    assert set(walls) == {"load", "compute"} and walls["compute"].unit == "s"
+    assert set(walls["compute"].attributes) == {f"{NS}.pipeline", f"{NS}.version",
+                                                f"{NS}.stage"}
+    assert walls["compute"].attributes[f"{NS}.pipeline"] == "otel-phoenix"
+    assert walls["compute"].value > 0
+    [slow] = [p for p in pushed if p.name == f"{NS}.prefix.compute_time"
+              and p.attributes[f"{NS}.prefix"] == "slow_block"]
+    assert slow.attributes[f"{NS}.stage"] == "compute" and slow.value > 1.0  # 8 x 0.2 s
 
     deadline = time.monotonic() + 60
     while True:  # the receiver stores what it was sent a moment after
