@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from prefect_dask_profiling.cost.allocation import allocation
-from prefect_dask_profiling.environment import Environment
+from prefect_dask_profiling.environment import Environment, RasterStack
 from prefect_dask_profiling.options import ProfilingOptions
 from prefect_dask_profiling.regression.blind import blindness
 from prefect_dask_profiling.regression.rule import Rules
@@ -62,7 +62,7 @@ from prefect_dask_profiling.store.manifest import (
     environment,
 )
 from prefect_dask_profiling.summary import RunRecord, summarise, utilisation
-from prefect_dask_profiling.summary.io import stage_io_summaries
+from prefect_dask_profiling.summary.io import mark_lower_bound, stage_io_summaries
 from prefect_dask_profiling.summary.memory import stage_memory_info
 
 if TYPE_CHECKING:
@@ -664,7 +664,7 @@ def complete_run(end: RunEnd) -> FinishResult:
 
 def _summarise(end: RunEnd) -> None:
     end.util = utilisation(end.record)
-    _stage_totals(end.stages, end.record, end.util)
+    _stage_totals(end.stages, end.record, end.util, (end.env or {}).get("raster"))
     _allocation(end)
     if end.record.incidents:  # workers that died with work on them
         end.manifest_extra["incidents"] = end.record.incidents
@@ -746,11 +746,17 @@ def _record_tables(end: RunEnd) -> dict[str, pd.DataFrame]:
     return tables
 
 
-def _stage_totals(stages: list[StageInfo], record: RunRecord, util: pd.DataFrame) -> None:
-    """Fill each stage's task count, task seconds and wall; add stages only the record knows."""
+def _stage_totals(stages: list[StageInfo], record: RunRecord, util: pd.DataFrame,
+                  raster: RasterStack | None = None) -> None:
+    """Fill each stage's task count, task seconds and wall; add stages only the record knows.
+
+    Each stage's storage figures carry ``requests_lower_bound`` when the workers' ``raster``
+    stack says GDAL counted parallel range requests in batches.
+    """
     by_name = {s.name: s for s in stages}
     memory = stage_memory_info(record)
     io = stage_io_summaries(record.io)
+    mark_lower_bound(io, raster)
     for name in record.stages:
         if name not in by_name:
             by_name[name] = StageInfo(name=name)

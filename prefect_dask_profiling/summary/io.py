@@ -52,6 +52,7 @@ class StageIO(ProcessIO, total=False):
     read_amplification: float
     workers: ProcessIO
     flow_process: ProcessIO
+    requests_lower_bound: str
 
 
 BASE_COLUMNS = ["stage", "worker", "chunks", "decoded_bytes"]
@@ -62,6 +63,12 @@ METRICS = ("requests", "get", "head", "list", "bytes", "chunks", "requests_per_c
 # kinds of process a stage's figures are split by: ``process`` column value -> name
 PROCESSES = {"worker": "workers", "flow": "flow_process"}
 SPLIT_FIGURES = ("requests", "get", "head", "list", "bytes", "s3fs_requests", "s3fs_bytes")
+# GDAL_HTTP_MULTIRANGE=PARALLEL (GDAL's default) sends one HTTP request per merged range of
+# a multi-range read, all at once, and logs the batch as one GET in its network statistics
+# (VSICurlHandle::ReadMultiRange, port/cpl_vsil_curl.cpp): GDAL's count is then a lower bound
+MULTIRANGE_OPTION = "GDAL_HTTP_MULTIRANGE"
+LOWER_BOUND_NOTE = ("GDAL_HTTP_MULTIRANGE=PARALLEL: GDAL counts a batch of parallel range "
+                    "requests as one GET, so GDAL's requests are a lower bound (bytes exact)")
 
 
 def io_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -177,18 +184,48 @@ def stage_io_summaries(io: pd.DataFrame) -> dict[str, StageIO]:
     return out
 
 
+def requests_lower_bound(raster: RasterStack | None) -> str | None:
+    """:data:`LOWER_BOUND_NOTE` when some worker's effective ``GDAL_HTTP_MULTIRANGE`` is
+    ``PARALLEL`` (GDAL's default), else None (pure).
+
+    ``raster`` is the run's raster stack (``environment.raster``): options the workers
+    disagree on are joined by `` | ``, so one worker on ``PARALLEL`` flags the run.
+    """
+    if not isinstance(raster, dict):
+        return None
+    value = (raster.get("options") or {}).get(MULTIRANGE_OPTION)
+    modes = {v.strip().upper() for v in str(value or "").split("|")}
+    return LOWER_BOUND_NOTE if "PARALLEL" in modes else None
+
+
+def mark_lower_bound(summaries: dict[str, StageIO], raster: RasterStack | None) -> None:
+    """Note :func:`requests_lower_bound` on every stage with GDAL requests (in place).
+
+    Why here, not in the counters: GDAL's statistics do not say how many HTTP requests a
+    parallel batch was, so the flag comes from the options the workers ran with.
+    """
+    note = requests_lower_bound(raster)
+    if note is None:
+        return
+    for io in summaries.values():
+        if io.get("requests"):
+            io["requests_lower_bound"] = note
+
+
 def io_text(io: StageIO | None) -> str:
     """One stage's storage summary (:func:`stage_io_summary`) as a short line; "" without.
 
     E.g. ``"56 requests (GET 56), 1.1 per chunk, 1.1 MB, read amplification 0.33x"``;
-    ``", 8 in the flow process"`` is added when the flow process made some of them.
+    ``", 8 in the flow process"`` is added when the flow process made some of them;
+    ``"at least"`` leads when the requests are a lower bound (:func:`requests_lower_bound`).
     """
     if not isinstance(io, dict) or not io.get("requests"):  # no GDAL, or no GDAL request
         extra = io.get("s3fs_requests") if isinstance(io, dict) else None
         return f"s3fs {int(extra)} requests" if extra else ""
     methods = ", ".join(f"{m.upper()} {int(io[m])}" for m in REQUEST_METHODS if io.get(m))
     flow = (io.get("flow_process") or {}).get("requests")
-    parts = [f"{int(io['requests'])} requests" + (f" ({methods})" if methods else "")
+    least = "at least " if io.get("requests_lower_bound") else ""
+    parts = [f"{least}{int(io['requests'])} requests" + (f" ({methods})" if methods else "")
              + (f" of which {int(flow)} in the flow process" if flow else "")]
     if io.get("requests_per_chunk") is not None:
         parts.append(f"{io['requests_per_chunk']:.2g} per chunk")

@@ -61,7 +61,11 @@ unless a worker runs in this process (``processes=False``),
 whose process-wide counters already hold them. The run store's own s3fs calls are not
 counted (its filesystem is marked :data:`UNCOUNTED_ATTRIBUTE`).
 GDAL's statistics count one GET per *batch* of parallel range requests (its default
-``GDAL_HTTP_MULTIRANGE=PARALLEL``; bytes are exact) and one per HTTP request otherwise.
+``GDAL_HTTP_MULTIRANGE=PARALLEL``; bytes are exact) and one per HTTP request otherwise
+(``SERIAL``, ``SINGLE_GET``): ``VSICurlHandle::ReadMultiRange`` logs a parallel batch once,
+and no statistic says how many ranges it held. Under PARALLEL the count is thus a lower
+bound, flagged on the run's stage figures from the options the workers ran with
+(:func:`~prefect_dask_profiling.summary.io.requests_lower_bound`; docs/raster-io.md).
 Nothing here raises into the worker: failures are counted and reported.
 
 Each reading also carries the process's **CPU** (all threads) and the run-queue wait of
