@@ -43,8 +43,10 @@ def store(request, tmp_path, moto_endpoint) -> Iterator[RunStore]:
         return
     reset_moto(moto_endpoint)
     boto_client(moto_endpoint).create_bucket(Bucket=BUCKET)
+    # no request here is meant to hang: a generous timeout, so that a write under a loaded
+    # machine (load 13-15 on 2 cores timed out three 5 s writes) is not taken for an outage
     yield RunStore(f"s3://{BUCKET}/h", s3_options(moto_endpoint), spool_dir=tmp_path / "spool",
-                   timeout=5)
+                   timeout=30)
 
 
 def history(store: RunStore, record) -> list[str]:
@@ -166,7 +168,7 @@ def test_a_503_on_one_baseline_manifest_leaves_the_night_unjudged_naming_it(
     boto_client(moto_endpoint).create_bucket(Bucket=BUCKET)
     with FaultProxy(moto_endpoint) as proxy:
         store = RunStore(f"s3://{BUCKET}/h", s3_options(proxy.endpoint),
-                         spool_dir=tmp_path / "spool", timeout=5)
+                         spool_dir=tmp_path / "spool", timeout=30)
         ids = history(store, record)
         hit = ids[-2]
         key = f"{BUCKET}/h/{layout.manifest_file(PIPELINE, hit)}"
