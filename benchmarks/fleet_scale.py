@@ -51,7 +51,7 @@ QUESTIONS = {
     "2 p95 growth in 30 days": """
         SELECT pipeline, stage, prefix,
                median(p95_s) FILTER (started >= now() - INTERVAL 7 DAY)
-               / median(p95_s) FILTER (started < now() - INTERVAL 30 DAY) AS growth
+               / median(p95_s) FILTER (started <= now() - INTERVAL 30 DAY) AS growth
         FROM fleet WHERE started >= now() - INTERVAL 37 DAY
         GROUP BY ALL HAVING growth IS NOT NULL ORDER BY growth DESC LIMIT 10""",
     "3 utilisation by pipeline": """
@@ -121,18 +121,27 @@ def populate(store: RunStore, pipelines: int, runs: int, prefixes: int) -> float
     return seconds
 
 
-def time_duckdb(root: str) -> dict[str, tuple[float, int]]:
-    """Each question in a new connection: its seconds and its number of result rows."""
+def plain_view(folder: str) -> str:
+    """The view without the rule that reads each run once (for comparison: what the rule
+    costs)."""
+    return (f"CREATE VIEW fleet AS SELECT * FROM read_parquet('{folder}/*/*.parquet', "
+            f"hive_partitioning = true)")
+
+
+def time_duckdb(root: str, view=fleet.duckdb_view) -> dict[str, tuple[float, int]]:
+    """Each question in a new connection (``view`` made first, timed with it): its seconds
+    and its number of result rows."""
     import duckdb
 
     out = {}
     for name, sql in QUESTIONS.items():
         con = duckdb.connect()
         t0 = time.perf_counter()
-        con.execute(fleet.duckdb_view(f"{root}/fleet"))
+        con.execute(view(f"{root}/fleet"))
         found = con.execute(sql).fetchall()
         out[name] = (time.perf_counter() - t0, len(found))
         con.close()
+        print(f"  {view.__name__}, question {name}: {out[name][0]:.2f} s", flush=True)
     return out
 
 
@@ -156,15 +165,20 @@ def time_pandas(root: str) -> tuple[float, float]:
     return read, time.perf_counter() - t0
 
 
-def report(root: str, label: str, attempts: int) -> None:
-    """Print the DuckDB and pandas figures of the view at ``root``."""
+def report(root: str, label: str, attempts: int, everything: bool = True) -> None:
+    """Print the DuckDB and pandas figures of the view at ``root`` (not ``everything``: the
+    DuckDB view alone)."""
     files = sum(1 for _ in Path(root, "fleet").glob("*/*.parquet"))
+    views = (("duckdb_view", fleet.duckdb_view), ("plain read_parquet", plain_view))
     for attempt in range(attempts):
-        figures = time_duckdb(root)
-        text = "; ".join(f"{name}: {s:.2f} s ({rows} rows)"
-                         for name, (s, rows) in figures.items())
-        print(f"{label}, {files} files, DuckDB attempt {attempt + 1}: {text} (load average "
-              f"{os.getloadavg()[0]:.1f})")
+        for kind, view in views if everything else views[:1]:
+            figures = time_duckdb(root, view)
+            text = "; ".join(f"{name}: {s:.2f} s ({rows} rows)"
+                             for name, (s, rows) in figures.items())
+            print(f"{label}, {files} files, DuckDB ({kind}) attempt {attempt + 1}: {text} "
+                  f"(load average {os.getloadavg()[0]:.1f})")
+    if not everything:
+        return
     read, questions = time_pandas(root)
     print(f"{label}, {files} files, pandas: read_fleet {read:.2f} s, the three questions "
           f"{questions:.2f} s (load average {os.getloadavg()[0]:.1f})")
@@ -178,16 +192,23 @@ def main() -> None:
     parser.add_argument("--attempts", type=int, default=3)
     parser.add_argument("--compact", action="store_true",
                         help="then compact the months before this one and time again")
-    parser.add_argument("--keep", help="write the view here and keep it (default: a "
-                                       "temporary folder, removed)")
+    parser.add_argument("--everything", action=argparse.BooleanOptionalAction, default=True,
+                        help="--no-everything: before compacting, time the DuckDB view alone "
+                             "(no plain read_parquet, no pandas: minutes each at 100,000 "
+                             "files)")
+    parser.add_argument("--keep", help="write the view here and keep it, or reuse the one "
+                                       "kept there (default: a temporary folder, removed)")
     args = parser.parse_args()
     root = args.keep or tempfile.mkdtemp(prefix="fleet-scale-")
     try:
         store = RunStore(root, spool_dir=f"{root}-spool")
-        seconds = populate(store, args.pipelines, args.runs, args.prefixes)
-        print(f"wrote {args.pipelines} pipelines x {args.runs} runs ({args.prefixes} rows "
-              f"each) in {seconds:.0f} s")
-        report(root, "per-run files", args.attempts)
+        if args.keep and Path(root, "fleet").exists():
+            print(f"reusing the view kept at {root}")
+        else:
+            seconds = populate(store, args.pipelines, args.runs, args.prefixes)
+            print(f"wrote {args.pipelines} pipelines x {args.runs} runs ({args.prefixes} rows "
+                  f"each) in {seconds:.0f} s")
+        report(root, "per-run files", args.attempts, args.everything)
         if args.compact:
             t0 = time.perf_counter()
             done = fleet.compact_fleet(store)
