@@ -196,6 +196,8 @@ def main() -> None:
                         help="--no-everything: before compacting, time the DuckDB view alone "
                              "(no plain read_parquet, no pandas: minutes each at 100,000 "
                              "files)")
+    parser.add_argument("--before", action=argparse.BooleanOptionalAction, default=True,
+                        help="--no-before: do not time the per-run files before compacting")
     parser.add_argument("--keep", help="write the view here and keep it, or reuse the one "
                                        "kept there (default: a temporary folder, removed)")
     args = parser.parse_args()
@@ -208,7 +210,8 @@ def main() -> None:
             seconds = populate(store, args.pipelines, args.runs, args.prefixes)
             print(f"wrote {args.pipelines} pipelines x {args.runs} runs ({args.prefixes} rows "
                   f"each) in {seconds:.0f} s")
-        report(root, "per-run files", args.attempts, args.everything)
+        if args.before:
+            report(root, "per-run files", args.attempts, args.everything)
         if args.compact:
             t0 = time.perf_counter()
             done = fleet.compact_fleet(store)
