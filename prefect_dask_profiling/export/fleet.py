@@ -318,7 +318,9 @@ def duckdb_view(folder: str, name: str = "fleet") -> str:
     """The DuckDB statement that makes view ``name`` over the fleet view at ``folder``.
 
     Every run once: a run in a compacted month's file and in its own file (see the module)
-    is read from its own file. ``folder`` is the view's location (``<store>/fleet``, local
+    is read from its own file. The rule is an anti-join against the runs' own files (few
+    once compacted), not a window over every row, so a query's filter on ``started``
+    still reaches the Parquet scan. ``folder`` is the view's location (``<store>/fleet``, local
     or, with DuckDB's ``httpfs``, ``s3://...``). DuckDB takes the columns from one file:
     files written before a column existed must be written again first (``fleet --rebuild``,
     or ``fleet --compact``, whose month files have every column). Its ``union_by_name``
@@ -335,10 +337,12 @@ def duckdb_view(folder: str, name: str = "fleet") -> str:
     validate_name(name, "view name")
     glob = f"{folder.rstrip('/')}/*/*.parquet".replace("'", "''")
     return (f"CREATE OR REPLACE VIEW {name} AS "
-            f"SELECT * EXCLUDE (filename, monthly) FROM ("
-            f"SELECT *, starts_with(parse_filename(filename), '{layout.FLEET_MONTH}') AS monthly "
-            f"FROM read_parquet('{glob}', hive_partitioning = true, filename = true)) "
-            f"QUALIFY monthly = min(monthly) OVER (PARTITION BY pipeline, run_id)")
+            f"WITH files AS (SELECT *, starts_with(parse_filename(filename), "
+            f"'{layout.FLEET_MONTH}') AS monthly FROM read_parquet('{glob}', "
+            f"hive_partitioning = true, filename = true)) "
+            f"SELECT * EXCLUDE (filename, monthly) FROM files WHERE NOT monthly "
+            f"OR (pipeline, run_id) NOT IN "
+            f"(SELECT pipeline, run_id FROM files WHERE NOT monthly)")
 
 
 class FleetCompaction(TypedDict):
