@@ -28,9 +28,20 @@ Run with::
     .venv/bin/python -m benchmarks.history_load --backend s3 --runs 10000
     .venv/bin/python -m benchmarks.history_load --backend s3 --runs 10000 --layout old
     .venv/bin/python -m benchmarks.history_load --runs 100000
+    .venv/bin/python -m benchmarks.history_load --cli --sizes 100 10000 --attempts 5
 
 Targets: baseline + drift series < 1 s with 10,000 runs on moto S3, requests O(history) —
 the same count for 1,000 and 10,000 runs.
+
+``--cli`` times the command a user runs instead, end to end: ``dask-profiling check --run
+<the newest run>`` as a new process (``python -m prefect_dask_profiling.cli``: imports,
+opening the store, finding the run's pipeline, reading and judging), pointed at the moto
+server of this process through ``$DASK_PROFILING_STORE`` and
+``$DASK_PROFILING_STORAGE_OPTIONS``, for each of ``--sizes`` (a bucket each: moto scans
+every key of a bucket on each listing). It prints each size's attempts, the ratio of the
+medians to the first size's with its range (slowest over fastest, fastest over slowest),
+and with ``--profile`` one run of each under ``-X importtime`` and cProfile: where the
+time went. Target: ``check`` at 10,000 runs within 1.5 times its time at 100.
 """
 
 from __future__ import annotations
@@ -38,8 +49,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import io
+import json
 import logging
 import os
+import pstats
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -179,27 +196,37 @@ class Breakdown:
 
 
 @contextlib.contextmanager
-def open_store(backend: str, tmp: str) -> Iterator[tuple[RunStore, dict]]:
-    """An empty store on ``backend``, and the options to open it again."""
-    if backend == "local":
-        yield RunStore(f"{tmp}/store", spool_dir=f"{tmp}/spool"), {}
-        return
-    import botocore.session
+def moto_endpoint() -> Iterator[dict]:
+    """A moto server of this process on 127.0.0.1 (stopped on leaving): its storage options."""
     from moto.server import ThreadedMotoServer
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:
         host, port = server.get_host_and_port()
-        options = {"endpoint_url": f"http://{host}:{port}", "key": "bench", "secret": "bench"}
-        botocore.session.get_session().create_client(
-            "s3", endpoint_url=options["endpoint_url"], region_name="us-east-1",
-            aws_access_key_id="bench", aws_secret_access_key="bench").create_bucket(
-            Bucket=BUCKET)
-        yield RunStore(f"s3://{BUCKET}/store", options, spool_dir=f"{tmp}/spool",
-                       timeout=60), options
+        yield {"endpoint_url": f"http://{host}:{port}", "key": "bench", "secret": "bench"}
     finally:
         server.stop()
+
+
+def s3_store(options: dict, bucket: str, tmp: str) -> RunStore:
+    """A store in a new, empty bucket of the moto server at ``options``."""
+    import botocore.session
+
+    botocore.session.get_session().create_client(
+        "s3", endpoint_url=options["endpoint_url"], region_name="us-east-1",
+        aws_access_key_id="bench", aws_secret_access_key="bench").create_bucket(Bucket=bucket)
+    return RunStore(f"s3://{bucket}/store", options, spool_dir=f"{tmp}/spool", timeout=60)
+
+
+@contextlib.contextmanager
+def open_store(backend: str, tmp: str) -> Iterator[tuple[RunStore, dict]]:
+    """An empty store on ``backend``, and the options to open it again."""
+    if backend == "local":
+        yield RunStore(f"{tmp}/store", spool_dir=f"{tmp}/spool"), {}
+        return
+    with moto_endpoint() as options:
+        yield s3_store(options, BUCKET, tmp), options
 
 
 def open_client(store: RunStore) -> float:
@@ -228,6 +255,119 @@ def judge_once(store: RunStore, latest: str, n: int) -> tuple[float, float, str]
     return loaded, time.perf_counter() - t0, text
 
 
+def check_env(store: RunStore, options: dict, tmp: str) -> dict[str, str]:
+    """The environment of a ``dask-profiling`` process pointed at ``store``."""
+    return {**os.environ, "DASK_PROFILING_STORE": store.url,
+            "DASK_PROFILING_STORAGE_OPTIONS": json.dumps(options),
+            "DASK_PROFILING_SPOOL": f"{tmp}/spool", "PYTHONPATH": str(Path.cwd())}
+
+
+def check_command(store: RunStore, options: dict, run_id: str, tmp: str,
+                  python_flags: tuple[str, ...] = ()) -> tuple[float, dict, str]:
+    """Run ``dask-profiling check --run <run_id> --json`` on ``store`` as a new process:
+    its wall seconds, its JSON answer and its standard error."""
+    command = [sys.executable, *python_flags, "-m", "prefect_dask_profiling.cli", "check",
+               "--run", run_id, "--json"]
+    t0 = time.perf_counter()
+    done = subprocess.run(command, env=check_env(store, options, tmp), capture_output=True,
+                          text=True, timeout=600)
+    seconds = time.perf_counter() - t0
+    if done.returncode not in (0, 1, 5):
+        raise SystemExit(f"check failed ({done.returncode}): {done.stderr[-2000:]}")
+    return seconds, json.loads(done.stdout), done.stderr
+
+
+class ServerRequests(logging.Handler):
+    """Counts the requests the moto server of this process answers (its werkzeug log
+    lines), by method and whether a GET lists: what one ``check`` process sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter = Counter()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        line = record.getMessage()
+        for method in ("GET", "HEAD", "PUT", "POST", "DELETE"):
+            if f'"{method} ' in line:
+                listing = method == "GET" and ("list-type" in line or "delimiter" in line)
+                self.counts["LIST" if listing else method] += 1
+
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[Counter]:
+        log = logging.getLogger("werkzeug")
+        level, propagate, handlers = log.level, log.propagate, log.handlers
+        log.setLevel(logging.INFO)
+        log.propagate, log.handlers = False, [self]  # counted, not printed
+        try:
+            yield self.counts
+        finally:
+            log.setLevel(level)
+            log.propagate, log.handlers = propagate, handlers
+
+
+def profile_check(store: RunStore, options: dict, run_id: str, tmp: str) -> str:
+    """Where one ``check`` process spends its time: the requests it sends, its imports
+    (``-X importtime``: the slowest top-level imports, cumulative) and cProfile's top
+    functions of this package, s3fs and fsspec by cumulative time."""
+    with ServerRequests().counting() as requests:
+        seconds, _, stderr = check_command(store, options, run_id, tmp, ("-X", "importtime"))
+    rows = [line.split("|") for line in stderr.splitlines() if line.startswith("import time:")]
+    top = sorted(((int(row[1]), row[2].rstrip()) for row in rows[1:]
+                  if row[1].strip().isdigit() and not row[2].startswith("   ")),
+                 reverse=True)[:6]
+    imports = ", ".join(f"{name.strip()} {us / 1e6:.2f} s" for us, name in top)
+    total = sum(int(row[1]) for row in rows[1:] if row[1].strip().isdigit()
+                and not row[2].startswith("   "))
+    out = f"{tmp}/check.prof"
+    subprocess.run([sys.executable, "-m", "cProfile", "-o", out, "-m",
+                    "prefect_dask_profiling.cli", "check", "--run", run_id, "--json"],
+                   env=check_env(store, options, tmp), capture_output=True, check=False)
+    stream = io.StringIO()
+    pstats.Stats(out, stream=stream).sort_stats("cumulative").print_stats(
+        "prefect_dask_profiling|s3fs|fsspec", 30)
+    sent = ", ".join(f"{n} {kind}" for kind, n in sorted(requests.items()))
+    return (f"one process under -X importtime: {seconds:.2f} s, requests: {sent}; imports "
+            f"{total / 1e6:.2f} s in all, the slowest top-level ones: {imports}\n"
+            f"{stream.getvalue()}")
+
+
+def cli_main(sizes: list[int], attempts: int, profile: bool) -> None:
+    """Time ``check --run <newest>`` as a process at each of ``sizes`` (see the module's
+    docstring); print the attempts and the ratios to the first size."""
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    times: dict[int, list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp, moto_endpoint() as options:
+        stores = {}
+        for runs in sizes:
+            store = s3_store(options, f"{BUCKET}-{runs}", tmp)
+            t0 = time.perf_counter()
+            stores[runs] = store, populate(store, runs, "new")
+            print(f"stored {runs} runs on moto S3 in {time.perf_counter() - t0:.1f} s")
+        gc.collect()
+        gc.freeze()
+        for attempt in range(attempts):  # the sizes alternate: a change of load hits both
+            for runs, (store, latest) in stores.items():
+                seconds, answer, _ = check_command(store, options, latest, tmp)
+                times.setdefault(runs, []).append(seconds)
+                base = answer.get("baseline") or {}
+                print(f"attempt {attempt + 1}, {runs} runs: check {seconds:.2f} s "
+                      f"({len(base.get('runs') or [])} baseline runs; load average "
+                      f"{os.getloadavg()[0]:.1f})")
+        if profile:
+            for runs, (store, latest) in stores.items():
+                print(f"--- {runs} runs\n{profile_check(store, options, latest, tmp)}")
+    first = sizes[0]
+    for runs in sizes[1:]:
+        ratio = statistics.median(times[runs]) / statistics.median(times[first])
+        low, high = min(times[runs]) / max(times[first]), max(times[runs]) / min(times[first])
+        print(f"{runs} runs: {min(times[runs]):.2f}-{max(times[runs]):.2f} s (median "
+              f"{statistics.median(times[runs]):.2f}); {first} runs: {min(times[first]):.2f}-"
+              f"{max(times[first]):.2f} s (median {statistics.median(times[first]):.2f}); "
+              f"ratio of medians {ratio:.2f} (range {low:.2f}-{high:.2f}); target <= 1.5: "
+              f"{'ok' if ratio <= 1.5 else 'MISSED'}")
+    print(f"(cpu count {os.cpu_count()}; load average {os.getloadavg()[0]:.1f})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=1000)
@@ -238,7 +378,17 @@ def main() -> None:
                              "without totals; old: also the index markers flat (before the "
                              "monthly partitions)")
     parser.add_argument("--attempts", type=int, default=3)
+    parser.add_argument("--cli", action="store_true",
+                        help="time `dask-profiling check --run <newest>` as a process on moto "
+                             "S3 at each of --sizes")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 10000])
+    parser.add_argument("--profile", action="store_true",
+                        help="with --cli: one more process per size under -X importtime and "
+                             "cProfile")
     args = parser.parse_args()
+    if args.cli:
+        cli_main(args.sizes, args.attempts, args.profile)
+        return
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto logs every request
     with tempfile.TemporaryDirectory() as tmp, open_store(args.backend, tmp) as (store, opts):
         t0 = time.perf_counter()

@@ -72,13 +72,28 @@ def fleet_command(
     pipeline: PipelineOption = None,
     rebuild: Annotated[bool, typer.Option(
         "--rebuild", help="Write the view again from the stored runs.")] = False,
+    compact: Annotated[bool, typer.Option(
+        "--compact", help="Fold each month before this one into one file per pipeline "
+                          "(month=YYYY-MM.parquet): fewer files for a query engine.")] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """The fleet-wide Parquet view at <store>/fleet/: where it is, or --rebuild it."""
+    """The fleet-wide Parquet view at <store>/fleet/: where it is, --rebuild or --compact it."""
     from prefect_dask_profiling.export import fleet
 
+    if rebuild and compact:
+        raise BadInput("--rebuild and --compact: one at a time")
     run_store = existing_store(store)
     location = fleet.fleet_location(run_store)
+    if compact:
+        done = fleet.compact_fleet(run_store, pipeline)
+        if as_json:
+            emit_json({"location": location, **done})
+            return
+        for path, reason in done["skipped"]:
+            warn(f"left {path} as it is: {reason}")
+        say(f"compacted {location}: {done['months']} month file(s) written, "
+            f"{done['removed']} run file(s) folded into them")
+        return
     if not rebuild:
         frame = fleet.read_fleet(run_store)
         info = {"location": location, "rows": len(frame),

@@ -47,13 +47,6 @@ def register(app: typer.Typer) -> None:
     app.command("accept")(guarded(accept_command))
 
 
-def _store_and_pipeline(store: str | None, pipeline: str | None) -> tuple[RunStore, str]:
-    from prefect_dask_profiling.regression import history
-
-    run_store = existing_store(store)
-    return run_store, history.resolve_pipeline(run_store, pipeline)
-
-
 def _store_and_run(store: str | None, pipeline: str | None, *runs: str) -> tuple[RunStore, str]:
     """The store, and the pipeline holding the first run (found when not given)."""
     from prefect_dask_profiling.regression import history
@@ -243,15 +236,19 @@ def check_command(
     """Judge a stored run again with the rules it was judged with (one-night verdicts and
     drift); exit 1 on a regression, 5 on a run stored unjudged (or that cannot be judged
     now) that shows none: its gate did not look."""
+    from prefect_dask_profiling.regression import history
     from prefect_dask_profiling.regression.judge import judge_stored
 
     overrides = {k: v for k, v in (("threshold", threshold), ("history", n_history))
                  if v is not None}
-    if run_id is not None and pipeline is None:
-        run_store, pipeline = _store_and_run(store, pipeline, run_id)
-    else:
-        run_store, pipeline = _store_and_pipeline(store, pipeline)
-    result = judge_stored(run_store, pipeline, run_id, version, overrides=overrides)
+    run_store = existing_store(store)
+    with run_store.remembering_reads():  # finding the run lists what judging it reads again
+        if run_id is not None and pipeline is None:
+            validate_name(run_id, "run_id")
+            pipeline = history.find_run(run_store, run_id)
+        else:
+            pipeline = history.resolve_pipeline(run_store, pipeline)
+        result = judge_stored(run_store, pipeline, run_id, version, overrides=overrides)
     if as_json:
         emit_json(result.to_json())
     else:

@@ -114,7 +114,7 @@ def find_run(store: RunStore, run_id: str, pipeline: str | None = None) -> str:
     if pipeline is not None:
         return resolve_pipeline(store, pipeline)
     pipelines = store.list_pipelines()
-    holders = [p for p in pipelines if any(e["run_id"] == run_id for e in store.list_runs(p))]
+    holders = [p for p in pipelines if store.run_entry(p, run_id) is not None]
     if not holders:  # a run whose index marker was never written still has its manifest
         holders = [p for p in pipelines if _has_manifest(store, p, run_id)]
     if not holders:
@@ -149,10 +149,10 @@ def eta_plan(store: RunStore, pipeline: str, version: str | None = None,
     from prefect_dask_profiling.regression.rule import RegressionRule, Rules
 
     if version is None:
-        runs = store.list_runs(pipeline)
-        if not runs:
+        newest = store.newest_run(pipeline)
+        if newest is None:
             raise StoreError(f"no runs of pipeline {pipeline!r} in {store.url}")
-        version = str(runs[0]["version"])
+        version = str(newest["version"])
     rules = Rules.from_options(history=history or RegressionRule.history)
     with store.remembering_reads():
         found = load_history(store, pipeline, version, rules, run_id="")

@@ -537,11 +537,11 @@ def judge_stored(store: RunStore, pipeline: str, run_id: str | None = None,
     """
     with store.remembering_reads():  # manifests and listings are read more than once
         if run_id is None:
-            runs = store.list_runs(pipeline, version)
-            if not runs:
+            newest = store.newest_run(pipeline, version)
+            if newest is None:
                 what = f"pipeline {pipeline!r}" + (f" version {version!r}" if version else "")
                 raise StoreError(f"no runs of {what} in {store.url}")
-            run_id = runs[0]["run_id"]
+            run_id = newest["run_id"]
         manifest = store.read_manifest(pipeline, run_id)
         if version is not None and version != manifest["version"]:
             raise StoreError(f"run {run_id} is version {manifest['version']!r}, "

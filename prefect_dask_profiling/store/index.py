@@ -79,6 +79,83 @@ class IndexReading(StoreAccess):
                          None if counting is None else frozenset(counting), since, before)
         return [dict(r) for r in self._list_window(pipeline, version, window)]
 
+    def run_entry(self, pipeline: str, run_id: str) -> dict | None:
+        """The entry of ``run_id`` that :meth:`list_runs` of ``pipeline`` holds, or ``None``.
+
+        What the full listing says of this one run, from the run's month only: one listing
+        of the pipeline's versions, each version's listing (and its flat markers) and its
+        partition of the run's month, and the run folders of that month; so finding a run
+        costs O(versions) requests, not O(stored runs). Damage is handled as there: a marker
+        whose run folder is gone is skipped, a folder whose marker was never written is
+        listed from its manifest (and its marker written again), each with a warning.
+        """
+        validate_name(run_id, "run_id")
+        month = layout.index_partition(run_id)
+        found: dict[str, dict] = {}
+        for version in self._children(layout.index_dir(pipeline)):
+            if not layout.valid_names(version):
+                continue
+            months, flat = self._version_index(pipeline, version)
+            found.update(flat)
+            if month in months:
+                found.update(self._index_partition(pipeline, version, month))
+        entries: dict[str, dict] = {}
+        _add_markers(entries, {rel: info for rel, info in found.items()
+                               if _marker_run(rel) == run_id}, self.location)
+        entry = entries.get(run_id)
+        folder = run_id in self._run_folders(pipeline, run_id, run_id)
+        if entry is not None and not folder:
+            logger.warning("skipping run %s of pipeline %s: its index marker is in %s but its "
+                           "folder %s is gone", run_id, pipeline,
+                           self.location(layout.index_dir(pipeline, entry["version"])),
+                           self.location(layout.run_dir(pipeline, run_id)))
+            return None
+        if entry is None and folder:
+            return self._unindexed(pipeline, run_id)
+        return entry
+
+    def newest_run(self, pipeline: str, version: str | None = None) -> dict | None:
+        """The first entry of :meth:`list_runs` (``pipeline``, ``version``), or ``None``.
+
+        The newest run through the index window (:meth:`list_runs` with ``newest=1``: the
+        newest partitions, the run folders of their months) of ``version``, or of each
+        version whose index reaches the newest month (the others hold older runs only), so
+        it costs O(versions) requests, not O(stored runs). Where the window cannot answer
+        for the whole listing — the newest marker's folder is gone, or a run folder is newer
+        than the newest run (its marker never written: the full listing repairs it) — the
+        full listing answers, as before.
+        """
+        if version is not None:
+            validate_name(version, "version")
+        newest: dict | None = None
+        for name in [version] if version is not None else self._newest_versions(pipeline):
+            window = self.list_runs(pipeline, name, newest=1)
+            if not window:  # no markers, or the newest one's folder is gone
+                newest = None
+                break
+            if newest is None or window[0]["run_id"] > newest["run_id"]:
+                newest = window[0]
+        if newest is not None and (version is not None or not any(
+                name > newest["run_id"]
+                for name in self._run_folders(pipeline, newest["run_id"], None))):
+            return newest
+        runs = self.list_runs(pipeline, version)
+        return runs[0] if runs else None
+
+    def _newest_versions(self, pipeline: str) -> list[str]:
+        """The versions of ``pipeline`` that may hold its newest indexed run: those with a
+        partition of the newest month, and any with markers outside dated partitions
+        (written before the partitions, or undated run ids). One listing of each version."""
+        latest: dict[str, str] = {}
+        for name in self._children(layout.index_dir(pipeline)):
+            if not layout.valid_names(name):
+                continue
+            months, flat = self._version_index(pipeline, name)
+            dated = [m for m in months if m != layout.UNDATED]
+            latest[name] = "~" if flat or layout.UNDATED in months else max(dated, default="")
+        top = max((m for m in latest.values() if m != "~"), default="")
+        return [name for name, month in latest.items() if month == "~" or month == top]
+
     def _list_window(self, pipeline: str, version: str, window: _Window) -> list[dict]:
         """The runs of ``window`` (see :meth:`list_runs`), newest first."""
         months, flat = self._version_index(pipeline, version)
@@ -275,6 +352,11 @@ class _Window:
         so the window is complete without listing it."""
         key = layout.month_key(month)
         return run_id[:6] > key if self.newest_first else run_id < key
+
+
+def _marker_run(rel: str) -> str:
+    """The run id an index marker's path names (its file name without the status)."""
+    return rel.rpartition("/")[2].rpartition(".")[0]
 
 
 def _within(run_id: str, since: str | None, before: str | None) -> bool:

@@ -9,6 +9,7 @@ Paths are relative to the store's root (a local folder, ``s3://bucket/prefix``, 
     accepted/<pipeline>/<version>/<run_id>                             a baseline restart
     acks/<pipeline>/<version>/<target>                                 an acknowledgement
     fleet/pipeline=<pipeline>/<run_id>.parquet                         derived Parquet view
+    fleet/pipeline=<pipeline>/month=<YYYY-MM>.parquet                  its compacted months
     live/<pipeline>/<run_id>.json                                      a run in progress: its ETA
 
 Index markers are partitioned by the month of their run id (``undated`` for run ids that do
@@ -41,6 +42,7 @@ LIVE_SUFFIX = ".json"
 MANIFEST = "manifest.json"
 REPORT_SUFFIX = ".html"
 FLEET_PARTITION = "pipeline="
+FLEET_MONTH = "month="  # a compacted month of a pipeline's fleet files
 UNDATED = "undated"  # the index partition of run ids that do not start with a timestamp
 _DATED = re.compile(r"(\d{4})(\d{2})\d{2}T")
 _MONTH = re.compile(r"\d{4}-\d{2}")
@@ -185,6 +187,25 @@ def fleet_dir(pipeline: str | None = None) -> str:
 def fleet_file(pipeline: str, run_id: str) -> str:
     """``fleet/pipeline=<pipeline>/<run_id>.parquet``."""
     return join(fleet_dir(pipeline), f"{validate_name(run_id, 'run_id')}.parquet")
+
+
+def fleet_month_file(pipeline: str, month: str) -> str:
+    """``fleet/pipeline=<pipeline>/month=<YYYY-MM>.parquet``: the month's runs in one file."""
+    if not _MONTH.fullmatch(month):
+        raise InvalidInput(f"not a month (YYYY-MM): {month!r}")
+    return join(fleet_dir(pipeline), f"{FLEET_MONTH}{month}.parquet")
+
+
+def parse_fleet_file(name: str) -> tuple[str, str] | None:
+    """What a file of a fleet partition holds: ``("month", "YYYY-MM")`` for a compacted
+    month, ``("run", run_id)`` for one run's file, else ``None``."""
+    stem, dot, suffix = name.rpartition(".")
+    if not dot or suffix != "parquet":
+        return None
+    if stem.startswith(FLEET_MONTH):
+        month = stem[len(FLEET_MONTH):]
+        return ("month", month) if _MONTH.fullmatch(month) else None
+    return ("run", stem) if valid_names(stem) else None
 
 
 def live_dir(pipeline: str) -> str:
