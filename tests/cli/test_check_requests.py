@@ -25,6 +25,8 @@ from prefect_dask_profiling.store.manifest import complete_manifest, dump, marke
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 from prefect_dask_profiling.store.tables import encode_files
 
+pytestmark = pytest.mark.slow  # 1,400 runs put on moto and 6 judgements: > 10 s
+
 PIPE = "nightly"
 NEWEST = datetime(2026, 2, 16, 2, tzinfo=UTC)  # every history ends here: the same windows
 # The newest version's runs go back past the months of the drift series' newest 57 nights
