@@ -20,7 +20,9 @@ Around every run each process's CPU seconds are read with psutil (user + system)
 scheduler process, the two worker processes (not their nannies), the flow process (this one,
 all threads) and the Prefect server with its children; "after" is read once the scheduler holds
 no task and 1 s has passed, so the release of the graph and the profiled runner's plugin
-removal count in their run.
+removal count in their run. Before each plain run the workers' storage-request plugin is removed (a
+profiled run on a shared cluster leaves it registered for the next run): plain runs measure
+workers without it.
 
 Prints, per process: plain and profiled CPU seconds (medians), the paired ratio (median of
 each pair's profiled / plain, 90% bootstrap interval), and the added CPU (median of each
@@ -41,6 +43,7 @@ cProfile inflates many small Python calls: read it as where the CPU goes, not ho
 from __future__ import annotations
 
 import argparse
+import contextlib
 import operator
 import os
 import signal
@@ -66,6 +69,7 @@ from benchmarks import flow_overhead, scheduler_cprofile  # noqa: E402
 from prefect_dask_profiling import stage  # noqa: E402
 from prefect_dask_profiling.bench.report import paired_difference, paired_ratio  # noqa: E402
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner, profiled  # noqa: E402
+from prefect_dask_profiling.timing import io_client  # noqa: E402
 
 FAN_IN = 100  # of the tiny graph's sum tree
 STACK_YX = (512, 512)  # the stack cube's Y, X (chunks of 1 x Y/4 x X/4)
@@ -168,7 +172,14 @@ class Processes:
 
 
 def timed_run(flow_fn, procs: Processes) -> dict[str, float]:
-    """CPU seconds of each process in one flow run (and its wall)."""
+    """CPU seconds of each process in one flow run (and its wall).
+
+    On a shared cluster (``address=``) a profiled run leaves the workers' storage-request
+    plugin registered (another run may count with it): before a plain run it is removed,
+    so the plain runs measure workers without it (each profiled run registers it again)."""
+    if not isinstance(flow_fn.task_runner, ProfiledDaskTaskRunner):
+        with contextlib.suppress(Exception):  # not registered (yet)
+            procs.client.unregister_worker_plugin(io_client.PLUGIN_NAME)
     procs.quiet()
     before = procs.cpu()
     t0 = time.perf_counter()
