@@ -5,7 +5,8 @@ task statistics, busy fraction and success rate; :func:`compare` builds
 ``comparison.json`` (metric table, verdicts, warnings) with the interpretation
 :func:`rubric` (which differences between the sides mean what); :func:`notes_markdown`
 renders ``notes.md``, the session's write-up; :func:`paired_ratio` is the figure every
-benchmark in ``benchmarks/`` quotes for one variant against another. All pure.
+benchmark in ``benchmarks/`` quotes for one variant against another (:func:`paired_difference`
+the added amount). All pure.
 """
 
 from __future__ import annotations
@@ -220,8 +221,19 @@ def paired_ratio(walls: list[float], plain: list[float]) -> tuple[float, float, 
     Runs of one repeat are adjacent in time, so their ratio cancels most of the machine's
     drift, which the ratio of the two medians keeps.
     """
-    ratios = np.asarray(walls) / np.asarray(plain)
+    return _median_interval(np.asarray(walls) / np.asarray(plain))
+
+
+def paired_difference(values: list[float], plain: list[float]) -> tuple[float, float, float]:
+    """The median of the per-repeat differences ``values[i] - plain[i]`` and its 90%
+    bootstrap interval, as :func:`paired_ratio` gives the ratios': the added seconds per
+    run (divided by a run's task count, the added cost per task)."""
+    return _median_interval(np.asarray(values) - np.asarray(plain))
+
+
+def _median_interval(paired: np.ndarray) -> tuple[float, float, float]:
+    """The median of ``paired`` and its 90% bootstrap interval (fixed seed)."""
     rng = np.random.default_rng(0)
-    medians = np.median(rng.choice(ratios, size=(BOOTSTRAP_RESAMPLES, len(ratios))), axis=1)
+    medians = np.median(rng.choice(paired, size=(BOOTSTRAP_RESAMPLES, len(paired))), axis=1)
     low, high = np.quantile(medians, [0.05, 0.95])
-    return float(np.median(ratios)), float(low), float(high)
+    return float(np.median(paired)), float(low), float(high)

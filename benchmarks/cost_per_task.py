@@ -1,0 +1,340 @@
+"""The cost per task of profiling: added CPU on the scheduler, the workers and the flow process.
+
+One Prefect flow (a real Prefect server on 127.0.0.1, as :mod:`benchmarks.flow_overhead`
+starts it) with one stage, ``with stage("work"):``, that computes a graph of ``--tasks`` tasks
+from the flow body through ``get_dask_client()`` (``client.compute(graph).result()``), on one
+``dask scheduler`` and two ``dask worker --nthreads 1`` processes that live across all runs
+(``tests/dask_processes.py``). The plain ``DaskTaskRunner`` and the ``ProfiledDaskTaskRunner``
+(defaults: every stage's report drawn in the flow process) are alternated, the first of each
+pair swapped every pair, after one warm-up run of each (of at most ``--warmup-tasks``
+tasks, under the same flow name).
+
+Graphs (``--graph``):
+
+* **tiny** (default) — ``N`` tasks ``operator.pos(i)`` summed by a tree of ``sum`` tasks
+  (fan-in 100, so ``1.01 N`` tasks): the scheduler-bound worst case, every task is overhead.
+* **stack** — the median NDVI of a random cube in one-time-step chunks (the shape of
+  ``flow_overhead.py --part stack``), ``T`` grown until the graph has about ``N`` tasks.
+
+Around every run each process's CPU seconds are read with psutil (user + system): the
+scheduler process, the two worker processes (not their nannies), the flow process (this one,
+all threads) and the Prefect server with its children; "after" is read once the scheduler holds
+no task and 1 s has passed, so the release of the graph and the profiled runner's plugin
+removal count in their run. Before each plain run the workers' storage-request plugin is removed (a
+profiled run on a shared cluster leaves it registered for the next run): plain runs measure
+workers without it.
+
+Prints, per process: plain and profiled CPU seconds (medians), the paired ratio (median of
+each pair's profiled / plain, 90% bootstrap interval), and the added CPU (median of each
+pair's difference, 90% bootstrap interval) per run and per task (µs; the run's tasks are
+the graph's). The flow process's added CPU is a per-run figure (its per-task share is the
+slope between two ``--tasks``).
+
+``--cprofile`` runs one more pair after the measured ones with ``cProfile`` (timed in thread
+CPU) on the event-loop thread of the scheduler and of each worker (where the plugins' hooks
+run), and prints what grew most, profiled minus plain (``scheduler_cprofile.report``).
+cProfile inflates many small Python calls: read it as where the CPU goes, not how much.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/cost_per_task.py [--tasks 10000] [--pairs 5]
+        [--graph tiny|stack] [--variants defaults,no-samplers,no-reports] [--cprofile]
+        [--warmup-tasks 10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import operator
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import dask
+import psutil
+from dask.delayed import Delayed
+from distributed import Client
+from prefect import flow, task
+from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+from prefect_dask import DaskTaskRunner, get_dask_client
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # dask_processes
+import dask_processes  # noqa: E402
+
+from benchmarks import flow_overhead, scheduler_cprofile  # noqa: E402
+from prefect_dask_profiling import stage  # noqa: E402
+from prefect_dask_profiling.bench.report import paired_difference, paired_ratio  # noqa: E402
+from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner, profiled  # noqa: E402
+from prefect_dask_profiling.timing import io_client  # noqa: E402
+
+FAN_IN = 100  # of the tiny graph's sum tree
+STACK_YX = (512, 512)  # the stack cube's Y, X (chunks of 1 x Y/4 x X/4)
+VARIANTS = {  # profiled variants: runner options
+    "defaults": {},
+    "no-samplers": {"sample_interval": 0},
+    "no-reports": {"stage_reports": False},
+}
+PROCESSES = ("scheduler", "workers", "flow process", "Prefect server")
+
+
+# -- the work ----------------------------------------------------------------------------------
+
+def tiny_graph(n: int) -> Delayed:
+    """``n`` tasks ``pos(i)`` and a sum tree over them (fan-in :data:`FAN_IN`): one result."""
+    graph: dict[Any, Any] = {("tiny", i): (operator.pos, i) for i in range(n)}
+    keys, level = list(graph), 0
+    while len(keys) > 1:
+        level += 1
+        parents = []
+        for j in range(0, len(keys), FAN_IN):
+            graph[(f"total-{level}", j // FAN_IN)] = (sum, keys[j:j + FAN_IN])
+            parents.append((f"total-{level}", j // FAN_IN))
+        keys = parents
+    return Delayed(keys[0], graph)
+
+
+def stack_shape(n: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """The stack cube (shape, chunks) whose ndvi graph has about ``n`` tasks."""
+    y, x = STACK_YX
+    chunks = (1, y // 4, x // 4)
+    per_step = flow_overhead.tasks_per_stage((4, y, x), chunks) / 4
+    t = max(int(n / per_step), 1)
+    return (t, y, x), chunks
+
+
+def graph_of(kind: str, n: int) -> tuple[Any, int]:
+    """The stage's graph and its task count (after Dask's optimisation)."""
+    if kind == "tiny":
+        graph = tiny_graph(n)
+    else:
+        shape, chunks = stack_shape(n)
+        graph = flow_overhead.ndvi_graph(shape, 0, chunks)
+    (optimised,) = dask.optimize(graph)
+    return graph, len(dict(optimised.__dask_graph__()))
+
+
+@task
+def first_submission() -> int:
+    """prefect-dask's ``get_dask_client()`` in a flow body needs the runner's client, which
+    its first submission creates (as in ``flow_overhead.py``'s stack flow)."""
+    return 0
+
+
+def make_flow(runner: DaskTaskRunner, name: str, kind: str, n: int):
+    """The one-stage flow on ``runner`` (``@profiled`` for a profiled runner)."""
+
+    def body() -> float:
+        with stage("work"):
+            first_submission.submit().result()
+            graph, _ = graph_of(kind, n)
+            with get_dask_client() as client:
+                return float(client.compute(graph).result())
+
+    fn = profiled(body) if isinstance(runner, ProfiledDaskTaskRunner) else body
+    return flow(name=name, version="1", task_runner=runner, log_prints=False)(fn)
+
+
+# -- CPU per process -----------------------------------------------------------------------------
+
+def _cpu(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+def _n_tasks(dask_scheduler) -> int:
+    return len(dask_scheduler.tasks)
+
+
+class Processes:
+    """The cluster's processes, the flow process and the Prefect server: CPU seconds so far."""
+
+    def __init__(self, client: Client, scheduler_pid: int) -> None:
+        self.client = client
+        self.scheduler_pid = scheduler_pid
+        self.worker_pids = sorted(client.run(os.getpid).values())
+
+    def cpu(self) -> dict[str, float]:
+        return {"scheduler": _cpu(self.scheduler_pid),
+                "workers": sum(_cpu(pid) for pid in self.worker_pids),
+                "flow process": _cpu(os.getpid()),
+                "Prefect server": flow_overhead.server_cpu()}
+
+    def quiet(self, timeout: float = 120.0) -> None:
+        """Wait until the scheduler holds no task (the last graph released), then 1 s."""
+        deadline = time.monotonic() + timeout
+        while self.client.run_on_scheduler(_n_tasks) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)
+
+
+def timed_run(flow_fn, procs: Processes) -> dict[str, float]:
+    """CPU seconds of each process in one flow run (and its wall).
+
+    On a shared cluster (``address=``) a profiled run leaves the workers' storage-request
+    plugin registered (another run may count with it): before a plain run it is removed,
+    so the plain runs measure workers without it (each profiled run registers it again)."""
+    if not isinstance(flow_fn.task_runner, ProfiledDaskTaskRunner):
+        with contextlib.suppress(Exception):  # not registered (yet)
+            procs.client.unregister_worker_plugin(io_client.PLUGIN_NAME)
+    procs.quiet()
+    before = procs.cpu()
+    t0 = time.perf_counter()
+    state = flow_fn(return_state=True)
+    wall = time.perf_counter() - t0
+    if not state.is_completed() and "RegressionDetected" not in (state.message or ""):
+        raise RuntimeError(f"flow run ended {state.name}: {state.message}")
+    procs.quiet()
+    after = procs.cpu()
+    return {"wall": wall, **{k: after[k] - before[k] for k in before}}
+
+
+# -- cProfile of the event loops ---------------------------------------------------------------
+
+def _worker_profile_on(dask_worker, name: str) -> None:
+    scheduler_cprofile._profile_on(dask_worker, name)
+
+
+def _worker_profile_off(dask_worker, name: str) -> dict:
+    return scheduler_cprofile._profile_off(dask_worker, name)
+
+
+def profiled_pair(client: Client, flows: dict[str, Any], procs: Processes,
+                  tasks: int) -> None:
+    """One pair (plain, then defaults) under cProfile on the scheduler's and the workers'
+    event-loop threads; what grew most, per process kind."""
+    kinds: dict[str, dict[str, list[dict]]] = {"scheduler": {}, "workers": {}}
+    for kind in ("plain", "defaults"):
+        procs.quiet()
+        client.run_on_scheduler(scheduler_cprofile._profile_on, name=kind)
+        client.run(_worker_profile_on, name=kind)
+        t0 = time.perf_counter()
+        flows[kind](return_state=True)
+        procs.quiet()
+        kinds["scheduler"][kind] = [client.run_on_scheduler(scheduler_cprofile._profile_off,
+                                                            name=kind)]
+        kinds["workers"][kind] = list(client.run(_worker_profile_off, name=kind).values())
+        print(f"  cProfile run {kind:9s} {time.perf_counter() - t0:7.1f} s", flush=True)
+    for where, runs in kinds.items():
+        print(f"\n{where} (cProfile of the event-loop thread; workers: mean of the 2):")
+        scheduler_cprofile.report({"plain": runs["plain"], "profiled": runs["defaults"]},
+                                  top=25, sort="own")
+        print_ours(runs["defaults"], tasks=tasks)
+
+
+OURS = ("<dynamic-code>", "prefect_dask_profiling")  # the plugin (by value) and the package
+
+
+def print_ours(profiles: list[dict], tasks: int, top: int = 20) -> None:
+    """The package's own functions in the profiled run (mean over ``profiles``): calls, own
+    and cumulative CPU, and their own CPU summed (per task: under cProfile)."""
+    acc: dict[tuple, list[float]] = {}
+    for stats in profiles:
+        for key, values in stats.items():
+            if any(mark in key[0] for mark in OURS):
+                row = acc.setdefault(key, [0.0, 0.0, 0.0])
+                for i, value in enumerate(values):
+                    row[i] += value / len(profiles)
+    own = sum(row[1] for row in acc.values())
+    print(f"the package's functions: {own * 1000:.1f} ms own CPU per run under cProfile "
+          f"({own / tasks * 1e6:.2f} us per task); by cumulative CPU (top {top}):")
+    print(f"  {'calls':>9} {'own ms':>8} {'cum ms':>8} {'us/call':>8}  function")
+    for (file, line, func), (calls, own_s, cum_s) in sorted(
+            acc.items(), key=lambda kv: -kv[1][2])[:top]:
+        where = file.split("prefect_dask_profiling/")[-1]
+        print(f"  {calls:9.0f} {own_s * 1000:8.1f} {cum_s * 1000:8.1f} "
+              f"{cum_s / max(calls, 1) * 1e6:8.1f}  {where}:{line} {func}")
+
+
+# -- main -----------------------------------------------------------------------------------------
+
+def run(args: argparse.Namespace) -> None:
+    variants = ["plain", *args.variants.split(",")]
+    heartbeats = {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
+    with tempfile.TemporaryDirectory() as tmp, flow_overhead.prefect_server(), \
+            temporary_settings(updates=heartbeats), \
+            dask_processes.external_cluster(tmp + "/cluster", n_workers=2,
+                                            nthreads=1) as cluster, \
+            Client(cluster.address) as client:
+        address = cluster.address
+        procs = Processes(client, cluster.scheduler.pid)
+        flows = {
+            name: make_flow(
+                DaskTaskRunner(address=address) if name == "plain" else
+                ProfiledDaskTaskRunner(address=address, store=tmp + "/store", **VARIANTS[name]),
+                f"cost-{name}", args.graph, args.tasks)
+            for name in variants}
+        _, tasks = graph_of(args.graph, args.tasks)
+        print(f"{args.graph} graph: {tasks:,} tasks in one stage, dask scheduler + 2 dask worker "
+              f"--nthreads 1 processes; {args.pairs} alternated pairs of {variants} "
+              f"(load {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} "
+              f"{os.getloadavg()[2]:.2f})", flush=True)
+        for name in variants:  # warm-up: imports, first connections, the store's first run
+            runner = flows[name].task_runner
+            timed_run(make_flow(runner, f"cost-{name}", args.graph,
+                                min(args.tasks, args.warmup_tasks)), procs)
+        results: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
+        for i in range(args.pairs):
+            order = variants[i % len(variants):] + variants[:i % len(variants)]
+            for name in order:
+                row = timed_run(flows[name], procs)
+                results[name].append(row)
+                print(f"  pair {i + 1}/{args.pairs} {name:<12} wall {row['wall']:7.1f} s  " +
+                      "  ".join(f"{p} {row[p]:7.2f}" for p in PROCESSES) +
+                      f"  (load {os.getloadavg()[0]:.2f})", flush=True)
+        print_results(results, tasks)
+        if args.cprofile and "defaults" in flows:
+            profiled_pair(client, flows, procs, tasks)
+        print(f"load at the end: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} "
+              f"{os.getloadavg()[2]:.2f}")
+
+
+def print_results(results: dict[str, list[dict[str, float]]], tasks: int) -> None:
+    plain = results["plain"]
+    for name, rows in results.items():
+        if name == "plain":
+            continue
+        print(f"\n{name} vs plain, {len(rows)} pairs, {tasks:,} tasks a run "
+              "(medians; paired: median of the pairs, 90% bootstrap interval):")
+        print(f"  {'process':<15} {'plain CPU s':>11} {'profiled':>9} "
+              f"{'paired ratio (90% CI)':>24} {'added CPU s/run (90% CI)':>27} "
+              f"{'added us/task (90% CI)':>25}")
+        for process in ("wall", *PROCESSES):
+            mine, theirs = [r[process] for r in rows], [r[process] for r in plain]
+            ratio, low, high = paired_ratio(mine, theirs)
+            added, a_low, a_high = paired_difference(mine, theirs)
+            per_task = (f"{added / tasks * 1e6:.2f} ({a_low / tasks * 1e6:.2f} to "
+                        f"{a_high / tasks * 1e6:.2f})")
+            print(f"  {process:<15} {statistics.median(theirs):11.2f} "
+                  f"{statistics.median(mine):9.2f} "
+                  f"{f'{ratio:.3f} ({low:.3f}-{high:.3f})':>24} "
+                  f"{f'{added:+.2f} ({a_low:+.2f} to {a_high:+.2f})':>27} {per_task:>25}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=10_000,
+                        help="tasks of the stage (tiny: plus the 1%% of its sum tree)")
+    parser.add_argument("--pairs", type=int, default=5, help="alternated pairs measured")
+    parser.add_argument("--graph", choices=("tiny", "stack"), default="tiny")
+    parser.add_argument("--variants", default="defaults",
+                        help=f"comma-separated profiled variants, of {list(VARIANTS)}")
+    parser.add_argument("--warmup-tasks", type=int, default=10_000,
+                        help="tasks of each variant's warm-up run (at most --tasks)")
+    parser.add_argument("--cprofile", action="store_true",
+                        help="then one pair under cProfile on the scheduler and workers")
+    args = parser.parse_args()
+    if args.tasks < 1 or args.pairs < 1:
+        parser.error("--tasks and --pairs must be >= 1")
+    if set(args.variants.split(",")) - set(VARIANTS):
+        parser.error(f"--variants: choose among {list(VARIANTS)}")
+    # a `timeout` must still stop the Prefect server and the cluster (context managers)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    run(args)
+
+
+if __name__ == "__main__":
+    main()
