@@ -93,7 +93,7 @@ def test_no_credential_in_anything_stored_published_or_logged(cluster, moto_endp
 
     # 1. long-lived key + secret, everything uploads, reports get presigned links
     runner = ProfiledDaskTaskRunner(address=cluster.address, store=f"s3://{bucket}/nightly",
-                                    storage_options=options, store_timeout=5,
+                                    storage_options=options, store_timeout=30,
                                     stage_reports=True)  # short stages: a report each anyway
     state = make_fault_flow(runner, "fault-secret-scan")(delay=0.05, blocks=4,
                                                           return_state=True)

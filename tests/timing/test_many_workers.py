@@ -4,6 +4,7 @@ nothing. What the sampler costs per worker is measured in ``benchmarks/many_work
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import dask.array as da
@@ -13,7 +14,14 @@ from distributed import Client, LocalCluster
 from prefect_dask_profiling import collect, install, stage, uninstall
 from prefect_dask_profiling.summary import RunRecord
 
-pytestmark = pytest.mark.slow  # 32 workers and a few thousand tasks: > 10 s on 2 cores
+# A measurement, left out of `make test`: in a fresh-clone `make test` beside a 2-process CPU
+# hog (6 December), 32 in-process workers took 761 s to start and timed out connecting, and
+# the starved machine timed out other tests' writes. Run it with DASK_PROFILING_MEASUREMENTS=1
+# (31 s at load ~10 without the suite beside it).
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not os.environ.get("DASK_PROFILING_MEASUREMENTS"),
+                                 reason="32 workers starve a loaded machine: "
+                                        "DASK_PROFILING_MEASUREMENTS=1")]
 
 WORKERS = 32
 
