@@ -3,28 +3,34 @@ counts a rerun and creates the prefix's aggregate with no finished task), then t
 cancelled. The run's tasks table is stored and read back as the next night's baseline
 reads it: on 5beef4d its quantiles were NaN and the reader refused the table.
 
-Real transitions on an in-process LocalCluster: the task blocks on a ``distributed.Event``
+Real transitions on an in-process LocalCluster: the task blocks on a ``threading.Event``
 until it has been rescheduled and cancelled, so the order of events does not depend on time.
+Not a ``distributed.Event``: an in-process worker's task uses the first worker's client
+(it is the process's default), so the rerun failed with "ConnectionPool is closed" once
+that worker left, and counted as a finished task (CI, stop 61).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import UTC, datetime
 
 import pandas as pd
-from distributed import Client, Event, LocalCluster
+from distributed import Client, LocalCluster
 
 from prefect_dask_profiling import collect, install, stage, uninstall
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 from prefect_dask_profiling.summary import summarise
 
 PIPE = "rerun-cancel"
+#: the in-process workers' tasks wait on it until the test lets go
+RELEASE = threading.Event()
 
 
-def blocked(event_name: str) -> int:
+def blocked() -> int:
     """Wait for the test to let go (bounded, so a broken test never hangs a worker)."""
-    Event(event_name).wait(timeout=60)
+    RELEASE.wait(timeout=60)
     return 1
 
 
@@ -47,11 +53,11 @@ def test_a_rerun_then_cancelled_prefix_is_stored_readable(tmp_path):
                       dashboard_address=":0") as cluster, \
             Client(cluster, set_as_default=False) as client:
         name = install(client)
-        release = Event("release-blocked", client=client)
+        RELEASE.clear()
         try:
             with client.as_current(), stage("work"):
                 assert client.submit(quick, 1, pure=False).result() == 2
-                future = client.submit(blocked, "release-blocked", pure=False)
+                future = client.submit(blocked, pure=False)
             running_on = _wait_for(lambda: next(
                 (w for w, keys in client.processing().items() if future.key in keys), None))
             # the worker leaves while the task runs: still wanted, so it is a rerun
@@ -63,7 +69,7 @@ def test_a_rerun_then_cancelled_prefix_is_stored_readable(tmp_path):
             _wait_for(lambda: future.key not in client.who_has() and future.cancelled())
             record = collect(client, name)
         finally:
-            release.set()
+            RELEASE.set()
             uninstall(client, name)
     rows = record.tasks[record.tasks["prefix"] == "blocked"]
     assert len(rows) == 1 and int(rows["tasks"].iloc[0]) == 0 \
