@@ -818,12 +818,15 @@ def replay(nights: Iterable[Night], acks: Iterable[Ack] = (), *, restart: str | 
 
 def keep_carried_ids(book: Book, carried: Book | None) -> Book:
     """``book`` with each id a night's judge started from (its ``carried`` state) that the
-    replay does not know made an alias of the open episode that holds its key.
+    replay does not know given to the open episode that holds its key.
 
     The replay leaves out a night that cannot be read any more; when that night opened an
     episode and paged its id, the next night folds the key anew under its own id. The next
     night's stored state still holds the id its judge saw, so it stays answerable: ``ack``
-    finds the episode by it, and its ``cleared`` / ``resolved`` event names it.
+    finds the episode by it, and its ``cleared`` / ``resolved`` event names it. When the
+    carried episode started first, its id (the one paged) stays the episode's own and its
+    first night the episode's start, as in a window that starts after the lost night; the
+    replay's id becomes an alias (:func:`_carried_first`).
     """
     if carried is None:
         return book
@@ -833,10 +836,19 @@ def keep_carried_ids(book: Book, carried: Book | None) -> Book:
         missing = tuple(i for i in seen.ids if i not in known)
         hit = next((k for k, e in enumerate(episodes) if e.open and e.key == seen.key), None)
         if missing and hit is not None:
-            episodes[hit] = replace(episodes[hit], aliases=(*episodes[hit].aliases, *missing))
+            episodes[hit] = _carried_first(episodes[hit], seen, missing)
             known.update(missing)
             changed = True
     return replace(book, episodes=tuple(episodes)) if changed else book
+
+
+def _carried_first(episode: Episode, seen: Episode, missing: tuple[str, ...]) -> Episode:
+    """``episode`` answering also to ``missing`` (ids of ``seen``, the carried episode of
+    its key): under ``seen``'s id and start when ``seen`` started first, else as aliases."""
+    if seen.start_run >= episode.start_run or seen.id not in missing:
+        return replace(episode, aliases=(*episode.aliases, *missing))
+    ids = (*missing, *episode.ids)  # ``seen.id`` first: ``missing`` keeps its order
+    return replace(episode, id=ids[0], aliases=ids[1:], start_run=seen.start_run)
 
 
 def _start(first: Night | None, restart: str | None) -> Book:

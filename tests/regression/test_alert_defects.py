@@ -243,7 +243,8 @@ def test_an_id_paged_by_a_night_whose_manifest_is_lost_stays_answerable(record, 
     is damaged for good. The replay leaves that night out and folds the key anew under the
     next night's id, but the next night's stored state (``carried``) still holds the paged
     id: ``alerts`` finds the episode by it, ``ack`` answers it, and the ``resolved`` event
-    names it (found by the 525-night simulation, seed 32 day 35)."""
+    names it (found by the 525-night simulation, seed 32 day 35). ``alerts`` lists the
+    episode under the paged id (seed 35 day 252 of the 310-night run)."""
     from prefect_dask_profiling.regression import alert_history
 
     drive = driver(record, tmp_path)
@@ -257,6 +258,9 @@ def test_an_id_paged_by_a_night_whose_manifest_is_lost_stays_answerable(record, 
     book, _ = alert_history.episodes_of(drive.store, "sim", "1")
     assert all(holder(book, i) is not None and holder(book, i).open for i in paged), \
         (paged, book.episodes)
+    # and ``alerts`` lists it under the id that was paged, as a window starting after the
+    # lost night does (seed 35, day 252), not under an id nobody was paged with
+    assert {holder(book, i).id for i in paged} == paged, (paged, book.episodes)
     for ep_id in sorted(paged):
         alert_history.acknowledge(drive.store, "sim", "1", ep_id,
                                   at=runs[-1].spec.ended + timedelta(hours=1))
