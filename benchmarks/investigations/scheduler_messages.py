@@ -12,7 +12,8 @@ the loop's other work meanwhile, so read the CPU as an upper bound).
 
 Prints the means per run, plain and profiled, largest CPU growth first.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/scheduler_messages.py [--runs 3] [--top 15]
+    PYTHONPATH=. .venv/bin/python benchmarks/investigations/scheduler_messages.py \
+        [--runs 3] [--top 15]
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from distributed import Client
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 from prefect_dask import DaskTaskRunner
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # dask_processes
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # dask_processes
 import dask_processes  # noqa: E402
 
 from benchmarks import flow_overhead  # noqa: E402

@@ -5,7 +5,7 @@ A wrapper task (like a Prefect task computing a collection) secedes and persists
 many of the inner tasks ever ran at once on one worker. More than 1 means the worker
 oversubscribed its thread, which pushes utilisation of short stages above 1.
 
-    .venv/bin/python benchmarks/secede_oversubscription.py [--repeats 6]
+    .venv/bin/python benchmarks/investigations/secede_oversubscription.py [--repeats 6]
 """
 
 from __future__ import annotations

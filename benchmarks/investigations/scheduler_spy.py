@@ -13,7 +13,7 @@ loop's dispatch) whose samples grew most, profiled minus plain. Needs ``py-spy``
 install py-spy`` into the venv; not a dependency) and the right to attach (root, or ptrace
 allowed).
 
-    PYTHONPATH=. .venv/bin/python benchmarks/scheduler_spy.py [--runs 6] [--top 30] \
+    PYTHONPATH=. .venv/bin/python benchmarks/investigations/scheduler_spy.py [--runs 6] [--top 30] \
         [--depth 2]
 """
 
@@ -32,11 +32,11 @@ from distributed import Client
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 from prefect_dask import DaskTaskRunner
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # dask_processes
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # dask_processes
 import dask_processes  # noqa: E402
 
 from benchmarks import flow_overhead  # noqa: E402
-from benchmarks.flow_process_spy import py_spy  # noqa: E402
+from benchmarks.investigations.flow_process_spy import py_spy  # noqa: E402
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner  # noqa: E402
 
 SHAPE, CHUNKS = (24, 1024, 1024), (1, 256, 256)

@@ -20,7 +20,7 @@ with their inclusive milliseconds of CPU per run. Needs ``py-spy`` (``pip instal
 into the venv; not a dependency) and the right to attach to this process (root, or ptrace
 allowed).
 
-    PYTHONPATH=. .venv/bin/python benchmarks/flow_process_spy.py [--part tiny|stack]
+    PYTHONPATH=. .venv/bin/python benchmarks/investigations/flow_process_spy.py [--part tiny|stack]
         [--runs 10] [--warmups 3] [--top 40] [--plain] [--raw stacks.txt]
 """
 

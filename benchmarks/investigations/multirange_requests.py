@@ -8,7 +8,8 @@ rasterio (each window spans 2 x 2 tiles: a ``ReadMultiRange`` of two ranges); ``
 both bands with odc-stac in 128 px chunks on Dask's threaded scheduler. Prints, per mode, the
 GETs the proxy saw, GDAL's count and its ``ReadMultiRange`` action count.
 
-    .venv/bin/python benchmarks/multirange_requests.py [--reader rio|odc] [--modes ...]
+    .venv/bin/python benchmarks/investigations/multirange_requests.py \
+        [--reader rio|odc] [--modes ...]
 
 Under ``PARALLEL`` (GDAL's default) GDAL logs a batch of parallel range requests as one GET,
 so its count is below the proxy's; under ``SERIAL`` and ``SINGLE_GET`` the two are equal.
@@ -23,7 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 SIZE, TILE, WINDOW = 512, 64, 128

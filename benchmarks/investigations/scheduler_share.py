@@ -30,7 +30,8 @@ The share printed is (hooks + calls per stage + per-run calls / 3 stages) / plai
 the scheduler's added CPU per stage of the stack flow, also against the plain stages'
 fastest and slowest.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/scheduler_share.py [--stages 12] [--replays 9]
+    PYTHONPATH=. .venv/bin/python benchmarks/investigations/scheduler_share.py \
+        [--stages 12] [--replays 9]
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ import dask
 from distributed import Client
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # dask_processes
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # dask_processes
 import dask_processes  # noqa: E402
 
 from benchmarks.flow_overhead import ndvi_graph  # noqa: E402
