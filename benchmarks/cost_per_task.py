@@ -63,7 +63,7 @@ from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settin
 from prefect_dask import DaskTaskRunner, get_dask_client
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # dask_processes
-import dask_processes  # noqa: E402
+from helpers import dask_processes  # noqa: E402
 
 from benchmarks import flow_overhead, scheduler_cprofile  # noqa: E402
 from prefect_dask_profiling import stage  # noqa: E402

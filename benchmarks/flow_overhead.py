@@ -572,8 +572,8 @@ def worker_copy_cost(client: Client, runner: DaskTaskRunner, n: int = 200) -> fl
 
 @contextlib.contextmanager
 def prefect_server() -> Iterator[None]:
+    from helpers.prefect_server import running_server, use_server
     from prefect.logging.handlers import APILogHandler
-    from prefect_server import running_server, use_server
 
     with running_server(ui=False) as server, use_server(server):
         SERVER_PID[:] = [server.pid]
@@ -606,7 +606,7 @@ def ndvi_cluster(args: argparse.Namespace, workdir: str) -> Iterator[str]:
     """A 2-worker x 2-thread cluster: in-process LocalCluster or separate processes."""
     SCHEDULER_IN_FLOW[0] = not args.scheduler_process
     if args.scheduler_process:
-        from dask_processes import external_cluster
+        from helpers.dask_processes import external_cluster
 
         with external_cluster(workdir, n_workers=2, nthreads=2) as cluster:
             yield cluster.address

@@ -34,7 +34,7 @@ def main() -> None:
         parser.error(f"--nights must be >= 1, got {args.nights}")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the server on `timeout`
 
-    from prefect_server import running_server, use_server
+    from helpers.prefect_server import running_server, use_server
 
     from flows.nightly_ndvi import nightly_ndvi
 

@@ -23,8 +23,8 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "regression")]
 
 def main() -> None:
     from distributed import Client, LocalCluster
+    from helpers.run_records import record_stages
     from night_sim import Driver, Simulation, violation_kinds
-    from run_records import record_stages
 
     from prefect_dask_profiling.store.runs import RunStore
 

@@ -31,7 +31,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 def finished_run(stages: int):
     """A real record of ``stages`` small stages, finished into a temporary store."""
     from distributed import Client, LocalCluster
-    from run_records import record_stages
+    from helpers.run_records import record_stages
 
     from prefect_dask_profiling.run.pipeline import finish_run
     from prefect_dask_profiling.store.manifest import RunContext
@@ -66,8 +66,8 @@ def main() -> None:
     parser.add_argument("--stages", type=int, default=4)
     args = parser.parse_args()
 
+    from helpers.otel_sdk import reset_metrics_globals, reset_trace_globals, sdk_provider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-    from otel_sdk import reset_metrics_globals, reset_trace_globals, sdk_provider
 
     from prefect_dask_profiling import otel
 

@@ -63,13 +63,13 @@ def say(message: str) -> None:
 
 def run_nights(phoenix: Any, nights: int, size: str, scratch: Path) -> None:
     """``nights`` healthy nights then a slowed one, exported to ``phoenix``."""
-    from ndvi_fixtures import BUCKET, SLOWED
+    from helpers.ndvi_fixtures import BUCKET, SLOWED
+    from helpers.otel_sdk import sdk_provider
+    from helpers.prefect_server import running_server, use_server
+    from helpers.s3_servers import KEY, SECRET, boto_client, moto_server
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    from otel_sdk import sdk_provider
-    from prefect_server import running_server, use_server
-    from s3_servers import KEY, SECRET, boto_client, moto_server
 
     from flows.nightly_ndvi import nightly_ndvi
 
@@ -154,7 +154,7 @@ class DevTools:
 def chromium_page(width: int, height: int) -> Iterator[DevTools]:
     """A headless Chromium with a DevTools port, its first page; stopped on exit."""
     import httpx
-    from processes import stop_process_group
+    from helpers.processes import stop_process_group
 
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--no-flows needs --workdir (a Phoenix database kept with --keep-data)")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers on `timeout`
 
-    from otel_receiver import running_phoenix
+    from helpers.otel_receiver import running_phoenix
 
     with tempfile.TemporaryDirectory(prefix="otel-screenshot-") as scratch:
         workdir = args.workdir or Path(scratch) / "phoenix"

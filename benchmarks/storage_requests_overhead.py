@@ -64,7 +64,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench")
     from distributed import Client, LocalCluster
-    from s3_servers import boto_client, moto_server
+    from helpers.s3_servers import boto_client, moto_server
 
     from prefect_dask_profiling.timing import io_client
     from tasks import raster, scenes

@@ -9,12 +9,12 @@ import tempfile
 
 import pytest
 from distributed import Client, LocalCluster
-from prefect_server import PrefectServer, running_server, use_server
-from tiers import mark_slow_by_fixture, starts_processes
+from helpers.prefect_server import PrefectServer, running_server, use_server
+from helpers.tiers import mark_slow_by_fixture, starts_processes
 
 # faults.report: the fault suite's figures line at the end of any run that included it
 # (tests/faults); ndvi_fixtures: the nightly NDVI run history shared by two test files
-pytest_plugins = ["faults.report", "ndvi_fixtures"]
+pytest_plugins = ["faults.report", "helpers.ndvi_fixtures"]
 
 # Prefect's home (its settings, a temporary server's SQLite database) is this process's own:
 # a test never touches the user's ~/.prefect, and the processes of ``pytest -n`` never share
@@ -39,7 +39,7 @@ SHARED_SESSION_FIXTURES = {
 
 
 # The scopes that take longest, longest first (each 40-280 s of wall beside a 2-process CPU
-# hog, `make test` on 2 cores, tests/timeline.py's summary of 5 December 2026): they are
+# hog, `make test` on 2 cores, tests/helpers/timeline.py's summary of 5 December 2026): they are
 # handed out before the others (longest processing time first), so none of them starts last
 # and runs alone while the other processes have finished; the files under ~40 s fill in.
 RUN_FIRST = (

@@ -583,7 +583,9 @@ def test_the_thread_check_sees_a_thread():
     assert len(thread_starts(text)) == 3
 
 
-BENCHMARKS = sorted((Path(__file__).parents[1] / "benchmarks").glob("*.py"))
+BENCHMARK_ROOT = Path(__file__).parents[1] / "benchmarks"
+#: the targets, and the one-off investigations (benchmarks/investigations/)
+BENCHMARKS = sorted([*BENCHMARK_ROOT.glob("*.py"), *BENCHMARK_ROOT.glob("investigations/*.py")])
 
 
 IMPORT_EACH = """
@@ -602,19 +604,25 @@ print(json.dumps(failed))
 def benchmark_imports() -> dict[str, str]:
     """Every benchmark imported in one fresh interpreter (Prefect, Dask and pandas are
     imported once for all of them): the traceback of each import that failed, by name."""
-    names = [path.stem for path in BENCHMARKS]
+    names = [_dotted(path) for path in BENCHMARKS]
     done = subprocess.run([sys.executable, "-c", f"NAMES = {names!r}\n{IMPORT_EACH}"],
-                          cwd=BENCHMARKS[0].parents[1], capture_output=True, text=True,
+                          cwd=BENCHMARK_ROOT.parent, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("path", BENCHMARKS, ids=lambda p: p.stem)
+def _dotted(path: Path) -> str:
+    """A benchmark's module name under ``benchmarks``: ``scale``, ``investigations.x``."""
+    return ".".join(path.relative_to(BENCHMARK_ROOT).with_suffix("").parts)
+
+
+@pytest.mark.parametrize("path", BENCHMARKS, ids=_dotted)
 def test_every_benchmark_imports(path, benchmark_imports):
     """A benchmark that no longer imports is a figure nobody can re-measure (scale.py
     imported ``load_baseline`` from a module it had left)."""
-    assert path.stem not in benchmark_imports, benchmark_imports[path.stem][-2000:]
+    name = _dotted(path)
+    assert name not in benchmark_imports, benchmark_imports[name][-2000:]
 
 
 # ------------------------------------------------------------- bad input: the error tree

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from processes import stop_process_group
+from helpers.processes import stop_process_group
 
 import prefect_dask_profiling
 

@@ -13,7 +13,7 @@ from dataclasses import fields, replace
 
 import cloudpickle
 import pytest
-from run_records import record_stages
+from helpers.run_records import record_stages
 
 from prefect_dask_profiling.errors import InvalidInput
 from prefect_dask_profiling.options import ProfilingOptions, check_renderer

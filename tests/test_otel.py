@@ -16,10 +16,10 @@ from itertools import count
 
 import pandas as pd
 import pytest
+from helpers.otel_sdk import by_name, reset_trace_globals, sdk_provider
+from helpers.run_records import record_stages, scaled
 from opentelemetry import trace
 from opentelemetry.trace import StatusCode
-from otel_sdk import by_name, reset_trace_globals, sdk_provider
-from run_records import record_stages, scaled
 
 from prefect_dask_profiling import otel
 from prefect_dask_profiling.errors import InvalidInput
@@ -224,7 +224,7 @@ def closed_port() -> int:
 
 
 def test_the_nights_figures_are_gauges_with_pipeline_version_stage_and_prefix_only(regressed):
-    from otel_sdk import gauge_points, sdk_meter_provider
+    from helpers.otel_sdk import gauge_points, sdk_meter_provider
 
     store, result = regressed
     with sdk_meter_provider() as reader:

@@ -110,7 +110,7 @@ def _cluster(part: str, tmp: str) -> Iterator[str]:
     """The tiny flow's in-process cluster (the scheduler in this process), or the stack
     shape's scheduler and workers in processes of their own; its address."""
     if part == "stack":
-        from dask_processes import external_cluster
+        from helpers.dask_processes import external_cluster
 
         flow_overhead.SCHEDULER_IN_FLOW[0] = False
         with external_cluster(f"{tmp}/cluster", n_workers=2, nthreads=2) as cluster:

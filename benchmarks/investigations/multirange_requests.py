@@ -68,7 +68,7 @@ def read_odc(found: list) -> None:
 
 def one_mode(mode: str, reader: str) -> dict:
     """Write the scenes, read them under ``mode``; the proxy's and GDAL's counts."""
-    from s3_servers import LoggingProxy, boto_client, moto_server, s3_options, tag_process
+    from helpers.s3_servers import LoggingProxy, boto_client, moto_server, s3_options, tag_process
 
     from prefect_dask_profiling.timing.worker_io import Gdal, gdal_counts, loaded_gdal_path
     from tasks import scenes

@@ -49,7 +49,7 @@ from distributed import Client
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # dask_processes
-import dask_processes  # noqa: E402
+from helpers import dask_processes  # noqa: E402
 
 from benchmarks.flow_overhead import ndvi_graph  # noqa: E402
 from prefect_dask_profiling.forecast.model import DEFAULT_ETA_INTERVAL_S  # noqa: E402

@@ -33,7 +33,7 @@ from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settin
 from prefect_dask import DaskTaskRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # dask_processes
-import dask_processes  # noqa: E402
+from helpers import dask_processes  # noqa: E402
 
 from benchmarks import flow_overhead  # noqa: E402
 from benchmarks.investigations.flow_process_spy import py_spy  # noqa: E402

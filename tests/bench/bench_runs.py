@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench_fixtures import print_verdict
+from helpers.bench_fixtures import print_verdict
 
 from prefect_dask_profiling.bench.config import BenchConfig
 from prefect_dask_profiling.bench.protocol import run_bench

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from bench_fixtures import subprocess_cluster
-from tiers import starts_processes
+from helpers.bench_fixtures import subprocess_cluster
+from helpers.tiers import starts_processes
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from bench_fixtures import subprocess_cluster
 from bench_runs import W, assert_verdict, run
+from helpers.bench_fixtures import subprocess_cluster
 from typer.testing import CliRunner
 
 from prefect_dask_profiling.bench.workloads import SlowWorker

@@ -6,8 +6,8 @@ what it costs between machines. Skipped where netns is not available.
 from __future__ import annotations
 
 import pytest
-from bench_fixtures import address_host, netns_cluster, netns_unavailable
 from bench_runs import assert_verdict, run
+from helpers.bench_fixtures import address_host, netns_cluster, netns_unavailable
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ def test_transfer_bound_between_network_hosts(tmp_path):
 
 @pytest.mark.skipif(netns_unavailable() is not None, reason=str(netns_unavailable()))
 def test_io_bound_reading_real_s3_across_slow_links(tmp_path, monkeypatch):
-    from bench_fixtures import moto_on
+    from helpers.bench_fixtures import moto_on
 
     from prefect_dask_profiling.bench.workloads import S3_ENDPOINT_ENV
 

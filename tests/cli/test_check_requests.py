@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 
 import pandas as pd
 import pytest
-from s3_servers import boto_client, moto_server, reset_moto, s3_options
+from helpers.s3_servers import boto_client, moto_server, reset_moto, s3_options
 from typer.testing import CliRunner
 
 from prefect_dask_profiling.cli import app

@@ -9,7 +9,7 @@ import time
 
 import pytest
 from distributed import Client, LocalCluster, wait
-from tiers import starts_processes
+from helpers.tiers import starts_processes
 
 from prefect_dask_profiling import collect, install, stage, uninstall
 from prefect_dask_profiling.diagnosis.stages import Diagnosis, diagnose_run, diagnose_stage

@@ -15,7 +15,7 @@ import os
 from collections import Counter
 
 import pytest
-from ndvi_fixtures import BUCKET
+from helpers.ndvi_fixtures import BUCKET
 
 from prefect_dask_profiling.diagnosis.classify import FLOORS, MIN_TRANSFER_SHARE
 from prefect_dask_profiling.store.runs import RunStore

@@ -18,9 +18,9 @@ import dask
 import dask.array as da
 import pytest
 from distributed import LocalCluster
+from helpers.tiers import starts_processes
 from prefect import flow, task
 from prefect_dask import get_dask_client
-from tiers import starts_processes
 
 from prefect_dask_profiling import stage
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner, profiled

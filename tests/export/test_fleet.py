@@ -9,7 +9,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from s3_servers import boto_client, moto_server, reset_moto, s3_options
+from helpers.s3_servers import boto_client, moto_server, reset_moto, s3_options
 from typer.testing import CliRunner
 
 from prefect_dask_profiling.cli import app

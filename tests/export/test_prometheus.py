@@ -210,7 +210,7 @@ def test_push_sends_each_pipeline_in_its_own_group(store, gateway):
 
 
 def test_bad_invocations_are_one_line_and_exit_2(store, tmp_path):
-    from s3_servers import closed_endpoint
+    from helpers.s3_servers import closed_endpoint
 
     cases = [
         (["--store", store.url], "exactly one of --out"),

@@ -6,9 +6,9 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from dask_processes import ExternalCluster, external_cluster
-from s3_servers import moto_server
-from tiers import starts_processes
+from helpers.dask_processes import ExternalCluster, external_cluster
+from helpers.s3_servers import moto_server
+from helpers.tiers import starts_processes
 
 from faults import fault_flows
 from faults.report import LEDGER

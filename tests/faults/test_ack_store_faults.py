@@ -15,7 +15,7 @@ import time
 
 import pandas as pd
 import pytest
-from s3_servers import FaultProxy, boto_client, moto_server, s3_options
+from helpers.s3_servers import FaultProxy, boto_client, moto_server, s3_options
 from typer.testing import CliRunner
 
 from prefect_dask_profiling.cli import app

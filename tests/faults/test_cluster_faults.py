@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from dask_processes import ROOT, TESTS, external_cluster
+from helpers.dask_processes import ROOT, TESTS, external_cluster
 
 from faults.fault_flows import expected, make_fault_flow
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner, _live_runner

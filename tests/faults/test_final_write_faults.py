@@ -14,8 +14,8 @@ import json
 
 import pandas as pd
 import pytest
-from run_records import record_stages, spooled
-from s3_servers import (
+from helpers.run_records import record_stages, spooled
+from helpers.s3_servers import (
     FaultProxy,
     S3Request,
     boto_client,

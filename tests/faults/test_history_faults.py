@@ -13,8 +13,8 @@ import logging
 from collections.abc import Callable, Iterator
 
 import pytest
-from run_records import record_stages
-from s3_servers import FaultProxy, boto_client, reset_moto, s3_options
+from helpers.run_records import record_stages
+from helpers.s3_servers import FaultProxy, boto_client, reset_moto, s3_options
 
 from prefect_dask_profiling.options import ProfilingOptions
 from prefect_dask_profiling.regression.baseline import load_baseline

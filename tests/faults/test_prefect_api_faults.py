@@ -18,10 +18,10 @@ from datetime import UTC, datetime
 
 import pandas as pd
 import pytest
+from helpers.prefect_server import use_server
+from helpers.s3_servers import TcpRelay
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-from prefect_server import use_server
-from s3_servers import TcpRelay
 
 from faults.fault_flows import make_fault_flow
 from prefect_dask_profiling._util import artifact_key

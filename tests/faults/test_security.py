@@ -8,6 +8,7 @@ import logging
 import re
 
 import pytest
+from helpers.s3_servers import boto_client
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import (
     ArtifactFilter,
@@ -16,7 +17,6 @@ from prefect.client.schemas.filters import (
     LogFilterFlowRunId,
 )
 from prefect.logging.handlers import APILogHandler
-from s3_servers import boto_client
 
 from faults.fault_flows import expected, make_fault_flow
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner

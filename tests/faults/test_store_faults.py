@@ -12,9 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from moto.server import ThreadedMotoServer
-from run_records import spooled
-from s3_servers import (
+from helpers.run_records import spooled
+from helpers.s3_servers import (
     RefusedEndpoint,
     SilentServer,
     boto_client,
@@ -22,6 +21,7 @@ from s3_servers import (
     port_of,
     s3_options,
 )
+from moto.server import ThreadedMotoServer
 from typer.testing import CliRunner
 
 from faults.conftest import Stopwatch

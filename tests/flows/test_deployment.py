@@ -8,9 +8,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from ndvi_fixtures import artifacts_by_key
+from helpers.ndvi_fixtures import artifacts_by_key
+from helpers.prefect_server import prefect_executable
 from prefect.client.orchestration import get_client
-from prefect_server import prefect_executable
 
 pytestmark = pytest.mark.slow
 

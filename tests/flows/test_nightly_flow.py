@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from ndvi_fixtures import HISTORY_RUNS, artifacts_by_key, flow_run_id
+from helpers.ndvi_fixtures import HISTORY_RUNS, artifacts_by_key, flow_run_id
 from prefect.client.orchestration import get_client
 
 from prefect_dask_profiling.store import layout

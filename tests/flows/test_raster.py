@@ -9,7 +9,7 @@ import pytest
 import xarray as xr
 import zarr
 from distributed import Client, LocalCluster
-from s3_servers import boto_client, moto_server, s3_options
+from helpers.s3_servers import boto_client, moto_server, s3_options
 
 from tasks import raster, scenes
 from tasks.synthetic import CubeSpec, acquisition_dates, synthetic_cube

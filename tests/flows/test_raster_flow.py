@@ -9,7 +9,7 @@ history is not changed).
 from __future__ import annotations
 
 import pytest
-from ndvi_fixtures import HISTORY_RUNS, MERGE_OFF, SLOWED
+from helpers.ndvi_fixtures import HISTORY_RUNS, MERGE_OFF, SLOWED
 
 from flows.nightly_ndvi import CLUSTER_KWARGS, nightly_ndvi
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner

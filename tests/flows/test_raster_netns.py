@@ -23,16 +23,16 @@ import time
 from dataclasses import dataclass
 
 import pytest
-from bench_fixtures import (
+from helpers.bench_fixtures import (
     address_host,
     netns_cluster,
     netns_unavailable,
     prefect_api_on,
     print_verdict,
 )
-from ndvi_fixtures import flow_run_id
-from s3_servers import KEY, SECRET, boto_client, moto_server
-from tiers import starts_processes
+from helpers.ndvi_fixtures import flow_run_id
+from helpers.s3_servers import KEY, SECRET, boto_client, moto_server
+from helpers.tiers import starts_processes
 
 from flows.nightly_ndvi import nightly_ndvi
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner

@@ -19,9 +19,9 @@ import os
 
 import pytest
 from distributed import wait
+from helpers.s3_servers import LoggingProxy, boto_client, moto_server, s3_options, tag_process
 from prefect import flow
 from prefect.context import FlowRunContext
-from s3_servers import LoggingProxy, boto_client, moto_server, s3_options, tag_process
 from test_raster_requests import CLUSTER
 
 from prefect_dask_profiling import stage

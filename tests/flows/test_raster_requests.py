@@ -17,9 +17,9 @@ import os
 import pytest
 import xarray as xr
 from distributed import wait
+from helpers.s3_servers import LoggingProxy, boto_client, moto_server, s3_options, tag_process
 from prefect import flow
 from prefect.context import FlowRunContext
-from s3_servers import LoggingProxy, boto_client, moto_server, s3_options, tag_process
 
 from prefect_dask_profiling import stage
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner, profiled

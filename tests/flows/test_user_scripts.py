@@ -23,9 +23,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from dask_processes import external_cluster
+from helpers.dask_processes import external_cluster
+from helpers.tiers import starts_processes
 from prefect.client.orchestration import get_client
-from tiers import starts_processes
 
 pytestmark = pytest.mark.slow
 

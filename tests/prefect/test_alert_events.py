@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
-from run_records import record_stages, scaled
+from helpers.run_records import record_stages, scaled
 
 from prefect_dask_profiling.options import ProfilingOptions
 from prefect_dask_profiling.prefect.events import (

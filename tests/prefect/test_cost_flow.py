@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from cost_flows import make_adaptive_flow
+from helpers.cost_flows import make_adaptive_flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
@@ -116,7 +116,7 @@ def test_rates_by_resource_tag_and_cluster_class_through_a_flow(tmp_path):
     """A worker started with ``resources={"GPU": 1}`` is priced by the resource rule (first
     match), the cluster class is the runner's; rules that priced no worker are named in a
     warning at the first stage."""
-    from cost_flows import nap
+    from helpers.cost_flows import nap
     from prefect import flow
 
     from prefect_dask_profiling import stage

@@ -15,10 +15,10 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pandas as pd
 import pytest
+from helpers.profiled_flows import make_flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 from prefect.events.worker import EventsWorker
-from profiled_flows import make_flow
 
 from prefect_dask_profiling.prefect.events import DRIFT_EVENT
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from live_etas import live_eta
+from helpers.live_etas import live_eta
 
 from prefect_dask_profiling.forecast.model import Eta, StageLag
 from prefect_dask_profiling.prefect.runner import ProfilingOptions

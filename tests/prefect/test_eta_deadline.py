@@ -13,7 +13,7 @@ from concurrent.futures import Future
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from live_etas import live_eta
+from helpers.live_etas import live_eta
 
 from prefect_dask_profiling.errors import StoreError
 from prefect_dask_profiling.forecast.model import Eta, HistoryStats, StageStats

@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 import pytest
-from eta_flows import events_of, make_eta_flow
+from helpers.eta_flows import events_of, make_eta_flow
 from prefect.events.worker import EventsWorker
 
 from prefect_dask_profiling.forecast.live import AT_RISK_EVENT, LATE_EVENT, event_id

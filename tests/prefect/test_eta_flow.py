@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from eta_flows import ONE_TASKS, events_of, make_eta_flow, progress_percent
+from helpers.eta_flows import ONE_TASKS, events_of, make_eta_flow, progress_percent
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import (
     ArtifactFilter,

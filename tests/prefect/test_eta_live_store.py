@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from live_etas import live_eta
+from helpers.live_etas import live_eta
 
 from prefect_dask_profiling.forecast.live_store import LIVE_KIND
 from prefect_dask_profiling.forecast.model import HistoryStats, StageStats

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from live_etas import live_eta
+from helpers.live_etas import live_eta
 
 from prefect_dask_profiling.forecast.live import LiveForecast
 from prefect_dask_profiling.forecast.model import Eta

@@ -15,13 +15,13 @@ import dask.array as da
 import pandas as pd
 import pytest
 from distributed import LocalCluster
+from helpers.prefect_events import events_of_run
+from helpers.profiled_flows import fails, slow_block, write_hook_file
+from helpers.tiers import starts_processes
 from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.states import Completed, Failed
 from prefect_dask import get_dask_client
-from prefect_events import events_of_run
-from profiled_flows import fails, slow_block, write_hook_file
-from tiers import starts_processes
 
 from prefect_dask_profiling import stage
 from prefect_dask_profiling.prefect import artifacts

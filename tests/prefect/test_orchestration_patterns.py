@@ -27,9 +27,9 @@ import distributed
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster, get_task_stream, wait, worker_client
+from helpers.tiers import starts_processes
 from prefect import flow, task
 from prefect_dask import get_async_dask_client, get_dask_client
-from tiers import starts_processes
 
 from prefect_dask_profiling import stage
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner, profiled

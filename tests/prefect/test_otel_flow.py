@@ -15,17 +15,17 @@ import socket
 
 import pytest
 from distributed import LocalCluster
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.trace import StatusCode
-from otel_flows import regressing_flow, seed, the_run
-from otel_sdk import (
+from helpers.otel_flows import regressing_flow, seed, the_run
+from helpers.otel_sdk import (
     gauge_points,
     reset_metrics_globals,
     reset_trace_globals,
     sdk_meter_provider,
     sdk_provider,
 )
-from tiers import starts_processes
+from helpers.tiers import starts_processes
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.trace import StatusCode
 
 from prefect_dask_profiling import otel
 from prefect_dask_profiling.store.runs import RunStore

@@ -15,16 +15,16 @@ import uuid
 
 import pytest
 from distributed import LocalCluster
+from helpers.otel_flows import regressing_flow, seed, the_run
+from helpers.otel_metrics_receiver import running_metrics_receiver
+from helpers.otel_receiver import TraceServer, running_phoenix
+from helpers.otel_sdk import reset_trace_globals, sdk_meter_provider, sdk_provider
+from helpers.tiers import starts_processes
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from otel_flows import regressing_flow, seed, the_run
-from otel_metrics_receiver import running_metrics_receiver
-from otel_receiver import TraceServer, running_phoenix
-from otel_sdk import reset_trace_globals, sdk_meter_provider, sdk_provider
-from tiers import starts_processes
 
 from prefect_dask_profiling import otel
 from prefect_dask_profiling.store.runs import RunStore

@@ -22,13 +22,13 @@ from concurrent.futures import ThreadPoolExecutor
 import dask
 import dask.array as da
 import pytest
-from bokeh_pages import page_document
 from distributed import Client, LocalCluster
-from ndvi_fixtures import artifacts_by_key
+from helpers.bokeh_pages import page_document
+from helpers.ndvi_fixtures import artifacts_by_key
+from helpers.s3_servers import boto_client, moto_server, s3_options
+from helpers.tiers import starts_processes
 from prefect import flow
 from prefect_dask import get_dask_client
-from s3_servers import boto_client, moto_server, s3_options
-from tiers import starts_processes
 
 from prefect_dask_profiling import stage
 from prefect_dask_profiling.options import RENDERERS as RENDERER_CHOICES

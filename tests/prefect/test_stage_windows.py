@@ -12,8 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import dask.array as da
-import dask_processes
 import pytest
+from helpers import dask_processes
+from helpers.profiled_flows import crunch
+from helpers.tiers import starts_processes
 from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import (
@@ -24,8 +26,6 @@ from prefect.client.schemas.filters import (
 )
 from prefect.logging.handlers import APILogHandler
 from prefect_dask import get_dask_client
-from profiled_flows import crunch
-from tiers import starts_processes
 
 from prefect_dask_profiling import stage
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner, profiled

@@ -7,7 +7,7 @@ import shutil
 import subprocess
 
 import pytest
-from ndvi_fixtures import artifacts_by_key
+from helpers.ndvi_fixtures import artifacts_by_key
 
 pytestmark = [pytest.mark.slow, pytest.mark.prefect_ui]
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 from distributed import LocalCluster
+from helpers.prefect_events import events_of_run
+from helpers.profiled_flows import make_flow
+from helpers.tiers import starts_processes
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
-from prefect_events import events_of_run
-from profiled_flows import make_flow
-from tiers import starts_processes
 
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner
 from prefect_dask_profiling.regression.verdict import RegressionDetected

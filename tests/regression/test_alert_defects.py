@@ -12,8 +12,8 @@ from datetime import timedelta
 
 import numpy as np
 import pytest
+from helpers.run_records import record_stages
 from night_sim import Driver, NightRun, NightSpec
-from run_records import record_stages
 
 from prefect_dask_profiling.options import ProfilingOptions
 from prefect_dask_profiling.store.runs import RunStore

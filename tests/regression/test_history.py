@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import pandas as pd
 import pytest
-from bokeh_pages import page_document
-from s3_servers import closed_endpoint, s3_options
+from helpers.bokeh_pages import page_document
+from helpers.s3_servers import closed_endpoint, s3_options
 from typer.testing import CliRunner
 
 from prefect_dask_profiling.cli import app

@@ -13,8 +13,8 @@ from datetime import timedelta
 
 import numpy as np
 import pytest
+from helpers.run_records import record_stages
 from night_sim import MIB, Driver, NightRun, NightSpec, copy_local_store, same_verdict
-from run_records import record_stages
 from typer.testing import CliRunner
 
 from prefect_dask_profiling.cli import app

@@ -28,9 +28,9 @@ from __future__ import annotations
 import os
 
 import pytest
+from helpers.run_records import record_stages
+from helpers.s3_servers import boto_client, moto_server, reset_moto, s3_options
 from night_sim import Driver, Simulation, violation_kinds
-from run_records import record_stages
-from s3_servers import boto_client, moto_server, reset_moto, s3_options
 
 from prefect_dask_profiling.store.runs import RunStore
 

@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pandas as pd
 import pytest
-from run_records import record_stages, scaled
+from helpers.run_records import record_stages, scaled
 from typer.testing import CliRunner
 
 import prefect_dask_profiling.run.pipeline as finishing

@@ -10,7 +10,7 @@ import json
 
 import pandas as pd
 import pytest
-from run_records import record_stages
+from helpers.run_records import record_stages
 
 from prefect_dask_profiling.run import pipeline as finish_mod
 from prefect_dask_profiling.run.pipeline import finish_run

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import pandas as pd
 import pytest
-from run_records import record_stages
+from helpers.run_records import record_stages
 
 from prefect_dask_profiling.options import ProfilingOptions
 from prefect_dask_profiling.run.pipeline import finish_run

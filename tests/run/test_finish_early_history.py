@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 
-from run_records import record_stages
+from helpers.run_records import record_stages
 
 from prefect_dask_profiling.options import ProfilingOptions
 from prefect_dask_profiling.regression.judge import load_history

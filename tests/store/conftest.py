@@ -4,7 +4,7 @@ store on a local folder or in a fresh bucket of it (the module's ``BUCKET``)."""
 from __future__ import annotations
 
 import pytest
-from s3_servers import boto_client, moto_server, reset_moto, s3_options
+from helpers.s3_servers import boto_client, moto_server, reset_moto, s3_options
 
 from prefect_dask_profiling.store.runs import RunStore
 

@@ -15,7 +15,7 @@ import httpx
 import pandas as pd
 import pytest
 from helpers.report_records import stage_data_of
-from s3_servers import boto_client, record_calls, reset_moto, s3_options
+from helpers.s3_servers import boto_client, record_calls, reset_moto, s3_options
 
 from prefect_dask_profiling.errors import DamagedRecord, StoreConflict
 from prefect_dask_profiling.store import compression, layout

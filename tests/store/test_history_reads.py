@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pandas as pd
 import pytest
-from s3_servers import boto_client, record_calls, reset_moto, s3_options
+from helpers.s3_servers import boto_client, record_calls, reset_moto, s3_options
 
 from prefect_dask_profiling.regression.drift import detect_drift, load_series
 from prefect_dask_profiling.regression.judge import load_history

@@ -13,7 +13,7 @@ from concurrent.futures import Future
 from datetime import UTC, datetime, timedelta
 
 import pandas as pd
-from live_etas import live_eta
+from helpers.live_etas import live_eta
 from typer.testing import CliRunner
 
 from prefect_dask_profiling.cli import app

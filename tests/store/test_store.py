@@ -17,7 +17,7 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import pandas as pd
 import pytest
-from s3_servers import (
+from helpers.s3_servers import (
     RefusedEndpoint,
     SilentServer,
     boto_client,

@@ -14,8 +14,8 @@ from datetime import UTC, datetime
 import httpx
 import pandas as pd
 import pytest
-from s3_servers import boto_client, s3_options, seaweedfs
-from tiers import starts_processes
+from helpers.s3_servers import boto_client, s3_options, seaweedfs
+from helpers.tiers import starts_processes
 
 from prefect_dask_profiling.cli.store import report_link
 from prefect_dask_profiling.store import layout, s3

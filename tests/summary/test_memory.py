@@ -17,7 +17,7 @@ import dask
 import pandas as pd
 import pytest
 from distributed import Client, LocalCluster, wait
-from tiers import starts_processes
+from helpers.tiers import starts_processes
 
 from prefect_dask_profiling import collect, install, stage, uninstall
 from prefect_dask_profiling.run.pipeline import finish_run

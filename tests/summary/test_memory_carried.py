@@ -24,7 +24,7 @@ import time
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster, wait
-from tiers import starts_processes
+from helpers.tiers import starts_processes
 
 from prefect_dask_profiling import collect, install, stage, uninstall
 from prefect_dask_profiling.run.pipeline import FinishResult, finish_run

@@ -29,7 +29,7 @@ from distributed import (
     worker_client,
 )
 from distributed.worker import thread_state
-from tiers import starts_processes
+from helpers.tiers import starts_processes
 
 import prefect_dask_profiling.timing.client as timing_client
 from prefect_dask_profiling import (

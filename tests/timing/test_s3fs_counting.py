@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import s3fs
 from distributed import Client, LocalCluster
-from s3_servers import boto_client, moto_server, s3_options
+from helpers.s3_servers import boto_client, moto_server, s3_options
 from s3fs.core import S3FileSystem
 
 from prefect_dask_profiling.timing import io_client, worker_io

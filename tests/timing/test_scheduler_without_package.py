@@ -19,7 +19,7 @@ import cloudpickle
 import dask.array as da
 import pytest
 from distributed import Client
-from tiers import starts_processes
+from helpers.tiers import starts_processes
 
 from prefect_dask_profiling import collect, install, stage, summarise, uninstall, utilisation
 from prefect_dask_profiling.timing import client as timing_client

@@ -16,7 +16,7 @@ import dask.array as da
 import pandas as pd
 import pytest
 from distributed import Client, LocalCluster, wait
-from s3_servers import LoggingProxy, boto_client, moto_server, s3_options, tag_process
+from helpers.s3_servers import LoggingProxy, boto_client, moto_server, s3_options, tag_process
 
 from prefect_dask_profiling.errors import InvalidInput
 from prefect_dask_profiling.summary.io import (

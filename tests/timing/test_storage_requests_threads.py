@@ -20,7 +20,7 @@ import dask.array as da
 import numpy as np
 import pytest
 from distributed import Client, Event, LocalCluster, wait
-from s3_servers import boto_client, moto_server, s3_options
+from helpers.s3_servers import boto_client, moto_server, s3_options
 
 from prefect_dask_profiling.summary.io import io_frame, stage_io_summaries
 from prefect_dask_profiling.timing import io_client

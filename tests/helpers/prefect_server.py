@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from processes import stop_process_group
+from helpers.processes import stop_process_group
 
 HOST = "127.0.0.1"
 IDLE_SERVICES = ("FOREMAN", "LATE_RUNS", "PAUSE_EXPIRATIONS", "REPOSSESSOR",

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from prefect_server import HOST, free_port
-from processes import stop_process_group
+
+from helpers.prefect_server import HOST, free_port
+from helpers.processes import stop_process_group
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ import time
 
 from prefect import flow, task
 from prefect_dask import get_dask_client
-from worker_lifetimes import LifetimeFile
 
+from helpers.worker_lifetimes import LifetimeFile
 from prefect_dask_profiling import stage
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner, profiled
 

@@ -21,10 +21,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from processes import stop_process_group
+from helpers.processes import stop_process_group
 
-TESTS = str(Path(__file__).parent)
-ROOT = str(Path(__file__).parent.parent)
+TESTS = str(Path(__file__).parents[1])
+ROOT = str(Path(__file__).parents[2])
 
 
 @dataclass

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from processes import stop_process_group
+from helpers.processes import stop_process_group
 
 KEY, SECRET = "testing", "testing"
 

@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from prefect_server import HOST
+from helpers.prefect_server import HOST
 
 
 @dataclass

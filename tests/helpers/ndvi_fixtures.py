@@ -62,7 +62,7 @@ def scene_server():
 
     Credentials go to the environment (GDAL and the Dask workers read them there).
     """
-    from s3_servers import KEY, SECRET, boto_client, moto_server
+    from helpers.s3_servers import KEY, SECRET, boto_client, moto_server
 
     saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
     os.environ.update(AWS_ACCESS_KEY_ID=KEY, AWS_SECRET_ACCESS_KEY=SECRET)

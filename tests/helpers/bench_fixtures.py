@@ -29,7 +29,7 @@ def _env() -> dict[str, str]:
     packages (``flows``, ``tasks``, the test helpers) importable by the processes started."""
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(root), str(root / "tests"), env.get("PYTHONPATH")) if p)
     return env
@@ -176,7 +176,7 @@ def moto_on(host: str, size: int) -> Iterator[str]:
     Yields ``endpoint,bench,blob`` (the bench's S3 workload spec). Bind it to a netns
     cluster's host-side address so that workers read it across their links.
     """
-    from s3_servers import boto_client, moto_server
+    from helpers.s3_servers import boto_client, moto_server
 
     with moto_server(host=host) as endpoint:
         s3 = boto_client(endpoint)
@@ -197,8 +197,9 @@ def prefect_api_on(host: str) -> Iterator[str]:
     from urllib.parse import urlsplit
 
     from prefect.settings import PREFECT_API_URL, temporary_settings
-    from prefect_server import drain_prefect_services
-    from s3_servers import TcpRelay
+
+    from helpers.prefect_server import drain_prefect_services
+    from helpers.s3_servers import TcpRelay
 
     api = urlsplit(PREFECT_API_URL.value())
     if api.hostname is None or api.port is None:

@@ -10,8 +10,8 @@ import dask.array as da
 import pandas as pd
 from prefect import flow
 from prefect_dask import get_dask_client
-from profiled_flows import slow_block
 
+from helpers.profiled_flows import slow_block
 from prefect_dask_profiling import stage
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner, profiled
 from prefect_dask_profiling.store.runs import TASKS_COLUMNS, RunStore, new_run_id
