@@ -142,12 +142,12 @@ def drift_command(
     verdicts, note = judgement.drift, judgement.notes.get("drift", "")
     failing = drifted(verdicts, failing_only=True)
     if as_json:
-        emit_json({"pipeline": name, "run_id": judgement.run_id, "note": note,
+        emit_json({"pipeline": name, "run_id": judgement.run.run_id, "note": note,
                    "failing": not failing.empty, "rules": judgement.rules.to_dict(),
                    "verdicts": verdicts.to_dict("records")})
     else:
         print_table(verdicts[[c for c in DRIFT_SHOW if c in verdicts.columns]],
-                    title=f"{name} {judgement.run_id}: drift ({note})")
+                    title=f"{name} {judgement.run.run_id}: drift ({note})")
         say(describe_drift(drifted(verdicts)))
     if not failing.empty:
         raise typer.Exit(EXIT_VERDICT)

@@ -147,6 +147,7 @@ def eta_plan(store: RunStore, pipeline: str, version: str | None = None,
     from prefect_dask_profiling.forecast.model import history_stats
     from prefect_dask_profiling.regression.judge import load_history
     from prefect_dask_profiling.regression.rule import RegressionRule, Rules
+    from prefect_dask_profiling.store.manifest import RunKey
 
     if version is None:
         newest = store.newest_run(pipeline)
@@ -155,7 +156,7 @@ def eta_plan(store: RunStore, pipeline: str, version: str | None = None,
         version = str(newest["version"])
     rules = Rules.from_options(history=history or RegressionRule.history)
     with store.remembering_reads():
-        found = load_history(store, pipeline, version, rules, run_id="")
+        found = load_history(store, RunKey("", pipeline, version), rules)
     return history_stats(pipeline, version, found.manifests, found.baseline.history,
                          needed=rules.regression.min_history)
 

@@ -32,7 +32,7 @@ and named (``skipped`` in the manifest): it never stops the judgement of later n
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, TypedDict, cast
 
 import pandas as pd
@@ -73,13 +73,11 @@ from prefect_dask_profiling.regression.judged import (
     Tonight,
 )
 from prefect_dask_profiling.regression.rule import RegressionRule, Rules
+from prefect_dask_profiling.store.manifest import RunKey
 from prefect_dask_profiling.store.runs import RunStore, StoreError
 
 __all__ = ["History", "HistoryUnavailable", "Judgement", "Outcome", "StoredJudgement",
            "Tonight", "judge", "judge_stored", "load_history"]
-
-# Stored statuses whose regressions do not count: the run stopped early or never finished.
-NOT_COMPARABLE = {"failed": "failed", "incomplete": "incomplete"}
 
 
 class JudgementManifest(TypedDict):
@@ -138,7 +136,7 @@ class Judgement:
 
     Attributes
     ----------
-    run_id, pipeline, version
+    run
         Whose judgement.
     rules
         The rules that made it (stored in the manifest: ``rules``).
@@ -168,9 +166,7 @@ class Judgement:
         manifest's ``skipped``).
     """
 
-    run_id: str
-    pipeline: str
-    version: str
+    run: RunKey
     rules: Rules
     verdicts: pd.DataFrame
     outcome: Outcome
@@ -235,8 +231,7 @@ class Judgement:
     def to_json(self) -> JudgementDoc:
         """Plain JSON form (``dask-profiling check --json``)."""
         doc: dict[str, Any] = {
-            **self.to_manifest(), "run_id": self.run_id, "pipeline": self.pipeline,
-            "version": self.version, "regressed": self.outcome.regressed,
+            **self.to_manifest(), **asdict(self.run), "regressed": self.outcome.regressed,
             "baseline": {"runs": list(self.baseline_runs), "note": self.baseline_note}}
         for family in REGISTRY:
             doc[family.json_key] = family.json_rows(family.rows(self))
@@ -265,24 +260,22 @@ class Judgement:
         return cast(JudgementManifest, doc)
 
 
-def load_history(store: RunStore, pipeline: str, version: str, rules: Rules, *,
-                 run_id: str, before: str | None = None, started: str | None = None,
-                 flow_run_id: str | None = None, attempt: int | None = None,
-                 acks_until: str | None = None) -> History:
-    """Read what ``run_id`` is judged against: one replay of the nights before it.
+def load_history(store: RunStore, run: RunKey, rules: Rules, *, before: str | None = None,
+                 started: str | None = None, flow_run_id: str | None = None,
+                 attempt: int | None = None, acks_until: str | None = None) -> History:
+    """Read what ``run`` is judged against: one replay of the nights before it.
 
     Parameters
     ----------
     store
         Where the runs are (wrap the call in ``store.remembering_reads()`` to read each
         stored file once).
-    pipeline, version
-        The run's pipeline and version: only runs of the same version count.
+    run
+        The judged run: never part of its own history; only runs of its pipeline and
+        version count.
     rules
         How many baseline runs (``rules.regression.history``) and series nights
         (``rules.drift.max_runs``) to read.
-    run_id
-        The judged run: never part of its own history.
     before
         Only runs with a smaller run id are listed (re-judging a stored run).
     started
@@ -312,19 +305,19 @@ def load_history(store: RunStore, pipeline: str, version: str, rules: Rules, *,
         needs (``StoreUnavailable``): the run is then stored ``unjudged``, naming the cause.
     """
     try:
-        restart = restart_of(store.accepted(pipeline, version), before)
-        acks = tuple(a for a in load_acks(store, pipeline, version)
+        restart = restart_of(store.accepted(run.pipeline, run.version), before)
+        acks = tuple(a for a in load_acks(store, run.pipeline, run.version)
                      if acks_until is None or not a.at or a.at <= acks_until)
     except StoreError as exc:
-        raise HistoryUnavailable(f"the history of {pipeline} {version} could not be "
+        raise HistoryUnavailable(f"the history of {run.pipeline} {run.version} could not be "
                                  f"listed: {exc}") from exc
-    found = read_nights(store, pipeline, version, before=before, started=started,
+    found = read_nights(store, run.pipeline, run.version, before=before, started=started,
                         flow_run_id=flow_run_id, attempt=attempt, since=restart)
-    book, _ = replay([n for n in found.nights if n.run_id != run_id], acks, restart=restart)
+    book, _ = replay([n for n in found.nights if n.run_id != run.run_id], acks, restart=restart)
     skipped = {night.run_id: night for night in found.skipped}
     while True:  # until every family leaves out the same nights (the reads are remembered)
-        families = _read_families(store, pipeline, version, rules, book, run_id=run_id,
-                                  before=before, exclude=frozenset(skipped))
+        families = _read_families(store, run, rules, book, before=before,
+                                  exclude=frozenset(skipped))
         new = {s.run_id: s for s in families.skipped if s.run_id not in skipped}
         if not new:
             break
@@ -354,8 +347,8 @@ class _Families:
         return self.manifests.get(str(family), ())
 
 
-def _read_families(store: RunStore, pipeline: str, version: str, rules: Rules, book: Book,
-                   *, run_id: str, before: str | None, exclude: frozenset[str]) -> _Families:
+def _read_families(store: RunStore, run: RunKey, rules: Rules, book: Book, *,
+                   before: str | None, exclude: frozenset[str]) -> _Families:
     """The time baseline's tables, what each family reads of its own (:meth:`~.families.
     Family.read`: the drift series) and each family's baseline manifests, all without the
     nights in ``exclude``; the nights found unreadable on the way.
@@ -365,10 +358,10 @@ def _read_families(store: RunStore, pipeline: str, version: str, rules: Rules, b
     HistoryUnavailable
         When the store does not answer for one of them (:func:`~.alert_history.damaged`).
     """
-    query = HistoryQuery(store, pipeline, version, rules, run_id, before, exclude)
+    query = HistoryQuery(store, run, rules, before, exclude)
     reads = {family.name: read for family in REGISTRY
              if (read := family.read(query)) is not None}
-    baseline = read_baseline(store, pipeline, version, book, rules.regression.history,
+    baseline = read_baseline(store, run.pipeline, run.version, book, rules.regression.history,
                              str(REGISTRY.primary.baseline), exclude=exclude)
     skipped = [*(s for read in reads.values() for s in read.skipped),
                *(SkippedNight(r, why) for r, why in baseline.skipped)]
@@ -378,7 +371,7 @@ def _read_families(store: RunStore, pipeline: str, version: str, rules: Rules, b
         name = str(family.baseline)
         candidates = family.candidates(
             [r for r in book.baseline_runs(name) if r not in left_out], baseline)
-        docs, bad = _manifests(store, pipeline, candidates, family.history_size(rules))
+        docs, bad = _manifests(store, run.pipeline, candidates, family.history_size(rules))
         skipped += bad
         left_out |= {s.run_id for s in bad}
         manifests[name] = tuple(docs[r] for r in sorted(docs))
@@ -443,9 +436,8 @@ def judge(tonight: Tonight, history: History, rules: Rules | None = None) -> Jud
     explanations: dict[str, Explanation] = {}
     for family in REGISTRY:
         explanations.update(family.explain(tables[family.name], tonight, history))
-    return Judgement(run_id=tonight.run_id, pipeline=tonight.pipeline, version=tonight.version,
-                     rules=rules, verdicts=verdicts, outcome=_outcome(tonight, tables, history,
-                                                                      rules),
+    return Judgement(run=tonight.run, rules=rules, verdicts=verdicts,
+                     outcome=_outcome(tonight, tables, history, rules),
                      tables=tables, explanations=explanations,
                      baseline_runs=tuple(history.baseline.runs),
                      baseline_note=history.baseline.note,
@@ -549,10 +541,9 @@ def judge_stored(store: RunStore, pipeline: str, run_id: str | None = None,
         rules = _stored_rules(manifest, rules, overrides)
         tonight = Tonight.from_manifest(manifest, store.read_table(pipeline, run_id, "tasks"))
         try:
-            history = load_history(store, pipeline, tonight.version, rules, run_id=run_id,
-                                   before=run_id, started=manifest.get("started"),
+            history = load_history(store, tonight.run, rules, before=run_id,
+                                   started=tonight.started, attempt=manifest.get("attempt"),
                                    flow_run_id=manifest.get("flow_run_id"),
-                                   attempt=manifest.get("attempt"),
                                    acks_until=manifest.get("ended"))
         except HistoryUnavailable as exc:
             return StoredJudgement(None, manifest, str(exc))
@@ -571,7 +562,7 @@ def _outcome(tonight: Tonight, tables: Mapping[str, pd.DataFrame], history: Hist
         return Outcome(regressed=False, reason=next((r for r in reasons if r), (
             f"the run is {why}: its verdicts do not count")), message=_message(
             {f: f.message_rows(tables[f.name], rule, partial=True) for f in REGISTRY}))
-    night = Night(tonight.run_id, tonight.pipeline, tonight.version,
+    night = Night(tonight.run.run_id, tonight.run.pipeline, tonight.run.version,
                   _signals(tables, rule), rule, started=tonight.started or "")
     book, events = advance(history.alerts, night, history.acks)
     fails = sorted(failing(book, night), key=lambda ep: ep.key)

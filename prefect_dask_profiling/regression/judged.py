@@ -16,6 +16,7 @@ import pandas as pd
 from prefect_dask_profiling.regression.alert_history import SkippedNight
 from prefect_dask_profiling.regression.alerts import Ack, AlertEvent, AlertEventDoc, Book, Key
 from prefect_dask_profiling.regression.baseline import Baseline
+from prefect_dask_profiling.store.manifest import RunKey
 
 __all__ = ["FamilyRead", "History", "Outcome", "OutcomeDoc", "Tonight"]
 
@@ -36,11 +37,12 @@ class OutcomeDoc(TypedDict):
 
 @dataclass(frozen=True)
 class Tonight:
-    """The run being judged.
+    """The run being judged, built one way (:meth:`from_manifest`): from its manifest,
+    stored or built by the run's end before it is written (the same fields either way).
 
     Attributes
     ----------
-    run_id, pipeline, version
+    run
         Its identity.
     summary
         Its per-prefix table (``tasks.csv``: ``stage, prefix, tasks, total_s``, ...).
@@ -51,14 +53,12 @@ class Tonight:
     incomplete
         Its record is incomplete (the final collection failed): the same.
     context
-        What the explanations compare with the baseline runs' manifests: ``version``,
-        ``source_hash``, ``workers``, ``threads``, ``environment``, ``stages`` (with their
-        ``diagnosis``) — the run's manifest, or the same fields before it is written.
+        What the explanations and the per-stage families compare with the baseline runs'
+        manifests (``version``, ``source_hash``, ``workers``, ``threads``, ``environment``,
+        ``stages`` with their ``diagnosis``, ``incidents``): the run's manifest.
     """
 
-    run_id: str
-    pipeline: str
-    version: str
+    run: RunKey
     summary: pd.DataFrame
     started: str | None = None
     failed: bool = False
@@ -66,13 +66,15 @@ class Tonight:
     context: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_manifest(cls, manifest: Mapping[str, Any], summary: pd.DataFrame) -> Tonight:
-        """A stored run as it was judged: failed and incomplete runs stay so."""
+    def from_manifest(cls, manifest: Mapping[str, Any], summary: pd.DataFrame, *,
+                      failed: bool | None = None, incomplete: bool | None = None) -> Tonight:
+        """The run its manifest names; ``failed`` and ``incomplete`` default to its stored
+        status (the run's end tells them apart: both are stored ``failed``)."""
         status = str(manifest.get("status") or "")
-        return cls(run_id=str(manifest["run_id"]), pipeline=str(manifest["pipeline"]),
-                   version=str(manifest["version"]), summary=summary,
-                   started=manifest.get("started"), failed=status == "failed",
-                   incomplete=status == "incomplete", context=manifest)
+        return cls(RunKey.of(manifest), summary, started=manifest.get("started"),
+                   failed=status == "failed" if failed is None else failed,
+                   incomplete=status == "incomplete" if incomplete is None else incomplete,
+                   context=manifest)
 
 
 @dataclass(frozen=True)

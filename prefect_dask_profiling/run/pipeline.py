@@ -57,6 +57,7 @@ from prefect_dask_profiling.store.manifest import (
     Manifest,
     ManifestExtra,
     RunContext,
+    RunKey,
     StageInfo,
     build_manifest,
     environment,
@@ -282,8 +283,7 @@ def _history(end: RunEnd) -> None:
             return
     end.manifest_extra["history_read"] = {"at": _now(), "when": "finish",
                                           **({"why": stale} if stale else {})}
-    end.history = load_history(end.store, end.ctx.pipeline, end.ctx.version,
-                               end.options.rules, run_id=end.ctx.run_id,
+    end.history = load_history(end.store, end.ctx.key, end.options.rules,
                                started=end.ctx.started.isoformat(),
                                flow_run_id=end.ctx.flow_run_id,
                                attempt=end.ctx.attempt)
@@ -308,7 +308,7 @@ class EarlyHistory:
     ----------
     location
         The store it is read from.
-    pipeline, version, run_id
+    run
         The run it is read for.
     rules
         The rules it is read for (how many baseline runs and series nights).
@@ -319,9 +319,7 @@ class EarlyHistory:
     """
 
     location: str
-    pipeline: str
-    version: str
-    run_id: str
+    run: RunKey
     rules: Rules
     started: str
     future: Future[History]
@@ -329,8 +327,7 @@ class EarlyHistory:
     def stale_for(self, end: RunEnd) -> str | None:
         """Why this history is not ``end``'s (``None`` when it is): another store, run or
         rules, or earlier runs of the pipeline delivered from the spool since."""
-        if (self.location, self.pipeline, self.version, self.run_id) != (
-                end.store.url, end.ctx.pipeline, end.ctx.version, end.ctx.run_id):
+        if (self.location, self.run) != (end.store.url, end.ctx.key):
             return "read for another store or run"
         if self.rules != end.options.rules:
             return "read for other rules"
@@ -353,14 +350,13 @@ def read_history_early(store: RunStore, ctx: RunContext, rules: Rules,
     """
     from prefect_dask_profiling.regression.judge import load_history
 
-    pipeline, version, run_id = ctx.pipeline, ctx.version, ctx.run_id
-    started, flow_run_id = ctx.started.isoformat(), ctx.flow_run_id
-    attempt = ctx.attempt
+    run, flow_run_id, attempt = ctx.key, ctx.flow_run_id, ctx.attempt
+    started = ctx.started.isoformat()
 
     def read() -> History:
         with store.remembering_reads():
-            return load_history(store, pipeline, version, rules, run_id=run_id,
-                                started=started, flow_run_id=flow_run_id, attempt=attempt)
+            return load_history(store, run, rules, started=started, flow_run_id=flow_run_id,
+                                attempt=attempt)
 
     started_at = _now()
     if submit is not None:
@@ -371,8 +367,8 @@ def read_history_early(store: RunStore, ctx: RunContext, rules: Rules,
             future.set_result(read())
         except Exception as exc:  # judged at finish: read again then
             future.set_exception(exc)
-    return EarlyHistory(location=store.url, pipeline=pipeline, version=version, run_id=run_id,
-                        rules=rules, started=started_at, future=future)
+    return EarlyHistory(location=store.url, run=run, rules=rules, started=started_at,
+                        future=future)
 
 
 def _judge(end: RunEnd) -> None:
@@ -385,14 +381,8 @@ def _judge(end: RunEnd) -> None:
         # not user input: the summary step failed (and said why); this isolated step fails
         # too, so the run is stored unjudged (JUDGING_STEPS). Never reaches the caller.
         raise RuntimeError("no summary could be computed")
-    tonight = Tonight(
-        run_id=end.ctx.run_id, pipeline=end.ctx.pipeline, version=end.ctx.version,
-        summary=end.summary, started=end.ctx.started.isoformat(),
-        failed=end.flow_failed, incomplete=end.record.incomplete,
-        context={"version": end.ctx.version, "source_hash": end.ctx.source_hash,
-                 "workers": end.record.n_workers, "threads": end.record.threads,
-                 "environment": end.env, "stages": [s.__dict__ for s in end.stages],
-                 "incidents": end.record.incidents})
+    tonight = Tonight.from_manifest(_manifest(end, provisional=False), end.summary,
+                                    failed=end.flow_failed, incomplete=end.record.incomplete)
     end.judgement = judge(tonight, end.history, end.options.rules)
     end.warnings.extend(end.judgement.warnings())  # each verdict family's, in order
     end.tables.update(end.judgement.stored_tables())
@@ -681,10 +671,7 @@ def _manifest(end: RunEnd, *, provisional: bool) -> Manifest:
         state = "CRASHED"
     judged = end.judged and not provisional
     baseline: Baseline | None = None
-    if end.judgement is not None:
-        baseline = {"runs": list(end.judgement.baseline_runs), "version": end.ctx.version,
-                    "note": end.judgement.baseline_note}
-    elif end.history is not None:
+    if end.history is not None:  # the judgement's, when there is one (it is judged against it)
         baseline = {"runs": list(end.history.baseline.runs), "version": end.ctx.version,
                     "note": end.history.baseline.note}
     manifest = build_manifest(

@@ -207,6 +207,20 @@ class StageInfo:
     allocation: dict[str, Any] | None = None
 
 
+@dataclass(frozen=True)
+class RunKey:
+    """Which run: the identity that crosses from the run's end to the judge and back."""
+
+    run_id: str
+    pipeline: str
+    version: str
+
+    @classmethod
+    def of(cls, doc: Mapping[str, Any]) -> RunKey:
+        """The run a manifest names."""
+        return cls(str(doc["run_id"]), str(doc["pipeline"]), str(doc["version"]))
+
+
 @dataclass
 class RunContext:
     """Who ran: identifiers of the run, known before the record is collected."""
@@ -222,6 +236,11 @@ class RunContext:
     # for each retry); every attempt is a run of its own, with the same flow_run_id
     attempt: int | None = None
     started: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+    @property
+    def key(self) -> RunKey:
+        """Its identity (:class:`RunKey`)."""
+        return RunKey(self.run_id, self.pipeline, self.version)
 
 
 def status_for(state: str, regressed: bool, judged: bool = True,

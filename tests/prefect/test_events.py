@@ -26,6 +26,7 @@ from prefect_dask_profiling.prefect.events import (
 from prefect_dask_profiling.regression.judge import Judgement, Outcome
 from prefect_dask_profiling.regression.rule import Rules
 from prefect_dask_profiling.run.pipeline import FinishResult
+from prefect_dask_profiling.store.manifest import RunKey
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +51,7 @@ def result(flow_run_id: str | None, run_id: str, *, regression: bool = True,
                       if failed else "", failing=() if failed else failing,
                       episodes=() if failed else tuple(f"ep-{i:010x}"
                                                        for i in range(len(failing))))
-    judgement = Judgement(run_id=run_id, pipeline="ndvi", version="v3", rules=Rules(),
+    judgement = Judgement(run=RunKey(run_id, "ndvi", "v3"), rules=Rules(),
                           verdicts=verdicts, outcome=outcome, tables={"drift": drift_rows})
     return FinishResult(run_id=run_id, pipeline="ndvi", version="v3",
                         status=manifest["status"], summary=pd.DataFrame(),

@@ -20,6 +20,7 @@ from prefect_dask_profiling.regression.drift import load_series
 from prefect_dask_profiling.regression.judge import load_history
 from prefect_dask_profiling.regression.rule import Rules
 from prefect_dask_profiling.store import layout
+from prefect_dask_profiling.store.manifest import RunKey
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 
 PIPE, VERSION = "drift-reads", "1"
@@ -58,7 +59,7 @@ def test_a_read_error_that_is_not_damage_stops_the_series(nights):
     with pytest.raises(HistoryUnavailable, match=ids[2]):
         load_series(store, PIPE, VERSION)
     with pytest.raises(HistoryUnavailable, match=ids[2]):
-        load_history(store, PIPE, VERSION, Rules(), run_id=new_run_id(T0 + timedelta(10)))
+        load_history(store, RunKey(new_run_id(T0 + timedelta(10)), PIPE, VERSION), Rules())
 
 
 def test_a_damaged_night_is_left_out_of_every_family_alike(nights):
@@ -66,8 +67,8 @@ def test_a_damaged_night_is_left_out_of_every_family_alike(nights):
     path = store._path(layout.manifest_file(PIPE, ids[2]))
     store.fs.pipe_file(path, store.fs.cat_file(path)[:50])  # truncated
     with store.remembering_reads():
-        history = load_history(store, PIPE, VERSION, Rules(),
-                               run_id=new_run_id(T0 + timedelta(10)))
+        history = load_history(store, RunKey(new_run_id(T0 + timedelta(10)), PIPE, VERSION),
+                               Rules())
     assert [s.run_id for s in history.skipped] == [ids[2]]
     series = set(history.reads["drift"].data["run_id"])
     assert ids[2] not in series

@@ -26,7 +26,7 @@ from prefect_dask_profiling.regression.judge import History, Tonight, judge
 from prefect_dask_profiling.regression.judged import FamilyRead
 from prefect_dask_profiling.regression.rule import DriftRule, RegressionRule, Rules
 from prefect_dask_profiling.run.pipeline import finish_run
-from prefect_dask_profiling.store.manifest import RunContext
+from prefect_dask_profiling.store.manifest import RunContext, RunKey
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 
 PIPELINE = "nightly"
@@ -140,7 +140,7 @@ def test_overlapping_runs_are_each_judged_as_themselves():
     history = History(Baseline(series[["run_id", "stage", "prefix", "tasks", "total_s"]],
                                [f"r{d:02d}" for d in range(10)], "1"),
                       {"drift": FamilyRead(pd.concat([series, later], ignore_index=True))})
-    tonight = Tonight(run_id="r10", pipeline=PIPELINE, version="1", started=days[9],
+    tonight = Tonight(RunKey("r10", PIPELINE, "1"), started=days[9],
                       summary=pd.DataFrame([{"stage": "read", "prefix": "load", "tasks": 10,
                                              "total_s": 31.0}]))
     judgement = judge(tonight, history, Rules.from_options(check_options=LOOSE))

@@ -16,6 +16,7 @@ from prefect_dask_profiling.regression.baseline import Baseline
 from prefect_dask_profiling.regression.judge import History, Tonight, judge
 from prefect_dask_profiling.regression.requests import detect_requests, request_rows
 from prefect_dask_profiling.regression.rule import RegressionRule, Rules
+from prefect_dask_profiling.store.manifest import RunKey
 
 
 def manifest(run_id: str, per_chunk: float | None, chunks: int = 48,
@@ -82,7 +83,7 @@ def test_the_judgement_fails_a_night_whose_requests_doubled_before_its_time_move
                       baselines={"requests": tuple(baseline_manifests)})
     summary = pd.DataFrame([{"stage": "read", "prefix": "getitem", "tasks": 48,
                              "total_s": 10.2}])
-    merge_off = Tonight(run_id="r999", pipeline="p", version="1", summary=summary,
+    merge_off = Tonight(RunKey("r999", "p", "1"), summary=summary,
                         context=manifest("r999", 4.6, bytes_per_chunk=840_000))
     judgement = judge(merge_off, history, Rules())
     assert set(judgement.verdicts["verdict"]) == {"ok"}  # time did not move
@@ -93,8 +94,9 @@ def test_the_judgement_fails_a_night_whose_requests_doubled_before_its_time_move
     night = Night("r999", "p", "1", judgement.night_signals())
     book, events = advance(history.alerts, night)
     assert [e.kind for e in events] == ["suspected", "suspected"]
-    second = judge(replace(merge_off, run_id="r9991"), replace(history, alerts=book), Rules())
+    second = judge(replace(merge_off, run=RunKey("r9991", "p", "1")),
+                   replace(history, alerts=book), Rules())
     assert second.regressed and "storage requests: read" in second.outcome.message
-    healthy = Tonight(run_id="r998", pipeline="p", version="1", summary=summary,
+    healthy = Tonight(RunKey("r998", "p", "1"), summary=summary,
                       context=manifest("r998", 1.45))
     assert not judge(healthy, history, Rules()).regressed

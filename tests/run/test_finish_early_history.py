@@ -40,7 +40,7 @@ def test_the_early_history_judges_the_run_as_a_read_at_finish_would(inproc_clien
     store = seeded(tmp_path, record)
     ctx, settings = new_ctx(), DEFAULT_OPTIONS
     early = read_history_early(RunStore(store.url), ctx, settings.rules)
-    fresh = load_history(store, PIPELINE, "1", settings.rules, run_id=ctx.run_id)
+    fresh = load_history(store, ctx.key, settings.rules)
     result = finish_run(store, record, ctx, [], settings, early_history=early)
     assert result.judged
     read = result.manifest["history_read"]
@@ -70,8 +70,7 @@ def test_a_run_stored_after_the_early_read_is_not_in_its_baseline(inproc_client,
 def failed_read(ctx: RunContext, store: RunStore, settings: ProfilingOptions) -> EarlyHistory:
     future: Future = Future()
     future.set_exception(OSError("the store did not answer at the run's start"))
-    return EarlyHistory(location=store.url, pipeline=ctx.pipeline, version=ctx.version,
-                        run_id=ctx.run_id, rules=settings.rules, started="then",
+    return EarlyHistory(location=store.url, run=ctx.key, rules=settings.rules, started="then",
                         future=future)
 
 

@@ -22,7 +22,7 @@ from prefect_dask_profiling.regression.judge import load_history
 from prefect_dask_profiling.regression.rule import Rules
 from prefect_dask_profiling.store import layout
 from prefect_dask_profiling.store.errors import DamagedRecord
-from prefect_dask_profiling.store.manifest import dump
+from prefect_dask_profiling.store.manifest import RunKey, dump
 from prefect_dask_profiling.store.runs import RunStore, new_run_id
 from prefect_dask_profiling.store.tables import (
     TOTALS_COLUMNS,
@@ -226,7 +226,7 @@ def test_judging_a_night_lists_the_run_folders_once(moto, tmp_path):
     ids = [put(store, night, start=start) for night in range(50)]
     lists = record_listings(store)
     with store.remembering_reads():
-        history = load_history(store, PIPE, VERSION, Rules(), run_id=new_run_id())
+        history = load_history(store, RunKey(new_run_id(), PIPE, VERSION), Rules())
     series = history.reads["drift"].data
     assert history.baseline.runs == ids[-8:] and len(series["run_id"].unique()) == 50
     folders = f"{layout.pipeline_runs(PIPE)}/"

@@ -35,6 +35,7 @@ from prefect_dask_profiling.regression.judged import FamilyRead, History, Outcom
 from prefect_dask_profiling.regression.rule import RegressionRule, Rules
 
 if TYPE_CHECKING:
+    from prefect_dask_profiling.store.manifest import RunKey
     from prefect_dask_profiling.store.runs import RunStore
 
 __all__ = ["REGISTRY", "Family", "HistoryQuery", "Judged", "Registry", "StageFamily"]
@@ -42,15 +43,13 @@ __all__ = ["REGISTRY", "Family", "HistoryQuery", "Judged", "Registry", "StageFam
 
 @dataclass(frozen=True)
 class HistoryQuery:
-    """Which history a family reads (:meth:`Family.read`): the judged run's pipeline and
-    version in ``store``, its rules, the nights before ``before`` (re-judging a stored run),
-    never ``run_id`` itself nor the nights in ``exclude`` (found unreadable so far)."""
+    """Which history a family reads (:meth:`Family.read`): of the judged ``run``'s pipeline
+    and version in ``store``, its rules, the nights before ``before`` (re-judging a stored
+    run), never ``run`` itself nor the nights in ``exclude`` (found unreadable so far)."""
 
     store: RunStore
-    pipeline: str
-    version: str
+    run: RunKey
     rules: Rules
-    run_id: str
     before: str | None
     exclude: frozenset[str]
 

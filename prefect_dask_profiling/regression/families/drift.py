@@ -57,8 +57,8 @@ class DriftFamily(Family):
         rules = query.rules.drift
         if not rules.enabled:
             return FamilyRead(drift_rule.empty_series(), "drift is switched off")
-        found = drift_rule.read_series(query.store, query.pipeline, query.version,
-                                       exclude_run_id=query.run_id, before=query.before,
+        found = drift_rule.read_series(query.store, query.run.pipeline, query.run.version,
+                                       exclude_run_id=query.run.run_id, before=query.before,
                                        max_runs=rules.max_runs, keep_first=rules.start_nights,
                                        exclude=query.exclude)
         return FamilyRead(found.series, found.note, found.skipped)
@@ -68,12 +68,12 @@ class DriftFamily(Family):
         comparable (``rules.drift``)."""
         if not rules.drift.enabled or tonight.failed or tonight.incomplete:
             return self.empty()
-        latest = tonight.summary.assign(run_id=tonight.run_id, started=tonight.started)
+        latest = tonight.summary.assign(run_id=tonight.run.run_id, started=tonight.started)
         read = history.reads.get(self.name)
         series = read.data if read is not None else drift_rule.empty_series()
         series = pd.concat([series, latest], ignore_index=True) if not series.empty \
             else latest
-        return drift_rule.detect_drift(series, rules, judged_run=tonight.run_id)
+        return drift_rule.detect_drift(series, rules, judged_run=tonight.run.run_id)
 
     def merge(self, verdicts: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
         return drift_rule.merge_drift(verdicts, rows)
