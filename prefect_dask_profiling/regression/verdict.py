@@ -315,7 +315,7 @@ def _latest(last: _Rows, n_keys: int) -> dict[str, np.ndarray]:
 def _measure(out: dict[str, np.ndarray]) -> None:
     """Add the change columns (delta, ratios, robust z, shares) to ``out`` in place."""
     latest, baseline = out["latest_s"], out["baseline_s"]
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         out["delta_s"] = latest - baseline
         out["ratio"] = stats.ratio(latest, baseline)
         out["robust_z"] = stats.robust_z(latest, baseline, out["spread_s"])
@@ -327,14 +327,16 @@ def _measure(out: dict[str, np.ndarray]) -> None:
     # tonight's seconds against the usual run's total: a regression elsewhere inflates
     # tonight's total and must not push a prefix under the floor
     usual = float(np.nansum(baseline))
-    out["usual_share"] = np.nan_to_num(latest, nan=0.0) / usual if usual > 0 else \
-        np.zeros_like(latest)
+    with np.errstate(over="ignore"):  # a subnormal total: the share is inf, not an error
+        out["usual_share"] = np.nan_to_num(latest, nan=0.0) / usual if usual > 0 else \
+            np.zeros_like(latest)
 
 
 def _fraction(values: np.ndarray) -> np.ndarray:
     values = np.nan_to_num(values, nan=0.0)
     total = values.sum()
-    return values / total if total > 0 else np.zeros_like(values)
+    with np.errstate(over="ignore"):  # a subnormal total (Hypothesis found 2.2e-311 s)
+        return values / total if total > 0 else np.zeros_like(values)
 
 
 def _rule(rule: RegressionRule | None, settings: RuleSettings) -> RegressionRule:

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from prefect_dask_profiling.regression.verdict import (
@@ -334,6 +334,7 @@ _value = st.one_of(st.floats(allow_nan=True, allow_infinity=True, width=32),
 @given(st.lists(st.tuples(st.integers(0, 5), st.sampled_from("abc"), st.integers(-1, 100),
                           _value), max_size=30),
        st.lists(st.tuples(st.sampled_from("abcd"), st.integers(0, 100), _value), max_size=5))
+@example(hist_rows=[(0, "a", 0, 2.225073858507e-311)], latest_rows=[("a", 0, 1.0)])  # overflow
 def test_any_input_gives_a_verdict_per_prefix(hist_rows, latest_rows):
     history = pd.DataFrame(hist_rows, columns=["run_id", "prefix", "tasks", "total_s"])
     history = history.assign(stage="s", run_id=history["run_id"].astype(str))
