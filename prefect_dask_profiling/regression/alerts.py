@@ -109,6 +109,7 @@ __all__ = ["ABSOLUTE", "CARRIED_RUNS", "EVENT_KINDS", "EVENT_PREFIX", "FAMILIES"
            "JUDGED_STATUSES", "METRIC", "OPEN_STATES", "PAGES", "STATES", "Ack", "AlertEvent",
            "Book", "CarriedDoc", "CarriedRatio", "Episode", "Key", "Night",
            "Signal", "adopt", "advance", "episode_id", "failing", "instant", "keep_carried_ids",
+           "resync",
            "overlaps",
            "pages", "priors", "replay", "run_status", "silenced"]
 
@@ -792,6 +793,8 @@ def replay(nights: Iterable[Night], acks: Iterable[Ack] = (), *, restart: str | 
         start = replace(start, restart=restart)
     book, events, folded = start, [], []
     for night in ordered:
+        if folded:
+            book = resync(book, night.carried)
         overlapped = {m.run_id for m in folded if overlaps(m, night)}
         if overlapped:
             # tonight's judge saw only the nights that had ended when it started: its
@@ -814,6 +817,34 @@ def replay(nights: Iterable[Night], acks: Iterable[Ack] = (), *, restart: str | 
         events.extend(new)
         folded.append(night)
     return book, events
+
+
+def resync(book: Book, carried: Book | None) -> Book:
+    """``book`` continued from ``carried`` (the state the next night's judge started from)
+    when that judge folded a newer night than the replay could (a night left out since,
+    damaged or unreadable).
+
+    That judge's open episodes are the ones it paged, counted and closed: the replay takes
+    them (each flagged night the replay knew kept), instead of folding the key anew a night
+    later under an id nobody was paged with, or opening beside a time episode the drift
+    the judge folded into it. Closed episodes the replay folded stay listed. A judge that
+    started before a night the replay folded (an overlap, a window's edge) is not followed.
+    """
+    if carried is None or carried.last_run is None or carried.last_run in book.runs \
+            or (book.last_run is not None and carried.last_run < book.last_run):
+        return book
+    known = {i: e for e in book.episodes for i in e.ids}
+    taken: list[Episode] = []
+    for seen in carried.open():
+        if book.restart is not None and seen.start_run <= book.restart:
+            continue  # an accepted run ended it
+        mine = next((known[i] for i in seen.ids if i in known), None)
+        flagged = seen.flagged_runs if mine is None else \
+            tuple(sorted({*mine.flagged_runs, *seen.flagged_runs}))
+        taken.append(replace(seen, flagged_runs=flagged))
+    ids = {i for e in taken for i in e.ids}
+    closed = tuple(e for e in book.episodes if not e.open and not ids.intersection(e.ids))
+    return replace(book, episodes=(*closed, *taken), ratios=carried.ratios)
 
 
 def keep_carried_ids(book: Book, carried: Book | None) -> Book:

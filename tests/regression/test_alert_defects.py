@@ -77,6 +77,11 @@ def holder(book, ep_id: str):
                  if ep_id in (e.id, *getattr(e, "aliases", ()))), None)
 
 
+def _open_states(book) -> dict:
+    """``{key: (id, state, nights)}`` of ``book``'s open episodes (what a window must agree on)."""
+    return {e.key: (e.id, e.state, e.nights) for e in book.open()}
+
+
 def resolved_ids(runs: list[NightRun]) -> set[str]:
     """Every id the ``resolved`` events of ``runs`` name (the episode's and its aliases)."""
     return {str(i) for r in runs for e in r.events_of("resolved")
@@ -261,6 +266,10 @@ def test_an_id_paged_by_a_night_whose_manifest_is_lost_stays_answerable(record, 
     # and ``alerts`` lists it under the id that was paged, as a window starting after the
     # lost night does (seed 35, day 252), not under an id nobody was paged with
     assert {holder(book, i).id for i in paged} == paged, (paged, book.episodes)
+    # the whole window continues from the state the next night's judge started from, so
+    # it holds what a window starting after the lost night holds (alerts.resync)
+    small, _ = alert_history.episodes_of(drive.store, "sim", "1", runs=2)
+    assert _open_states(book) == _open_states(small), (book.episodes, small.episodes)
     for ep_id in sorted(paged):
         alert_history.acknowledge(drive.store, "sim", "1", ep_id,
                                   at=runs[-1].spec.ended + timedelta(hours=1))
