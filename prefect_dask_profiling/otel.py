@@ -1,28 +1,10 @@
 """A finished run's stages as OpenTelemetry spans, made after the fact from stored figures.
 
-When the flow process has an OpenTelemetry SDK ``TracerProvider`` (the user's: set in code or
-by ``opentelemetry-instrument`` and the ``OTEL_*`` variables), :func:`emit_run_spans` turns
-a :class:`~prefect_dask_profiling.run.pipeline.FinishResult` into spans under the span current
-in the caller (inside a Prefect flow body: the flow-run span Prefect made current):
-
-* one span per stage (``dask-profiling stage <name>``), child of that span, with the stage's
-  stored window as its start and end and its figures as ``dask_profiling.*`` attributes; a
-  stage that counted in the run's regression has status ERROR with the explanation;
-* on each stage span, one event per top prefix (at most :data:`MAX_PREFIXES`, by compute
-  seconds): task count, compute seconds, p50/p95;
-* one span of the run's own (``dask-profiling run <pipeline>``) with the verdict and the
-  report links; the verdict and run id are also set on the current span when it records.
-
-Nothing is made (not even the figures read) unless a real provider is set: the API's
-default, a no-op or proxy provider, costs one ``isinstance``. The scheduler does no OTel
-work: every timestamp comes from the stored record. :func:`prepare_spans` runs in the flow
-(it reads the current span); the job it returns makes the spans off the flow's path (the
-Prefect session runs it on its background service) and stops starting spans once
-:data:`EMIT_BUDGET_S` is spent (the user's span processor may export synchronously, to a
-collector that is down); whatever goes wrong is one warning.
-
-Only ``opentelemetry-api`` is imported (a Prefect dependency); the SDK is the user's.
-"""
+With a real SDK ``TracerProvider`` in the flow process, :func:`prepare_spans` (in the flow:
+it reads the current span) returns a job that makes one span per stage, an event per top
+prefix (:data:`MAX_PREFIXES`) and one span of the run, off the flow's path and within
+:data:`EMIT_BUDGET_S`; without one it costs one ``isinstance``. Whatever goes wrong is one
+warning. Only ``opentelemetry-api`` is imported (docs/observability.md)."""
 
 from __future__ import annotations
 

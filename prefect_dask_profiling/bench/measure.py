@@ -1,21 +1,6 @@
-"""Measuring one side of a benchmark session: preflight, calibrate, warm up, measure.
-
-:func:`run_side` runs, on one cluster:
-
-1. **preflight** — :func:`prefect_dask_profiling.bench.preflight.preflight`;
-2. **calibration** — :mod:`prefect_dask_profiling.bench.calibrate` → effective threads;
-3. **warmup** — ``warmup`` untimed batches per ``n`` (results forgotten before measuring);
-4. **measured phase** — ``repeats`` batches per ``n``, each batch one aggregate per seed
-   (:func:`run_batch`), under a Dask ``performance_report``, the
-   :class:`~prefect_dask_profiling.timing.TaskTimings` plugin, the task stream and
-   before/after :mod:`~prefect_dask_profiling.bench.probes` of the scheduler, fine performance
-   metrics and worker transfer logs;
-5. **signals → verdict** — :func:`~prefect_dask_profiling.diagnosis.signals.extract_signals` builds
-   the signal dict, :func:`~prefect_dask_profiling.diagnosis.classify.classify` (pure) names the
-   bottleneck.
-
-It writes ``<side>/summary.json`` and ``<side>/performance_report.html``.
-"""
+"""Measuring one side of a benchmark session: :func:`run_side` runs the protocol's steps
+(:mod:`~prefect_dask_profiling.bench.protocol`) on one cluster and writes
+``<side>/summary.json`` and ``<side>/performance_report.html``."""
 
 from __future__ import annotations
 

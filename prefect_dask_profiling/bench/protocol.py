@@ -1,40 +1,10 @@
-"""The profiling protocol: apples-to-apples local vs remote benchmark sessions.
+"""The profiling protocol (``dask-profiling bench``): the same workload, local vs remote.
 
-``dask-profiling bench --workload pkg.mod:fn --scheduler tcp://HOST:PORT --n 128,256
---seeds 1,2,3 --warmup 1 --repeats 3 --out DIR`` runs the same inputs (same ``n`` values,
-seeds, aggregates per batch and warmup policy) on a local cluster and on the remote one:
-
-1. **preflight** — :mod:`prefect_dask_profiling.bench.preflight`: worker visibility and metadata,
-   the workload's module importable on every worker (what is missing is named), client /
-   scheduler / worker version mismatches (listed), environment fingerprint, and a warning
-   when the "remote" scheduler is on the loopback or on this machine;
-2. **calibration** — :mod:`prefect_dask_profiling.bench.calibrate` → effective threads;
-3. **warmup** — ``warmup`` untimed batches per ``n`` (results forgotten before measuring);
-4. **measured phase** — ``repeats`` batches per ``n``, each batch one aggregate per seed,
-   under a Dask ``performance_report``, the :class:`~prefect_dask_profiling.timing.TaskTimings`
-   plugin, the task stream and before/after :mod:`~prefect_dask_profiling.bench.probes` of the
-   scheduler, fine performance metrics and worker transfer logs
-   (:mod:`prefect_dask_profiling.bench.measure`);
-5. **signals → verdict** — :func:`~prefect_dask_profiling.diagnosis.signals.extract_signals` builds
-   the signal dict, :func:`~prefect_dask_profiling.diagnosis.classify.classify` (pure) names the
-   bottleneck.
-
-This module runs the session (:func:`run_bench`: clusters from
-:mod:`prefect_dask_profiling.bench.clusters`, each side measured, then the comparison and notes of
-:mod:`prefect_dask_profiling.bench.report`); ``dask-profiling bench``
-(:mod:`prefect_dask_profiling.cli.bench`) calls it. The inputs are a
-:class:`~prefect_dask_profiling.bench.config.BenchConfig`.
-
-Artifacts::
-
-    DIR/<timestamp>/local/summary.json, local/performance_report.html
-    DIR/<timestamp>/remote/summary.json, remote/performance_report.html
-    DIR/<timestamp>/comparison.json, notes.md
-
-Bad input (unknown workload, unreachable scheduler, no workers, workload not importable on
-the workers) raises :class:`~prefect_dask_profiling.bench.config.BenchInputError`, a
-``ValueError``: the CLI prints it as one line and exits 2.
-"""
+:func:`run_bench` runs preflight, calibration, warmup and the measured phase on each
+cluster, then the signals, the classifier's verdict and the comparison (docs/diagnosis.md).
+It writes ``DIR/<timestamp>/{local,remote}/summary.json`` and ``performance_report.html``,
+``comparison.json`` and ``notes.md``. Bad input raises
+:class:`~prefect_dask_profiling.bench.config.BenchInputError` (the CLI exits 2)."""
 
 from __future__ import annotations
 

@@ -1,31 +1,11 @@
 """Benchmark workloads for ``dask-profiling bench``.
 
-The workload contract
----------------------
-A workload is any importable callable, named ``package.module:callable``, with the
-signature ``workload(n: int, seed: int)`` that returns **one aggregate**:
-
-* a Dask collection (array, dataframe, bag, delayed, ...) — the bench computes it;
-* or a ``distributed.Future`` or a list/tuple of futures (submit through
-  ``distributed.get_client()``) — the bench waits for all of them.
-
-The aggregate counts as done when every part finished; it counts as failed if any part
-erred. ``n`` is the problem size and ``seed`` makes the inputs deterministic: the same
-``(n, seed)`` must build the same work on every cluster, so local and remote runs compare.
-The callable runs on the client; the tasks it builds run on the workers, so **the module
-that defines the task functions must be importable on every worker** (install the same
-wheel there, or ship it). ``bench`` checks that in preflight and names what is missing.
-Results are discarded: return something small (a sum, a count), not the data.
-
-Shipped examples: :func:`matmul` (dense linear algebra on a chunked array) and
-:func:`monte_carlo_pi` (independent delayed tasks plus a reduction).
-
-The ``synthetic_*`` workloads and :class:`SlowWorker` are textbook bottlenecks used by the
-test-suite to check the classifier: compute-, scheduler-, transfer-, straggler- (a slow
-worker, or one long task), spill- and io-bound (a latency service, reads from S3).
-:data:`HOLDOUT` are further workloads written after the rule thresholds were fixed, kept
-out of the tuning to see how the classifier does on work it was not shaped by.
-"""
+A workload is an importable ``workload(n: int, seed: int)`` returning one aggregate (a Dask
+collection, a future or a list of futures); the same ``(n, seed)`` must build the same work
+on every cluster, and its task functions must be importable on every worker. Shipped
+examples: :func:`matmul`, :func:`monte_carlo_pi`. The ``synthetic_*`` workloads,
+:class:`SlowWorker` and :data:`HOLDOUT` are the textbook bottlenecks the classifier's tests
+use (docs/diagnosis.md)."""
 
 from __future__ import annotations
 

@@ -1,28 +1,9 @@
 """What every command prints and how it ends: tables, JSON, one-line errors, exit codes.
 
-Every command is wrapped in :func:`guarded`, which maps the package's error tree
-(:mod:`prefect_dask_profiling.errors`) to an exit code in one table, :data:`EXIT_CODES`:
-
-==== ===========================================================================================
-code meaning
-==== ===========================================================================================
-0    ok
-1    a verdict failed: a regression (``VerdictFailed``), an unjudged run, files still pending
-2    bad input or a bad record: ``InvalidInput`` (a malformed argument, :class:`BadInput`,
-     ``BenchInputError``) or a ``StoreError`` naming what is missing, damaged or in conflict
-     (an unknown store, pipeline, run or report; a damaged manifest or table)
-4    the store could not be used: ``StoreUnavailable`` — unreachable or timed out
-     (``StoreUnreachable``: retry later) or access denied (``StoreAccessDenied``: fix the
-     credentials or permissions). Not bad input: the same command may succeed unchanged.
-3    anything else — a bug: one line without a traceback and a hint to report it;
-     ``--debug`` (or ``DASK_PROFILING_DEBUG=1``) shows the traceback
-==== ===========================================================================================
-
-Every error prints as one line on stderr (``error: ...``).
-
-Nothing here imports more than Typer at module level: rich's consoles are made on first use
-(:func:`out_console`, :func:`err_console`), so ``--help`` and a typo cost no rich import.
-"""
+:func:`guarded` maps the package's error tree to an exit code (:data:`EXIT_CODES`: 1 a
+verdict failed, 2 bad input or a bad record, 4 the store could not be used, 3 anything else,
+a bug, with the traceback under ``--debug``) and prints every error as one line on stderr.
+rich's consoles are made on first use, so ``--help`` and a typo cost no rich import."""
 
 from __future__ import annotations
 

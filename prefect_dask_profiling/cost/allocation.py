@@ -1,23 +1,10 @@
 """What a run's cluster allocated, used and left idle, per stage and for the whole run.
 
 Pure computation on a :class:`~prefect_dask_profiling.summary.record.RunRecord`: each
-worker's stay on the scheduler (``record.lifetimes``, from the plugin's add / remove worker
-hooks) is clipped to each stage's window (first compute start to last compute stop of its
-tasks, :meth:`~prefect_dask_profiling.summary.record.RunRecord.window`) and integrated:
-
-* ``worker_s`` / ``thread_s``: worker- and thread-seconds allocated;
-* ``busy_s``: task compute seconds (thread-seconds spent computing);
-* ``idle_s = thread_s - busy_s`` (never below 0), ``idle_share = idle_s / thread_s``;
-* ``gib_h``: GiB-hours of the workers' memory limits.
-
-The ``outside`` row is the allocation outside every stage window (before the first, after
-the last, and between them: cluster start, waiting for workers, the flow's own Python), so
-``sum(stages) + outside == run`` when stage windows do not overlap; overlapping windows
-count their common part once per stage, and ``overlap_worker_s`` says how much.
-
-Workers still connected when the record was collected count up to then. Prices appear only
-when :class:`~prefect_dask_profiling.cost.rates.CostRates` are given.
-"""
+worker's stay is clipped to each stage's window and integrated (``worker_s``, ``thread_s``,
+``busy_s``, ``idle_s``, ``idle_share``, ``gib_h``); the ``outside`` row is the rest, so
+``sum(stages) + outside - overlap == run`` (docs/cost.md). Prices appear only with
+:class:`~prefect_dask_profiling.cost.rates.CostRates`."""
 
 from __future__ import annotations
 

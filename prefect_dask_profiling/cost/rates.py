@@ -1,37 +1,9 @@
-"""Rates that turn the resource-hours a run allocated into an estimated price.
+"""Rates (``cost=``) that turn the resource-hours a run allocated into an estimated price.
 
-Standard library only: the runner validates ``cost=`` with it, and the runner is unpickled in
-every Dask worker. With no rate there is no price: the summaries then carry resource-hours
-only, never a dollar figure.
-
-A rate is given per unit (``worker_hour``, ``thread_hour``, ``gib_hour``: one worker, one
-thread, one GiB of a worker's memory limit, for one hour); units add up. For clusters whose
-workers cost different amounts, rates go by a worker attribute instead, each a mapping of
-``fnmatch`` patterns to rates:
-
-``resources``
-    a Dask worker resource tag the worker holds (``dask worker --resources "GPU=1"``,
-    recorded at its arrival; an amount of 0 does not count);
-``workers``
-    the worker's ``name``;
-``clusters``
-    the cluster class's name (``LocalCluster``, ``FargateCluster``: the runner's
-    ``cluster``, ``cluster_class``, else prefect-dask's default ``LocalCluster``; nothing
-    when the runner connects to an ``address``) — one rate for every worker of the run.
-
-**First match wins**, in that order — resources, then workers, then clusters — and within
-each mapping in the order given; a worker nothing matches is not priced (a warning at the
-first stage names it, and each pattern that matched no worker)::
-
-    cost={"worker_hour": 0.12}
-    cost={"thread_hour": 0.02, "gib_hour": 0.004, "currency": "EUR"}
-    cost={"workers": {"gpu-*": {"worker_hour": 2.9}, "*": {"worker_hour": 0.12}}}
-    cost={"resources": {"GPU": {"worker_hour": 2.9}},
-          "clusters": {"FargateCluster": {"worker_hour": 0.05}, "*": {"worker_hour": 0.12}}}
-
-Rates for every worker (the units at the top level) and rates by attribute are exclusive:
-give a ``"*"`` pattern for the rest.
-"""
+Standard library only: the runner validates ``cost=`` with it in every Dask worker. With no
+rate there is no price. Rates are per ``worker_hour``, ``thread_hour`` and ``gib_hour``, for
+every worker or by ``resources``, ``workers`` and ``clusters`` patterns: **first match
+wins**, in that order (docs/cost.md has the rules and examples)."""
 
 from __future__ import annotations
 

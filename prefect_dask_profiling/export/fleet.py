@@ -1,43 +1,12 @@
 """A fleet-wide Parquet view of every run: ``<store>/fleet/pipeline=<name>/<run_id>.parquet``.
 
-One row per (run, stage, prefix), with the run's identity, status, utilisation,
-bottleneck, the stage's memory (``stage_peak_bytes``, ``stage_headroom``,
-``stage_spilled_bytes``, ``stage_worker_deaths``) and the stage's storage requests
-(:data:`STORAGE_COLUMNS`, from the manifest's ``stages[].io``), so that one call reads every
-run of every pipeline::
-
-    pandas.read_parquet("s3://bucket/prefix/fleet", storage_options={...})
-
-The storage columns are the stage's figures summed over its workers, GDAL's unless named
-s3fs: ``stage_requests`` (GET + HEAD + LIST), ``stage_get_requests``, ``stage_head_requests``,
-``stage_list_requests``, ``stage_bytes_fetched`` (downloaded), ``stage_chunks_read`` (chunks
-that fetched), ``stage_requests_per_chunk``, ``stage_bytes_per_chunk``,
-``stage_read_amplification`` (bytes fetched / bytes of decoded pixels),
-``stage_s3fs_requests`` and ``stage_s3fs_bytes``. A stage whose source was not loaded on any
-worker (or a run stored before storage requests were counted) has null there, never 0.
-
-What the cluster allocated (:data:`ALLOCATION_COLUMNS`, from the manifest's ``allocation``)
-comes per stage and for the run: ``stage_worker_hours`` / ``run_worker_hours``,
-``..._thread_hours``, ``..._gib_hours`` (memory limits), ``..._idle_thread_hours``,
-``..._idle_share`` and ``..._cost`` with ``cost_currency``; cost is null unless the run was
-priced (``cost=`` on the runner), never 0.
-
-Each run writes its own file (no read-modify-write, so concurrent runs never race); the
-folder name ``pipeline=<name>`` is Hive partitioning: readers get ``pipeline`` as a column
-and can skip other pipelines' files. Every file has the same explicit Arrow schema
-(:data:`COLUMNS`), so a run without a bottleneck (null) and one with (text) read
-together. Files written before a column existed lack it; pyarrow infers a dataset's schema
-from one file, so :func:`read_fleet` reads with :func:`dataset_schema` instead: old and new
-files read together, the old ones null in the new columns. The view is derived:
-``dask-profiling fleet --rebuild`` writes it again from the stored runs.
-
-A query engine pays per file: ``dask-profiling fleet --compact`` (:func:`compact_fleet`)
-folds each closed month of a pipeline into ``pipeline=<name>/month=<YYYY-MM>.parquet``. It
-writes the month's file first and deletes the runs' files after, so a reader may meet a run
-in both; the rule that keeps every run exactly once, whenever a compaction stopped: **a run's
-own file wins over its month's file**. :func:`read_fleet` applies it, and so does the DuckDB
-view of :func:`duckdb_view`.
-"""
+One row per (run, stage, prefix) with one explicit Arrow schema (:data:`COLUMNS`; the
+columns are described in docs/beyond-one-night.md). Each run writes its own file, so
+concurrent runs never race; files written before a column existed read null in it
+(:func:`dataset_schema`). ``dask-profiling fleet --rebuild`` writes the view again from the
+stored runs; ``--compact`` (:func:`compact_fleet`) folds each closed month into
+``month=<YYYY-MM>.parquet``, and **a run's own file wins over its month's file** in
+:func:`read_fleet` and :func:`duckdb_view`."""
 
 from __future__ import annotations
 

@@ -1,45 +1,8 @@
-"""The latest run of each pipeline as Prometheus metrics: a textfile or a Pushgateway push.
+"""The latest run of each pipeline as Prometheus gauges: a textfile or a Pushgateway push.
 
-Metrics (all gauges, the run's values; labels in braces):
-
-* ``dask_profiling_prefix_seconds{pipeline,version,stage,prefix}`` — total task seconds;
-* ``dask_profiling_prefix_tasks{pipeline,version,stage,prefix}`` — number of tasks;
-* ``dask_profiling_prefix_p95_seconds{pipeline,version,stage,prefix}`` — p95 task seconds;
-* ``dask_profiling_stage_utilisation_ratio{pipeline,stage}`` — task seconds / thread seconds;
-* ``dask_profiling_run_utilisation_ratio{pipeline}`` and ``dask_profiling_run_wall_seconds``;
-* ``dask_profiling_stage_memory_peak_bytes{pipeline,stage}`` — the largest worker process
-  memory while the stage ran; ``dask_profiling_stage_memory_headroom_ratio{pipeline,stage}``
-  — min over workers of (limit - peak) / limit; ``dask_profiling_stage_spilled_bytes``
-  ``{pipeline,stage}`` — bytes spilled to disk while it ran;
-* the stage's storage requests (the manifest's ``stages[].io``, summed over workers),
-  all ``{pipeline,stage}``: ``dask_profiling_stage_storage_requests`` — GDAL requests
-  (GET + HEAD + LIST); ``dask_profiling_stage_storage_requests_per_chunk``;
-  ``dask_profiling_stage_storage_bytes`` — bytes GDAL downloaded;
-  ``dask_profiling_stage_storage_bytes_per_chunk``;
-  ``dask_profiling_stage_read_amplification_ratio`` — bytes downloaded / bytes of decoded
-  pixels; ``dask_profiling_stage_s3fs_requests`` and ``dask_profiling_stage_s3fs_bytes``.
-  A stage whose source was not loaded on any worker has no sample (absent, not 0);
-* what the cluster allocated (the manifest's ``allocation``), all ``{pipeline,scope}`` with
-  ``scope`` a stage, ``outside stages`` or ``run``: ``dask_profiling_allocated_worker_hours``,
-  ``dask_profiling_allocated_thread_hours``, ``dask_profiling_allocated_memory_gib_hours``
-  (memory limits), ``dask_profiling_idle_thread_hours``, ``dask_profiling_idle_ratio``
-  (idle / allocated thread-hours); and ``dask_profiling_cost_estimate{pipeline,scope,
-  currency}``, only for runs priced with ``cost=`` (the metric is absent otherwise);
-* ``dask_profiling_run_worker_deaths{pipeline,kind}`` — workers that died with tasks on them
-  (``kind``: ``suspected OOM`` or ``worker lost``; 0 for both when none did);
-* ``dask_profiling_regression{pipeline,stage,prefix,verdict}`` — 1 for each prefix judged
-  ``regression`` or ``drift`` (``improved`` is 0; ok prefixes are not listed);
-* ``dask_profiling_regression_ratio{pipeline,stage,prefix,verdict}`` — their ratio;
-* ``dask_profiling_run_timestamp_seconds{pipeline}`` — when the run started (Unix time);
-* ``dask_profiling_run_healthy{pipeline,status}`` — 1 when the status is healthy;
-* ``dask_profiling_alert{pipeline,version,stage,prefix,metric,episode,state}`` — 1 for each
-  open alert episode (suspected, confirmed or acknowledged) of the latest run's version,
-  recomputed from the stored verdicts (:mod:`~prefect_dask_profiling.regression.alerts`).
-
-The textfile is written by ``prometheus_client.write_to_textfile`` (a temporary file renamed
-into place: node-exporter never reads half a file). A push sends each pipeline under its own
-grouping key (``job``, ``pipeline``), so pushing one pipeline never erases another's metrics.
-"""
+The metrics and their labels are listed in docs/beyond-one-night.md. The textfile is
+written by ``prometheus_client.write_to_textfile`` (renamed into place); a push sends each
+pipeline under its own grouping key (``job``, ``pipeline``), so it never erases another's."""
 
 from __future__ import annotations
 

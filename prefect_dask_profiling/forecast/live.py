@@ -1,30 +1,11 @@
-"""The live forecast of a flow run, as a state machine: where the run is, what is left, how
-it stands against its deadline. Pure: no Prefect, no store, no thread of its own.
+"""The live forecast of a flow run as a pure state machine (no Prefect, no store, no thread).
 
-A :class:`LiveForecast` is told when stages open and close (by the flow thread: a few
-dictionary updates of its :class:`RunClock`, under a lock), and by the jobs of the run's live
-ETA (:class:`~prefect_dask_profiling.run.live_eta.LiveEta`, on the process's background
-service) when the run's history is read (:meth:`~LiveForecast.load`), at each stage boundary
-(:meth:`~LiveForecast.boundary`) and each interval (:meth:`~LiveForecast.update`). Each time
-it estimates (:func:`~prefect_dask_profiling.forecast.model.estimate`) and hands its news to
-an :class:`EtaSink` — the run's :class:`~prefect_dask_profiling.prefect.publish.Publisher`,
-the one place that posts to Prefect:
-
-* the progress: the percent of the expected work done (never going back, 100 at the end)
-  and the ETA line (:meth:`EtaSink.progress`);
-* lines for the run's log: one per stage boundary, the first "no ETA", the deadline's notes
-  (:meth:`EtaSink.say`);
-* with a deadline (:class:`DeadlineWatch`), its news (:meth:`EtaSink.risk`, a
-  :class:`RiskNews`): ``at-risk``, ``on-track`` (a run at risk recovered) and ``late`` (the
-  deadline passed, run unfinished), each with a stable id per (flow run, kind, occurrence)
-  so a retried emission adds nothing. ``late`` is judged on the clock alone: it fires
-  without an estimate (a new version's first nights), before the history is read and when
-  its read failed. ``at-risk`` and ``on-track`` need an estimate and name the one they were
-  judged on (:class:`Judged`).
-
-What it tells the sink is each its own: a sink that raises is the caller's debug log and
-never keeps the others (nor the estimate) from it.
-"""
+A :class:`LiveForecast` is told when stages open and close (flow thread) and when the
+history is read, at each boundary and interval (the jobs of
+:class:`~prefect_dask_profiling.run.live_eta.LiveEta`); it estimates and hands its news
+(progress, log lines, ``at-risk``/``on-track``/``late``) to an :class:`EtaSink`, the run's
+:class:`~prefect_dask_profiling.prefect.publish.Publisher`. A sink that raises is logged at
+debug level and never keeps the other news from it (docs/eta.md)."""
 
 from __future__ import annotations
 

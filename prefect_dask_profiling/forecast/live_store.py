@@ -1,29 +1,10 @@
-"""The live estimate's object in the store: a run in progress, its current ETA as one small
-JSON object per run under ``live/`` (its document, parsed and aged here; written, read and
-swept by the store's :class:`~prefect_dask_profiling.store.live.Live`). Stdlib only.
+"""The live estimate's object in the store: ``live/<pipeline>/<run_id>.json``, its document,
+parsed and aged here (written, read and swept by :class:`~prefect_dask_profiling.store.live.Live`).
+Stdlib only.
 
-The live ETA of a flow run (:mod:`~prefect_dask_profiling.run.live_eta`) replaces
-``live/<pipeline>/<run_id>.json`` at every stage boundary and every ``eta_interval``, from
-the process's background service, and removes it when the run ends; ``dask-profiling eta``
-reads what is there. The object is not part of the run's record (its manifest does not list
-it, nothing judges on it): a stale estimate is worth nothing, so it is never spooled —
-a write the store refuses is dropped, and the next interval writes a fresh one.
-
-Like an acknowledgement, each write or removal is one call bounded by the store's timeout
-and refused at once while the store's breaker holds it down; a failure raises the
-:class:`~prefect_dask_profiling.errors.StoreError` leaf, which the caller (a background
-job) logs and forgets.
-
-A run that dies without ending (a killed process, a lost machine) leaves its estimate
-behind: nothing of that run will remove it.
-:meth:`~prefect_dask_profiling.store.live.Live.sweep_live` removes such leftovers
--- an estimate not replaced for :data:`STALE_INTERVALS` of its intervals and
-:data:`STALE_GRACE_S` (:func:`is_stale`), one whose run has ended (its manifest exists: its
-removal failed), one that cannot be read whose object is older than :data:`UNREADABLE_AFTER_S`
--- from ``dask-profiling sweep`` (every pipeline) and from the live ETA at the start of the
-next run of the pipeline. A run that is alive but could not write for that long loses its
-estimate until its next write, which stores a fresh one.
-"""
+It is not part of the run's record and never spooled: a stale estimate is worth nothing.
+:func:`is_stale` (:data:`STALE_INTERVALS`, :data:`STALE_GRACE_S`) and
+:data:`UNREADABLE_AFTER_S` decide which leftovers ``sweep_live`` removes (docs/eta.md)."""
 
 from __future__ import annotations
 

@@ -1,38 +1,10 @@
-"""A run's live ETA: when will tonight finish, from the healthy nights before it.
+"""A run's live ETA from the healthy nights before it: pure functions and typed data, no
+Prefect, no threads, no I/O (the method is in docs/eta.md).
 
-Pure functions and typed data; no Prefect, no threads, no I/O. The flow process
-(:mod:`prefect_dask_profiling.prefect.session`) feeds them and publishes what they return.
-
-* :func:`history_stats` summarises the time baseline of the same pipeline version (the nights
-  the judge compares with: :class:`~.judge.History` ``manifests`` and ``baseline.history``):
-  per stage the p50 / p90 of its duration and the usual task count of each of its prefixes.
-* :func:`estimate` projects the finish from what has run (:class:`RunProgress`): the rest of
-  the part the run is in (a stage: its spent time, and its task counts against the usual
-  ones, so a stage running 2x slow moves the ETA inside the stage; the lead or the tail:
-  time only) plus the expected durations of the parts still to come (at the start: lead +
-  stages + tail; inside or between stages the tail is still to come; after the last stage
-  only the rest of the tail). The result (:class:`Eta`) is a range: its low end adds the
-  parts' p50, its high end adds their p90 spreads in quadrature (the parts vary
-  independently: the sum of the p90s would call every healthy night late).
-* :func:`parse_deadline`, :func:`resolve_deadline` and :func:`risk` turn a ``deadline=`` into
-  an instant and an ETA into ``on-track`` / ``at-risk`` / ``late``; :class:`RiskTracker` says
-  which of them is news (an event to emit).
-
-A stored night is laid out by :func:`night_layout`: the time from the run's start to its
-first stage window (the *lead*: cluster start-up, waiting for workers, the flow body before
-the first stage), the stages, and the time from the last window's end to the run's end (the
-*tail*: collection, the summary, the store) -- the time the cost work calls "outside stages"
-(:data:`~prefect_dask_profiling.cost.allocation.OUTSIDE`). The lead and the tail are
-parts of the estimate of their own, with a p50 / p90 like a stage (:data:`LEAD`,
-:data:`TAIL`). A stage's duration is its execution window (``manifest["stages"][i]
-["wall_s"]``), scaled so that the stages add up to the span from the first window's start to
-the last one's end: the short gaps between windows (graph submission, the flow body) are
-shared by the stages in proportion. A night whose windows are not stored (a manifest from
-before the windows were recorded, or clocks that disagree) has no lead or tail: its stages
-are scaled to the whole wall time, as before, and it does not count towards the lead's and
-tail's nights; with fewer than ``needed`` such nights the lead and tail are said to be
-unknown. A stage name opened several times is one stage (its ``windows`` counts them).
-"""
+:func:`history_stats` summarises the baseline per part (the *lead* before the first stage,
+each stage, the *tail* after the last: :func:`night_layout`); :func:`estimate` projects the
+finish as a range (p50s added, p90 spreads in quadrature); :func:`parse_deadline`,
+:func:`resolve_deadline`, :func:`risk` and :class:`RiskTracker` judge it against a deadline."""
 
 from __future__ import annotations
 

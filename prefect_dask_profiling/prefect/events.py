@@ -1,25 +1,9 @@
 """Prefect events for Automations: ``dask-profiling.regression.detected`` and ``...drift...``.
 
-``on_failure`` hooks need code in every flow; an event plus an Automation (trigger on the
-event, then send a notification) alerts without any. After a run is finished, one event is
-emitted per verdict family with an event name (:attr:`~.families.Family.event`: regression,
-drift, memory, requests...) whose rows fail the run, with:
-
-* resource: the flow run (``prefect.resource.id`` = ``prefect.flow-run.<id>``), named after
-  it and labelled with the pipeline, version and run id;
-* related: the flow (role ``flow``), when the run came from one the deployment
-  (role ``deployment``), and each alert episode the event is about (role ``episode``,
-  ``prefect.resource.id`` = ``dask-profiling.episode.<episode id>``): the same field on
-  every lifecycle event of an episode — ``detected`` (this run-level event), ``suspected``,
-  ``cleared`` and ``resolved`` — so one Automation filter (``match_related``) pairs a page
-  with its resolution. A ``resolved`` event names every id paged for the episode (its
-  own and those of overlapping or retried nights, :attr:`~.alerts.Episode.aliases`);
-* payload: ``run_id, pipeline, version, status, fails`` and ``prefixes`` — one entry per
-  flagged prefix with its verdict, ratio and seconds — plus ``report_links``,
-  ``trend_link`` and ``location``.
-
-An event is a notice: failing to emit one is a warning and never changes the run.
-"""
+One event per verdict family with an event name whose rows fail the run: the flow run as
+resource, the flow, deployment and each alert episode as related resources (role
+``episode``, shared by every lifecycle event of the episode), the flagged prefixes and links
+as payload (docs/alerts.md). Failing to emit one is a warning and never changes the run."""
 
 from __future__ import annotations
 

@@ -1,27 +1,10 @@
 """Everything a profiled run posts to Prefect, in one place: :class:`Publisher`.
 
-The session owns one publisher per run and calls it at four defined moments:
-
-1. a stage's report is stored (:meth:`Publisher.report_stored`, in the background service):
-   its link artifact, so it shows in the UI while the flow goes on; and the live ETA's news
-   (the publisher is its :class:`~prefect_dask_profiling.forecast.live.EtaSink`): its
-   progress artifact (:meth:`Publisher.progress`), its deadline events
-   (:meth:`Publisher.risk`) and its log lines (:meth:`Publisher.say`);
-2. the run is being judged (:meth:`Publisher.begin`, :meth:`Publisher.summary`): the links of
-   the reports stored but not posted yet and the summary table start posting, none of which
-   depends on the verdict;
-3. **the verdict decides the flow's failure** (in the session, on the flow's critical path,
-   before anything below), then :meth:`Publisher.stop_retries` keeps Prefect from retrying a
-   regression;
-4. :meth:`Publisher.publish`: the run's artifacts (markdown, regression table, trend link,
-   the flagged stages' report links), its detection events and its warnings; then
-   :meth:`Publisher.views` queues the views (trend page, fleet rows) on the background
-   service (:class:`ViewsJob`, after the run's :class:`SpansJob`), which the runner's exit
-   drains (:meth:`Publisher.wait_views`).
-
-Every part is isolated: one that raises is a warning, the others still run, and the verdict
-is never changed by publishing.
-"""
+The session calls it at four moments (docs/architecture.md): a stage's report stored and
+the live ETA's news (it is the :class:`~prefect_dask_profiling.forecast.live.EtaSink`); the
+run being judged (:meth:`Publisher.begin`, :meth:`Publisher.summary`); after the verdict,
+:meth:`Publisher.stop_retries`; then :meth:`Publisher.publish` and :meth:`Publisher.views`.
+Every part is isolated: one that raises is a warning, and the verdict never changes."""
 
 from __future__ import annotations
 

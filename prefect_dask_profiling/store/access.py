@@ -1,19 +1,11 @@
 """File access for the run store: one filesystem under one root, bounded calls, the breaker.
 
-:class:`StoreAccess` is the base every part of
-:class:`~prefect_dask_profiling.store.runs.RunStore` builds on: its backend
-(:mod:`~prefect_dask_profiling.store.backends`, one small class per kind of storage,
-chosen once from the URL's protocol) resolves the URL into an fsspec filesystem and a root;
-it turns paths relative to the root into locations, and does the store's few primitive
-calls (put, exclusive put, read, read many, exists, list children, find) each within the
-store's timeout, the listings through the backend. Every failure becomes one
-:class:`~prefect_dask_profiling.errors.StoreError` leaf (:meth:`StoreAccess._failure`) with
-a one-line, credential-free message.
-
-The :class:`Breaker`: after the store did not answer (a timeout, a refused connection) it is
-treated as down for :data:`STORE_DOWN_S` seconds — writes spool at once and reads fail at
-once instead of waiting again for every file.
-"""
+:class:`StoreAccess` is the base of every part of
+:class:`~prefect_dask_profiling.store.runs.RunStore`: its backend
+(:mod:`~prefect_dask_profiling.store.backends`) resolves the URL; it does the store's few
+primitive calls within the store's timeout, and every failure becomes one credential-free
+:class:`~prefect_dask_profiling.errors.StoreError` leaf. The :class:`Breaker` treats a store
+that did not answer as down for :data:`STORE_DOWN_S` seconds."""
 
 from __future__ import annotations
 

@@ -1,27 +1,11 @@
-"""Every path inside a run store, built and parsed here and nowhere else.
+"""Every path inside a run store, built and parsed here and nowhere else (the layout is drawn
+in docs/run-store.md: ``runs/``, ``reports/``, ``index/``, ``accepted/``, ``acks/``,
+``fleet/``, ``live/``).
 
-Paths are relative to the store's root (a local folder, ``s3://bucket/prefix``, ...)::
-
-    runs/<pipeline>/<run_id>/<name>.csv, extra files, manifest.json   a run's record
-    reports/<pipeline>/<run_id>/<stage>.html                           expire after N days
-                                          (pages are gzip with Content-Encoding on S3)
-    index/<pipeline>/<version>/<YYYY-MM>/<run_id>.<status>             recent runs: few listings
-    accepted/<pipeline>/<version>/<run_id>                             a baseline restart
-    acks/<pipeline>/<version>/<target>                                 an acknowledgement
-    fleet/pipeline=<pipeline>/<run_id>.parquet                         derived Parquet view
-    fleet/pipeline=<pipeline>/month=<YYYY-MM>.parquet                  its compacted months
-    live/<pipeline>/<run_id>.json                                      a run in progress: its ETA
-
-Index markers are partitioned by the month of their run id (``undated`` for run ids that do
-not start with a timestamp), so a baseline or a drift series lists the partition names (one
-short listing) and then only the newest (or oldest) months it needs — O(recent runs), not
-O(stored runs). Stores written before the partitions keep their markers directly below
-``index/<pipeline>/<version>/``: parsers read both layouts, writers use the partitioned one.
-
-Builders validate every name they put into a path (:func:`~prefect_dask_profiling._util.
-validate_name`), so no caller can escape the root; parsers return ``None`` (or a reason)
-instead of raising, because a store holds whatever was written into it.
-"""
+Index markers are partitioned by the month of their run id (``undated`` otherwise), so a
+baseline lists only the newest months it needs; parsers also read the older unpartitioned
+markers. Builders validate every name they put into a path; parsers return ``None`` (or a
+reason) instead of raising, because a store holds whatever was written into it."""
 
 from __future__ import annotations
 

@@ -1,31 +1,10 @@
 """The run store: run summaries, per-stage reports and an index under one fsspec URL.
 
-:class:`RunStore` is the one class every caller uses. It is put together from one part per
-concern, each a module of its own:
-
-* :mod:`~prefect_dask_profiling.store.access` — the filesystem under one root, bounded
-  primitive calls, their errors, and the store-down breaker (the base of every part);
-* :mod:`~prefect_dask_profiling.store.writing` — runs and reports, spooled when the store fails;
-* :mod:`~prefect_dask_profiling.store.delivery` — the spool reaches the store again;
-* :mod:`~prefect_dask_profiling.store.retention` — lifecycle rule, sweep, presigned links;
-* :mod:`~prefect_dask_profiling.store.reads` — the index, manifests, tables, accepted
-  restarts and remembered reads (:mod:`~prefect_dask_profiling.store.memory`);
-* :mod:`~prefect_dask_profiling.store.live` — the current ETA of each run in progress.
-
-The parts are mixins over one :class:`~prefect_dask_profiling.store.access.StoreAccess`
-rather than objects composed inside the store: they share one filesystem, one breaker and
-one read memory, callers (and tests) use one object with one set of methods, and each
-part's methods call the primitives directly instead of through a delegate. The state that
-would otherwise be spread across them — the breaker and the read memory — are small
-objects of their own (:class:`~prefect_dask_profiling.store.access.Breaker`,
-:class:`~prefect_dask_profiling.store.memory.ReadMemory`).
-
-A run is complete only when its manifest exists. Writes never raise for storage failures:
-whatever could not be written goes to a local spool (keyed by the store's identity, free of
-credentials), delivered byte-identical by the next run (:meth:`RunStore.deliver_pending`) or
-by ``dask-profiling upload-pending``. Readers survive damaged runs: a run that cannot be
-read is skipped (or its index repaired) with a warning naming the run and the file.
-"""
+:class:`RunStore` is the one class every caller uses, made of one mixin per concern over
+one :class:`~prefect_dask_profiling.store.access.StoreAccess` (access, writing, delivery,
+retention, reads, live): one filesystem, one breaker, one read memory. A run is complete
+only when its manifest exists; writes never raise for storage failures (what could not be
+written is spooled and delivered later), and readers skip damaged runs with a warning."""
 
 from __future__ import annotations
 
@@ -63,18 +42,5 @@ def new_run_id(now: datetime | None = None) -> str:
 
 
 class RunStore(Writing, Delivery, Retention, Reading, Live):
-    """Run summaries, reports and the run index under one URL.
-
-    Parameters
-    ----------
-    url
-        Root URL: a local folder (plain path or ``file://``), ``s3://bucket[/prefix]`` or any
-        fsspec URL. ``None`` reads ``$DASK_PROFILING_STORE``, else ``./.dask-profiling``.
-    storage_options
-        Filesystem options (``endpoint_url``, ``key``, ``secret``, ...). ``None`` reads JSON
-        from ``$DASK_PROFILING_STORAGE_OPTIONS``. They are never written anywhere.
-    spool_dir
-        Where unwritable files wait for delivery (default: ``default_spool_dir()``).
-    timeout
-        Upper bound in seconds for any one storage call.
-    """
+    """Run summaries, reports and the run index under one URL; the parameters are
+    :class:`~prefect_dask_profiling.store.access.StoreAccess`'s."""

@@ -1,21 +1,12 @@
-"""The ``io`` table of a run: storage requests per stage and worker, and per-stage metrics.
+"""The ``io`` table of a run: storage requests per stage and process (rows from
+:func:`~prefect_dask_profiling.timing.io_client.stage_deltas`; the flow process is
+``process == "flow"``), and :func:`stage_io_metrics`, the pure per-stage view the judge and
+the tables use.
 
-Rows come from :func:`prefect_dask_profiling.timing.io_client.stage_deltas` (one per stage
-and process: each worker process, and the flow process, ``process == "flow"``, whose
-requests are the files it opened while the graph was built). :func:`stage_io_metrics` is the
-pure per-stage view the regression judge and the tables use: ``requests_per_chunk``
-doubling is a regression signal before the stage's time moves. Its figures are the stage's
-**total** over every process that made requests (what the store bills); the same figures
-per kind of process are beside them (``workers_*``, ``flow_process_*``; nested as
-``workers`` / ``flow_process`` in the manifest's entry). The per-chunk figures divide the
-total: opening files (headers, listings) is part of what reading the chunks costs, and a
-change in how files are opened (``GDAL_DISABLE_READDIR_ON_OPEN``, a VRT that lists the
-bucket) then shows in the figure the judge reads, wherever the opening happens.
-Columns of a source (``gdal_*``, ``s3fs_*``) exist only when that source
-was loaded on some worker: absent, never zero. The rows also carry the worker process's CPU
-over the stage (``cpu_s``, ``task_wait_s``, ``seconds``), read by the same counters, for the
-diagnosis.
-"""
+A stage's figures are its **total** over every process (per kind of process beside them:
+``workers_*``, ``flow_process_*``), and per-chunk figures divide the total, so a change in
+how files are opened shows wherever the opening happens. A source's columns (``gdal_*``,
+``s3fs_*``) exist only when it was loaded on some worker: absent, never zero."""
 
 from __future__ import annotations
 

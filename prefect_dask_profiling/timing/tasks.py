@@ -1,29 +1,11 @@
 """The task stream: what each ``(stage, prefix)`` of the run cost, and the transfers.
 
-Standard library and ``distributed`` only (shipped by value with the scheduler plugin). Its
-memory is bounded by stages x prefixes and by the wrappers running at once, never by the
-number of tasks.
-
-Aggregated per ``(stage, prefix)``: counts, errors, reruns, compute / transfer / disk seconds
-from ``startstops``, bytes out (and the largest single result), and a quantile sketch of
-compute seconds. Transfers are counted per ``(source, destination)`` pair from the same
-``startstops`` (their bytes are collected worker-side, see
-:func:`~prefect_dask_profiling.timing.client.snapshot`).
-
-Tasks that launch Dask work of their own and wait for it (a Prefect task that computes a
-collection) are *wrappers*: their compute interval covers the work they wait on. When the
-launching task is known (the Prefect task runner tags inner graphs with the
-``profiling_parent`` annotation), the wrapper's interval is split: the union of the intervals
-in which it waited on its inner work (from an inner graph's arrival to the scheduler learning
-that the last of its tasks finished) is *orchestration* time, aggregated apart and kept out of
-compute totals, and the rest is the wrapper's own work, counted like any task. Untagged tasks
-that secede (``worker_client``) are counted as orchestration whole, as their own work cannot
-be told apart.
-
-Counting rule: ``tasks`` counts every task run that finished, erred ones included, and the
-seconds (``compute_s``, quantiles, ``max_s``) cover the same runs; ``errors`` says how many of
-those runs failed.
-"""
+Standard library and ``distributed`` only (shipped by value with the scheduler plugin); its
+memory is bounded by stages x prefixes and the wrappers running at once, never by tasks.
+A task that waits on Dask work it launched is a *wrapper*: the time it waited on its
+tagged inner work (``profiling_parent``) is *orchestration*, kept out of compute totals;
+an untagged task that secedes is orchestration whole. ``tasks`` counts every finished run,
+erred ones included (``errors`` says how many failed), and the seconds cover the same runs."""
 
 from __future__ import annotations
 

@@ -1,78 +1,19 @@
 """Runs in every Dask worker process (and in the flow process, as its own counter): the
-storage requests of the process, GDAL's network statistics (through :mod:`ctypes`) and s3fs
-calls, counted by the :class:`StorageRequests` worker plugin. Read from the flow process by
-:mod:`~prefect_dask_profiling.timing.io_client`.
+storage requests of the process, counted by the :class:`StorageRequests` worker plugin and
+read from the flow process by :mod:`~prefect_dask_profiling.timing.io_client`.
 
-The :class:`StorageRequests` worker plugin (installed by the task runner, one per worker
-process) keeps cumulative counters;
-:func:`~prefect_dask_profiling.timing.io_client.io_counters` reads them on every worker at a
-stage boundary and :func:`~prefect_dask_profiling.timing.io_client.stage_deltas` turns two
-readings into the stage's requests per worker.
+* **GDAL**: its network statistics (``CPL_VSIL_NETWORK_STATS_ENABLED``, GDAL >= 3.2), read
+  through :mod:`ctypes` on the ``libgdal`` the process already loaded; GDAL is never
+  imported here, and one it cannot attach to is remembered with the reason (``gdal_error``).
+* **s3fs**: calls of ``S3FileSystem._call_s3`` by kind, through one counting wrapper per
+  process (:func:`_s3fs_hook`); filesystems marked :data:`UNCOUNTED_ATTRIBUTE` (the run
+  store's) are not counted.
+* **Chunks**: the *source chunks* of the prefixes found reading (checked on at most
+  :data:`CHECKS_PER_PREFIX` tasks per prefix and process), counted from the graph.
+* **CPU**: the process's CPU and run-queue wait (:mod:`prefect_dask_profiling.timing.cpu`).
 
-* **GDAL** (``/vsis3/``, ``/vsicurl/``, ... through rasterio): GDAL's own network statistics
-  (``CPL_VSIL_NETWORK_STATS_ENABLED``, GDAL >= 3.2). rasterio does not wrap
-  ``VSINetworkStatsGetAsSerializedJSON``, so the plugin calls it through :mod:`ctypes` on the
-  ``libgdal`` this process already loaded (found in ``/proc/self/maps``, else in rasterio's
-  wheel). The option must be on before GDAL first reads a file: the plugin sets it in the
-  worker's environment at setup and, when GDAL was already in use, resets the statistics once
-  so that GDAL reads it again. GDAL is never imported by the plugin: a worker that never loads
-  rasterio reports no GDAL counts (absent, not zero). The plugin attaches to GDAL once per
-  process, when rasterio has finished importing; a GDAL it cannot attach to (older than 3.2,
-  without network statistics, or not found) is remembered with the reason (``gdal_error``
-  in the readings) and not tried again at every task end.
-* **s3fs** (Zarr, pystac through fsspec, ...): calls of ``S3FileSystem._call_s3`` by kind.
-  A process has one counting wrapper of it, however many counters it runs (the flow's, and
-  a plugin per worker when workers share the process: ``processes=False``): each counter
-  registers with the wrapper, and the last to stop restores s3fs's own method, in whatever
-  order they stop (:func:`_s3fs_hook`).
-
-The counts are process-wide: with several threads per worker, or two stages running at the
-same time, a stage's delta includes the other's requests (said in the run's warnings by the
-caller). Workers that share one process (``processes=False``) share its counters: they are
-counted once per process (:func:`~prefect_dask_profiling.timing.io_client.stage_deltas`).
-
-**Chunks** (``chunks``, ``decoded_bytes``: the denominator of ``requests_per_chunk``) are
-counted from the graph, not from thread timing. A task is a *source chunk* when it returned
-an array chunk (a result of type ``ndarray``) and none of its inputs is an array chunk: the
-tasks that bring pixels into the graph (a rioxarray/odc-stac/``from_array`` read, fused with
-whatever elementwise work Dask fused into it), never the tasks that compute on chunks
-(``sum``, ``concatenate``, a ``map_blocks`` of an array). Every source chunk is counted per
-key prefix, always; the stage's chunks are the source chunks of *reading* prefixes: those of
-which one task ran while the process's GDAL counters moved (checked on at most
-:data:`CHECKS_PER_PREFIX` tasks per prefix and process, and only on source tasks, so the
-per-task cost of other tasks is a dictionary lookup). Why not per task's own requests:
-GDAL's network statistics are process-wide (no per-thread or per-task figures) and s3fs
-makes its requests on fsspec's I/O thread, so a task's own requests cannot be told apart
-from its neighbours'; the graph can. Which prefixes read still comes from timing, but only
-among source prefixes, and a prefix's chunks count whatever task revealed it, so a stage
-stores the same chunks on every repeat. What this cannot tell apart: a source prefix that
-does not read (``da.random``, ``da.ones``, ``from_array`` of an in-memory array) running
-beside reads in the same process can be taken for a reading one; create such arrays in
-another stage, or persist them first. A read task whose input is an array chunk (rare: a
-``map_blocks`` whose function reads a window per block) is not a chunk. Tasks that secede
-(a Prefect task waiting on the graph it submitted) are not chunks.
-
-**The flow process** (where ``with stage(...)`` runs: odc-stac and rioxarray open files and
-read headers there while the graph is built) is counted as well:
-:func:`~prefect_dask_profiling.timing.io_client.install` starts the same counters in the
-calling process and :func:`~prefect_dask_profiling.timing.io_client.io_counters` reads them
-beside the workers' under :data:`~prefect_dask_profiling.timing.io_client.FLOW_PROCESS`,
-unless a worker runs in this process (``processes=False``),
-whose process-wide counters already hold them. The run store's own s3fs calls are not
-counted (its filesystem is marked :data:`UNCOUNTED_ATTRIBUTE`).
-GDAL's statistics count one GET per *batch* of parallel range requests (its default
-``GDAL_HTTP_MULTIRANGE=PARALLEL``; bytes are exact) and one per HTTP request otherwise
-(``SERIAL``, ``SINGLE_GET``): ``VSICurlHandle::ReadMultiRange`` logs a parallel batch once,
-and no statistic says how many ranges it held. Under PARALLEL the count is thus a lower
-bound, flagged on the run's stage figures from the options the workers ran with
-(:func:`~prefect_dask_profiling.summary.io.requests_lower_bound`; docs/raster-io.md).
-Nothing here raises into the worker: failures are counted and reported.
-
-Each reading also carries the process's **CPU** (all threads) and the run-queue wait of
-the threads that run tasks (:mod:`prefect_dask_profiling.timing.cpu`): two readings at a
-stage's boundaries give the stage's process CPU exactly, however short the stage, where the
-heartbeat's CPU percentages give a stage of a few seconds no evidence at all.
-"""
+The counts are process-wide; their limits (parallel range requests counted once, stages
+that overlap) are in docs/raster-io.md. Nothing here raises into the worker."""
 
 from __future__ import annotations
 
