@@ -1,14 +1,9 @@
 """Preflight of one side of a benchmark session, before anything is measured.
 
-:func:`preflight` checks and describes a cluster: worker visibility and metadata (address,
-host, hostname, threads, memory limit, Python), the workload's module importable on every
-worker (what is missing is named), client / scheduler / worker version mismatches of
-:data:`KEY_PACKAGES` (listed), and honest warnings when the "remote" scheduler is on the
-loopback or on this machine, or its workers share this machine's hostname (the client side
-is described by :func:`prefect_dask_profiling.environment.environment_fingerprint`). The
-helpers that run on the workers are shipped by value: the workers need not have this package
-installed.
-"""
+:func:`preflight` describes the workers, checks that the workload's module imports on each
+(naming what is missing), lists version mismatches of :data:`KEY_PACKAGES` and warns when
+the "remote" scheduler or its workers are on this machine. What runs on the workers is
+shipped by value."""
 
 from __future__ import annotations
 

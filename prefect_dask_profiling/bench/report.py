@@ -1,13 +1,7 @@
-"""A benchmark session's numbers and write-up: metrics, local-vs-remote comparison, notes.
-
-:func:`side_metrics` gives one side's throughput (raw, per thread, per effective thread),
-task statistics, busy fraction and success rate; :func:`compare` builds
-``comparison.json`` (metric table, verdicts, warnings) with the interpretation
-:func:`rubric` (which differences between the sides mean what); :func:`notes_markdown`
-renders ``notes.md``, the session's write-up; :func:`paired_ratio` is the figure every
-benchmark in ``benchmarks/`` quotes for one variant against another (:func:`paired_difference`
-the added amount). All pure.
-"""
+"""A benchmark session's numbers and write-up (pure): one side's metrics
+(:func:`side_metrics`), the local-vs-remote ``comparison.json`` (:func:`compare`, read by
+:func:`rubric`), ``notes.md`` (:func:`notes_markdown`), and :func:`paired_ratio` /
+:func:`paired_difference`, the figures every benchmark in ``benchmarks/`` quotes."""
 
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
-"""``dask-profiling eta``: what the live ETA of a pipeline's next run starts from, and the
-current estimate of each run in progress.
+"""``dask-profiling eta``: what the live ETA of a pipeline's next run starts from (per stage
+the p50 / p90 of its baseline nights, the whole run's range at its start), and the current
+estimate of each run in progress with its age (docs/eta.md).
 
-Per stage the p50 / p90 of its duration over the time baseline (and from which nights), and
-the whole run's range as the ETA computes it at the start. A run in progress stores its
-current estimate (:mod:`~prefect_dask_profiling.forecast.live_store`) at each stage boundary and
-every ``eta_interval``: the command lists each with its age. A run whose manifest exists
-has ended and is not listed; an estimate that cannot be read is named with the reason.
-
-The command body imports what it uses (the history brings pandas): ``--help`` imports none.
-"""
+The command body imports what it uses (the history brings pandas): ``--help`` imports none."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """The latest run of each pipeline as Prometheus gauges: a textfile or a Pushgateway push.
 
-The metrics and their labels are listed in docs/beyond-one-night.md. The textfile is
-written by ``prometheus_client.write_to_textfile`` (renamed into place); a push sends each
-pipeline under its own grouping key (``job``, ``pipeline``), so it never erases another's."""
+Every metric is defined with its labels and help in :func:`build_registry` (the docs:
+beyond-one-night.md, memory.md, cost.md). The textfile is written by
+``prometheus_client.write_to_textfile`` (renamed into place); a push sends each pipeline
+under its own grouping key (``job``, ``pipeline``), so it never erases another's."""
 
 from __future__ import annotations
 

@@ -8,18 +8,13 @@ Switch an existing flow by changing its task runner and adding one line::
         with stage("read"):
             ...
 
-Why ``@profiled`` (or a ``finish()`` call at the end of the flow body) is needed: the task
-runner's ``__exit__`` runs after Prefect has stored the flow's final state and outside the
-flow-run context, so it can neither attach artifacts to the run nor fail it on a
-regression. Forgetting it is visible, not silent: ``__exit__`` still stores the summaries,
-and both the manifest and the logs say that no verdict was applied.
-
-Facts of Prefect and prefect-dask this class is built around: Prefect enters a ``duplicate()``
-of the runner for every flow run *and inside every Dask worker task*, so extra arguments
-are copied in :meth:`duplicate` and the worker-side copies do nothing but re-enter the
-stage of the task they run in; raising in ``__enter__`` leaves a flow run stuck in Running,
-so start-up problems are kept and raised from the flow body instead.
-"""
+``@profiled`` (or ``finish()`` at the end of the flow body) is needed because the runner's
+``__exit__`` runs after Prefect stored the final state, outside the flow-run context
+(docs/getting-started.md). Prefect enters a ``duplicate()`` of the runner for every flow run
+*and inside every Dask worker task*: extra arguments are copied in :meth:`duplicate`, and the
+worker-side copies only re-enter the stage of the task they run in. Raising in
+``__enter__`` leaves a flow run stuck in Running, so start-up problems are raised from the
+flow body instead."""
 
 from __future__ import annotations
 

@@ -52,8 +52,7 @@ def _register_by_value() -> None:
 
 
 def install(client: Client, name: str | None = None, *, scope: str = "cluster",
-            sample_interval: float = 1.0, max_samples: int = 20_000,
-            task_records: bool = False) -> str:
+            sample_interval: float = 1.0, task_records: bool = False) -> str:
     """Register a fresh :class:`TaskTimings` on the client's scheduler.
 
     Parameters
@@ -87,7 +86,7 @@ def install(client: Client, name: str | None = None, *, scope: str = "cluster",
     name = name or f"task-timings-{uuid.uuid4().hex[:12]}"
     owner = client.id if scope == "run" else None
     _register_by_value()
-    timings = TaskTimings(name, owner, sample_interval, max_samples, installer=client.id,
+    timings = TaskTimings(name, owner, sample_interval, installer=client.id,
                           task_records=task_records)
     client.register_plugin(timings, name=name)
     return name

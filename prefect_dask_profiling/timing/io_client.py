@@ -1,13 +1,9 @@
 """Runs in the flow process (the Dask client): the storage requests of a run read from there.
 
-:func:`install` registers the :class:`~prefect_dask_profiling.timing.worker_io.StorageRequests`
-plugin on every worker and starts the same counters in this process (a global: the flow
-process's own counter, :func:`count_this_process`); :func:`io_counters` reads every
-process's counters at a stage boundary and :func:`stage_deltas` turns two readings into the
-stage's ``io`` rows (pure); :func:`raster_fingerprint` reads the workers' raster stack and
-:func:`check_alignment` the chunks read against the files' blocks. What is counted, and how:
-:mod:`~prefect_dask_profiling.timing.worker_io`.
-"""
+:func:`install` puts the :class:`~prefect_dask_profiling.timing.worker_io.StorageRequests`
+plugin on every worker and the same counters in this process; :func:`io_counters` reads
+them at a stage boundary and :func:`stage_deltas` turns two readings into the stage's
+``io`` rows. What is counted, and how: :mod:`~prefect_dask_profiling.timing.worker_io`."""
 
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from prefect_dask_profiling.timing.types import StageSpill
 
 MAX_STAGE_MEMORY = 20_000  # (stage, worker) rows of per-stage memory
+MAX_SAMPLES = 20_000  # raw worker samples kept for per-stage summaries (a ring)
 
 Sample = tuple[float, str, int, int, int, float]
 """``(time, worker, managed, unmanaged, spilled, cpu)``: one raw worker sample."""
@@ -146,14 +147,12 @@ class MemorySampler:
     ----------
     scope
         The run recorded, shared with the other streams.
-    max_samples
-        Size of the ring of raw worker samples.
     """
 
-    def __init__(self, scope: RunScope, max_samples: int) -> None:
+    def __init__(self, scope: RunScope) -> None:
         self.scope = scope
         #: the latest raw samples (a ring: the oldest are dropped)
-        self.samples: collections.deque[Sample] = collections.deque(maxlen=max_samples)
+        self.samples: collections.deque[Sample] = collections.deque(maxlen=MAX_SAMPLES)
         #: samples ever taken (those dropped from the ring included)
         self.samples_taken = 0
         #: worker address -> its aggregate

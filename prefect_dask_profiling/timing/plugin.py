@@ -1,21 +1,12 @@
 """Scheduler-side task timings: the ``TaskTimings`` scheduler plugin.
 
-This module runs inside someone else's scheduler, so it (and every stream module it uses)
-imports nothing but the standard library and ``distributed``; they are registered by value
-(:func:`~prefect_dask_profiling.timing.client.install`), so the scheduler does not need this
-package installed. Memory is bounded by stages x prefixes (plus bounded rings and lists),
-never by the number of tasks, and no hook ever raises into the scheduler: internal errors are
-counted and reported with the snapshot.
-
-The plugin is thin: it owns the lifecycle (sampler, long-running listener, removal with its
-client) and hands each hook to the streams that record:
-
-1. tasks per ``(stage, prefix)``, orchestration and transfers: :class:`~.tasks.TaskStream`;
-2. worker samples, and memory / spill per stage: :class:`~.memory.MemorySampler`;
-3. the scheduler's event loop per stage: :class:`~.loop.LoopSampler`;
-4. worker lifetimes and threads over time: :class:`~.workers.WorkerLifetimes`;
-5. workers that died with work on them: :class:`~.workers.Incidents`.
-"""
+It runs inside someone else's scheduler: it and its stream modules import only the standard
+library and ``distributed`` and are shipped by value
+(:func:`~prefect_dask_profiling.timing.client.install`). Memory is bounded by stages x
+prefixes, never by the number of tasks, and no hook raises into the scheduler (internal
+errors are counted and reported with the snapshot). The plugin owns the lifecycle and hands
+each hook to the streams: :class:`~.tasks.TaskStream`, :class:`~.memory.MemorySampler`,
+:class:`~.loop.LoopSampler`, :class:`~.workers.WorkerLifetimes`, :class:`~.workers.Incidents`."""
 
 from __future__ import annotations
 
@@ -66,8 +57,6 @@ class TaskTimings(SchedulerPlugin):
         client disconnects. ``None`` records every task on the scheduler.
     sample_interval
         Seconds between worker memory / CPU samples; ``0`` disables sampling.
-    max_samples
-        Size of the ring of raw worker samples kept for per-stage summaries.
     installer
         Id of the client that installed the plugin: when it disconnects the plugin stops
         and removes itself. Defaults to ``owner_client``; ``None`` keeps the plugin until
@@ -83,19 +72,18 @@ class TaskTimings(SchedulerPlugin):
     scope_type: type[RunScope] = RunScope
 
     def __init__(self, name: str = "task-timings", owner_client: str | None = None,
-                 sample_interval: float = 1.0, max_samples: int = 20_000, *,
+                 sample_interval: float = 1.0, *,
                  installer: str | None = None, task_records: bool = False) -> None:
         self.name = name
         self.task_records = task_records
         self.owner_client = owner_client
         self.installer = installer or owner_client
         self.sample_interval = sample_interval
-        self.max_samples = max_samples
         self.scheduler: Any = None
         self._pc: Any = None
         self.scope = self.scope_type(name, owner_client)
         self.tasks = TaskStream(self.scope)
-        self.memory = MemorySampler(self.scope, max_samples)
+        self.memory = MemorySampler(self.scope)
         self.loop = LoopSampler()
         self.lifetimes = WorkerLifetimes(self.scope)
         self.incidents = Incidents(self.scope)

@@ -1,13 +1,7 @@
-"""What differs between store backends: the :class:`Backend` base class, with fsspec's defaults.
-
-A backend is the store's filesystem and the few operations that each kind of storage does
-its own way: building the filesystem from the URL, listing a folder, finding the files
-below one, listing run folders from a name on, writing a file exclusively or whole,
-lifecycle rules and signed links. The defaults here are fsspec's generic calls, right for
-any fsspec protocol (:class:`FsspecBackend`); :mod:`.local` and :mod:`.s3` override what
-they do better. A backend raises its filesystem's exceptions as they are: the store turns
-them into its error leaves (``StoreAccess._failure``) and trips its breaker.
-"""
+"""What differs between store backends: the :class:`Backend` base class, with fsspec's generic
+calls as defaults (right for any fsspec protocol: :class:`FsspecBackend`); :mod:`.local` and
+:mod:`.s3` override what they do better. A backend raises its filesystem's exceptions as
+they are: the store turns them into its error leaves and trips its breaker."""
 
 from __future__ import annotations
 
