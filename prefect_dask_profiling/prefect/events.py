@@ -136,11 +136,20 @@ def emit_detection_events(result: FinishResult, links: dict[str, str] | None = N
                           ) -> tuple[list[Any], list[str]]:
     """Emit one event per kind of finding of ``result``; return (events, warnings).
 
-    ``result``: the finished run; ``links``: report links by stage (presigned on S3);
-    ``trend_link``: link to the stored trend page; ``fail_on_regression``: whether the caller
-    fails the flow on a regression: the payload's ``fails`` is true only then and only when the
-    run counts as regressed.
+    Parameters
+    ----------
+    result
+        The finished run.
+    links
+        Report links by stage (presigned on S3).
+    trend_link
+        Link to the stored trend page.
+    fail_on_regression
+        Whether the caller fails the flow on a regression: the payload's ``fails`` is true
+        only then and only when the run counts as regressed.
 
+    Notes
+    -----
     Needs the flow run id (``result.manifest["flow_run_id"]``); without one (a plain
     ``distributed.Client`` run) nothing is emitted. Never raises.
     """

@@ -42,5 +42,18 @@ def new_run_id(now: datetime | None = None) -> str:
 
 
 class RunStore(Writing, Delivery, Retention, Reading, Live):
-    """Run summaries, reports and the run index under one URL; the parameters are
-    :class:`~prefect_dask_profiling.store.access.StoreAccess`'s."""
+    """Run summaries, reports and the run index under one URL.
+
+    Parameters
+    ----------
+    url
+        Root URL: a local folder (plain path or ``file://``), ``s3://bucket[/prefix]`` or any
+        fsspec URL. ``None`` reads ``$DASK_PROFILING_STORE``, else ``./.dask-profiling``.
+    storage_options
+        Filesystem options (``endpoint_url``, ``key``, ``secret``, ...). ``None`` reads JSON
+        from ``$DASK_PROFILING_STORAGE_OPTIONS``. They are never written anywhere.
+    spool_dir
+        Where unwritable files wait for delivery (default: ``default_spool_dir()``).
+    timeout
+        Upper bound in seconds for any one storage call.
+    """
