@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from distributed import Client
 
 __all__ = ["FINGERPRINT_PACKAGES", "KEY_PACKAGES", "ClusterVersions", "Environment",
-           "Fingerprint", "RasterStack", "cluster_mismatches", "environment",
+           "Fingerprint", "RasterStack", "environment",
            "environment_fingerprint", "mismatch_detail", "mismatch_key", "package_version",
            "package_versions", "version_mismatches"]
 
@@ -204,17 +204,11 @@ def _line(pkg: str, seen: dict[str, list[str]]) -> str:
                                                                                key=order))
 
 
-def cluster_mismatches(client: Client) -> list[str]:
-    """:func:`version_mismatches` of the cluster behind ``client``; never raises.
-
-    A dying cluster must not cost the run its summary: a failure to ask becomes one line.
-    """
-    return _cluster_mismatches(client)[0]
-
-
 def _cluster_mismatches(client: Client) -> tuple[list[str], list[str]]:
-    """(comparable lines, lines with addresses); a failure to ask is one line in each (its
-    type only in the comparable one: the message may carry an address)."""
+    """:func:`version_mismatches` of the cluster behind ``client`` (comparable lines, lines
+    with addresses); never raises. A dying cluster must not cost the run its summary: a
+    failure to ask is one line in each (its type only in the comparable one: the message may
+    carry an address)."""
     try:
         versions = client.get_versions(check=False)
     except Exception as exc:  # any failure of a dying cluster

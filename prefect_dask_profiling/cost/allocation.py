@@ -61,16 +61,6 @@ class Allocation:
     cost: float | None = None
     unpriced_worker_s: float = 0.0
 
-    @property
-    def worker_h(self) -> float:
-        """Worker-hours allocated."""
-        return self.worker_s / 3600.0
-
-    @property
-    def idle_worker_h(self) -> float:
-        """Idle thread-hours expressed as worker-hours (idle share of the worker-hours)."""
-        return self.worker_h * (self.idle_share or 0.0)
-
     def to_dict(self) -> dict[str, Any]:
         """Plain data for the manifest (a stage entry's ``allocation``, the rows of the
         run's ``allocation``): the fields, ``cost`` and ``unpriced_worker_s`` left out when

@@ -232,14 +232,6 @@ def parse_marker(rel: str, statuses: tuple[str, ...]) -> Marker | str:
     return Marker(pipeline, version, run_id, status)
 
 
-def parse_run_file(rel: str) -> tuple[str, str, str] | None:
-    """``(pipeline, run_id, name)`` of ``runs/<pipeline>/<run_id>/<name>``, else ``None``."""
-    parts = rel.split("/")
-    if len(parts) != 4 or parts[0] != RUNS or not valid_names(*parts[1:]):
-        return None
-    return parts[1], parts[2], parts[3]
-
-
 def parse_report(rel: str) -> tuple[str, str] | None:
     """``(pipeline, run_id)`` of a file below ``reports/<pipeline>/<run_id>/``, else ``None``."""
     parts = rel.split("/")
