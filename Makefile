@@ -36,7 +36,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q -ra --durations=40 $(XDIST) $(PYTEST_ARGS) tests
 
 # the fast tier while developing: no Prefect server, no process clusters, no SeaweedFS or
-# netns (pytest -m "not slow", tests/tiers.py); make test (CI) runs everything
+# netns (pytest -m "not slow", tests/helpers/tiers.py); make test (CI) runs everything
 test-fast: $(STAMP)
 	$(PY) -m ruff check prefect_dask_profiling flows tasks tests benchmarks
 	$(PY) -m pytest -q -ra -m "not slow" --durations=20 $(XDIST) $(PYTEST_ARGS) tests

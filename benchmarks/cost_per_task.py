@@ -4,7 +4,8 @@ One Prefect flow (a real Prefect server on 127.0.0.1, as :mod:`benchmarks.flow_o
 starts it) with one stage, ``with stage("work"):``, that computes a graph of ``--tasks`` tasks
 from the flow body through ``get_dask_client()`` (``client.compute(graph).result()``), on one
 ``dask scheduler`` and two ``dask worker --nthreads 1`` processes that live across all runs
-(``tests/dask_processes.py``). The plain ``DaskTaskRunner`` and the ``ProfiledDaskTaskRunner``
+(``tests/helpers/dask_processes.py``). The plain ``DaskTaskRunner`` and the
+``ProfiledDaskTaskRunner``
 (defaults: every stage's report drawn in the flow process) are alternated, the first of each
 pair swapped every pair, after one warm-up run of each (of at most ``--warmup-tasks``
 tasks, under the same flow name).

@@ -3,14 +3,14 @@ the trace view of a real OpenTelemetry receiver (issue 59).
 
 What it does, everything on 127.0.0.1 and stopped at the end (process groups):
 
-1. starts Arize Phoenix (``tests/otel_receiver.py``: OTLP/HTTP receiver, REST API, UI), a
-   Prefect server without UI (``tests/prefect_server.py``) and a moto S3 server holding the
+1. starts Arize Phoenix (``tests/helpers/otel_receiver.py``: OTLP/HTTP receiver, REST API, UI), a
+   Prefect server without UI (``tests/helpers/prefect_server.py``) and a moto S3 server holding the
    scene archive;
 2. configures the OpenTelemetry SDK in this process as a user would (a ``TracerProvider``
    with a ``BatchSpanProcessor`` and the OTLP/HTTP exporter pointed at Phoenix; project
    ``nightly-ndvi``), then runs :func:`flows.nightly_ndvi.nightly_ndvi` (its own cluster of
    2 worker processes, COGs read through GDAL from the S3 server) ``--nights`` times, then
-   once with the read stage slowed (10x the scenes, as tests/ndvi_fixtures.py ``SLOWED``):
+   once with the read stage slowed (10x the scenes, as tests/helpers/ndvi_fixtures.py ``SLOWED``):
    that night regresses and fails;
 3. finds the regressed night's trace on Phoenix's REST API (the trace of the stage span
    whose status is ERROR), opens Phoenix's trace view of it in headless Chromium (driven

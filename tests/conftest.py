@@ -93,7 +93,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The tiers (tests/tiers.py): a test whose fixtures start processes is ``slow``; a
+    """The tiers (tests/helpers/tiers.py): a test whose fixtures start processes is ``slow``; a
     test file that uses a shared session fixture must be listed with it."""
     mark_slow_by_fixture(items)
     shared = set(SHARED_SESSION_FIXTURES.values())

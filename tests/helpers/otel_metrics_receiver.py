@@ -2,7 +2,7 @@
 what the SDK's ``OTLPMetricExporter`` sends (``POST /v1/metrics``, protobuf, gzip or not)
 and decodes it with ``opentelemetry-proto``, the protocol's own schema package.
 
-Phoenix (tests/otel_receiver.py) stores spans only; no metrics store is installable on this
+Phoenix (tests/helpers/otel_receiver.py) stores spans only; no metrics store is installable on this
 machine (no Go toolchain for a collector, Prometheus or VictoriaMetrics). This receives the
 real exporter's bytes over a real socket, so the wire, the encoding and the push at the
 run's end are what a collector would get.

@@ -1,6 +1,6 @@
 """The live ETA end to end: real flows on a real LocalCluster and a real Prefect server.
 
-Three real nights of one two-stage flow (tests/eta_flows.py), sharing one store:
+Three real nights of one two-stage flow (tests/helpers/eta_flows.py), sharing one store:
 
 1. a first night, no history: the run says "no ETA yet", no progress artifact, no event;
 2. its stored night copied four times to earlier dates (the baseline), then a healthy

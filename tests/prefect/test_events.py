@@ -1,6 +1,6 @@
 """Prefect events on a regression or drift, read back from a real server; an Automation fires.
 
-The server is the session's real ``prefect server start`` (tests/prefect_server.py); the
+The server is the session's real ``prefect server start`` (tests/helpers/prefect_server.py); the
 Automation's notification goes to a real HTTP endpoint on 127.0.0.1 that records requests.
 """
 

@@ -5,7 +5,7 @@ store so that its ``compute`` stage regresses) exports with the SDK's OTLP/HTTP 
 batched as users configure it, to Arize Phoenix, which stores the spans; the trace is then
 read back from Phoenix's REST API. Its metrics go out the same night through the SDK's
 ``OTLPMetricExporter`` on a periodic reader, as users configure it, to an OTLP/HTTP
-endpoint that decodes them (tests/otel_metrics_receiver.py: Phoenix takes no metrics).
+endpoint that decodes them (tests/helpers/otel_metrics_receiver.py: Phoenix takes no metrics).
 """
 
 from __future__ import annotations
