@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 import tracemalloc
+import types
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
@@ -55,7 +56,8 @@ from prefect_dask_profiling.summary import collect, summarise
 from prefect_dask_profiling.summary.record import RunRecord
 from prefect_dask_profiling.timing.client import install, uninstall
 from prefect_dask_profiling.timing.plugin import TaskTimings
-from prefect_dask_profiling.timing.scope import RunScope
+from prefect_dask_profiling.timing.scope import RUN_ANNOTATION, STAGE_ANNOTATION, RunScope
+from prefect_dask_profiling.timing.tasks import MAX_TASK_RECORDS, TaskRecords
 
 WORKERS = [f"tcp://127.0.0.1:{4000 + i}" for i in range(4)]
 FIGURES: list[tuple[str, str, str]] = []
@@ -144,6 +146,37 @@ class StagedTimings(TaskTimings):
     scope_type = StagedScope
 
 
+class AnnotatedScope(RunScope):
+    """A run that owns its tasks (``owner_client`` set) and reads each task's stage from its
+    annotations, as the profiled runner's plugin does: one stand-in ``TaskState`` a prefix."""
+
+    def task(self, key):
+        return _STATES.get(key[:6])
+
+
+_STATES: dict[str, Any] = {}  # prefix (``op0000``) -> stand-in TaskState
+
+
+class AnnotatedTimings(TaskTimings):
+    """The plugin without a scheduler, reading stages from annotations, keeping records."""
+
+    scope_type = AnnotatedScope
+
+
+def annotated_plugin(prefixes: int) -> TaskTimings:
+    """The plugin as the profiled runner has it: its run's tasks annotated with the run and
+    the stage, task records kept for the stage reports (at most ``MAX_TASK_RECORDS``)."""
+    plugin = AnnotatedTimings("bench", owner_client="bench-client", sample_interval=0)
+    _STATES.clear()
+    for p in range(prefixes):
+        _STATES[f"op{p:04d}"] = types.SimpleNamespace(
+            annotations={RUN_ANNOTATION: "bench", STAGE_ANNOTATION: "work"},
+            prefix=types.SimpleNamespace(name=f"op{p:04d}"), run_id=1, who_wants=None,
+            waiters=None, state="memory")
+    plugin.tasks.records = TaskRecords(MAX_TASK_RECORDS)
+    return plugin
+
+
 def drive(plugin: TaskTimings, n: int, prefixes: int, offset: int = 0) -> float:
     """``n`` finished tasks over ``prefixes`` prefixes; seconds spent in ``transition``."""
     transition = plugin.transition
@@ -157,14 +190,21 @@ def drive(plugin: TaskTimings, n: int, prefixes: int, offset: int = 0) -> float:
     return time.perf_counter() - t0
 
 
-def million(n: int) -> None:
-    print(f"2) {n:,} tasks through the plugin (direct transitions, 50 prefixes)", flush=True)
+def million(n: int, records: bool = False) -> None:
+    """``records``: the plugin as the profiled runner has it (:func:`annotated_plugin`);
+    else the stage told directly and no task records (the figures before ``--records``)."""
+    make = partial(annotated_plugin, 50) if records else partial(
+        StagedTimings, "bench", sample_interval=0)
+    how = ("direct TaskTimings.transition calls, stage from annotations, task records kept"
+           if records else "direct TaskTimings.transition calls")
+    print(f"2) {n:,} tasks through the plugin (direct transitions, 50 prefixes"
+          f"{', annotated, records kept' if records else ''})", flush=True)
     gc.collect()
-    seconds = drive(StagedTimings("bench", sample_interval=0), n, 50)  # timing: no tracemalloc
+    seconds = drive(make(), n, 50)  # timing: no tracemalloc
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
-    plugin = StagedTimings("bench", sample_interval=0)
+    plugin = make()
     drive(plugin, n, 50)
     gc.collect()
     held = tracemalloc.get_traced_memory()[0] - before
@@ -174,8 +214,7 @@ def million(n: int) -> None:
     table = summarise(record)
     summary_s = time.perf_counter() - t0
     assert int(table["tasks"].sum()) == n, "the summary lost tasks"
-    figure(f"{n:,} tasks: plugin time per task", f"{seconds / n * 1e6:.2f} us",
-           "direct TaskTimings.transition calls")
+    figure(f"{n:,} tasks: plugin time per task", f"{seconds / n * 1e6:.2f} us", how)
     figure(f"{n:,} tasks: memory held by the plugin", f"{held / 2**20:.2f} MiB",
            "tracemalloc, after gc")
     figure(f"{n:,} tasks: snapshot + summary", f"{summary_s * 1000:.0f} ms",
@@ -332,6 +371,9 @@ def main() -> None:
     parser.add_argument("--prefixes", type=int, default=500)
     parser.add_argument("--stages", type=int, default=10)
     parser.add_argument("--runs", type=int, default=10_000)
+    parser.add_argument("--records", action="store_true",
+                        help="million: stages from annotations and task records kept, as "
+                             "the profiled runner's plugin has them")
     args = parser.parse_args()
     for name in ("stage_tasks", "transitions", "prefixes", "stages", "runs"):
         if getattr(args, name) < 1:
@@ -339,7 +381,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clusters/servers still stop
     command = " ".join([".venv/bin/python", "benchmarks/scale.py", *sys.argv[1:]])
     if args.part in ("all", "million"):
-        million(args.transitions)
+        million(args.transitions, records=args.records)
     if args.part in ("all", "wide"):
         wide(args.prefixes, args.stages)
     if args.part in ("all", "history"):

@@ -282,8 +282,9 @@ class TaskStream:
     def finished(self, key: Hashable, kwargs: Mapping[str, Any], erred: bool) -> None:
         """A task run finished (in memory, or erred): add it to its ``(stage, prefix)``."""
         ts = self.scope.task(key)
+        stage = self.scope.owner_stage(ts)  # once a task: the records and the aggregates
         records = self.records
-        if records is not None and self.scope.owner_stage(ts) is not None:
+        if records is not None and stage is not None:
             records.add(key, kwargs)
         seceded_run = self.seceded.pop(key, None)
         wrappers = self.wrappers
@@ -291,10 +292,10 @@ class TaskStream:
         if wrappers:
             self._inner_done(ts)
         if wait is not None and wait.graphs:
-            self._finished_wrapper(key, ts, kwargs, erred, wait)
+            self._finished_wrapper(key, ts, stage, kwargs, erred, wait)
             return
         seceded = seceded_run is not None and (ts is None or ts.run_id == seceded_run)
-        stats = self._stats_for(key, ts, self.orchestration if seceded else self.stats)
+        stats = self._stats_in(stage, key, ts, self.orchestration if seceded else self.stats)
         if stats is not None:
             compute, first, last = self._add_startstops(stats, kwargs)
             stats.count(compute, first, last, erred, kwargs.get("nbytes"))
@@ -395,26 +396,30 @@ class TaskStream:
     def _stats_for(self, key: Hashable, ts: Any,
                    table: dict[StageKey, PrefixStats]) -> PrefixStats | None:
         """The aggregates ``key`` adds to (``ts`` is its TaskState or ``None``)."""
-        scope = self.scope
-        stage = scope.owner_stage(ts)
+        return self._stats_in(self.scope.owner_stage(ts), key, ts, table)
+
+    def _stats_in(self, stage: str | None, key: Hashable, ts: Any,
+                  table: dict[StageKey, PrefixStats]) -> PrefixStats | None:
+        """The aggregates ``key`` of ``stage`` (its :meth:`RunScope.owner_stage`, ``None``:
+        another run's task, not counted) adds to."""
         if stage is None:
             return None
-        ident = (stage, scope.prefix(key, ts))
+        ident = (stage, self.scope.prefix(key, ts))
         stats = table.get(ident)
         if stats is None:
             stats = table[ident] = PrefixStats()
         return stats
 
-    def _finished_wrapper(self, key: Hashable, ts: Any, kwargs: Mapping[str, Any],
-                          erred: bool, wait: WrapperWait) -> None:
+    def _finished_wrapper(self, key: Hashable, ts: Any, stage: str | None,
+                          kwargs: Mapping[str, Any], erred: bool, wait: WrapperWait) -> None:
         """Split a wrapper's compute into its own work and the time it waited on inner work."""
-        own = self._stats_for(key, ts, self.stats)
+        own = self._stats_in(stage, key, ts, self.stats)
         if own is None:
             return
         compute, first, last = self._add_startstops(own, kwargs)
         waited = min(max(wait.total(), 0.0), compute)
         own.count(compute - waited, first, last, erred, kwargs.get("nbytes"))
-        orchestration = self._stats_for(key, ts, self.orchestration)
+        orchestration = self._stats_in(stage, key, ts, self.orchestration)
         if orchestration is not None:
             orchestration.count(waited, first, last, erred, 0)
 

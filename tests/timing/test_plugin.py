@@ -445,10 +445,10 @@ def test_a_rerun_does_not_inherit_an_earlier_runs_mark(client, run) -> None:
 
 
 def _break_stats(dask_scheduler, name: str) -> None:
-    def broken(key, ts, table):
-        raise RuntimeError("forced failure in _stats_for")
+    def broken(stage, key, ts, table):
+        raise RuntimeError("forced failure in _stats_in")
 
-    dask_scheduler.plugins[name].tasks._stats_for = broken
+    dask_scheduler.plugins[name].tasks._stats_in = broken  # every task's aggregates
 
 
 def test_internal_errors_are_counted_not_raised(client, run) -> None:

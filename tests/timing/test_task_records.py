@@ -89,3 +89,39 @@ def test_earlier_windows_leave_before_the_open_window_is_thinned() -> None:
     _timed(records, "c", [0.1] * 4)  # the open window itself must now be thinned
     assert records.stride == 2 and records.page(0, second, 100)[1] == []
     assert len(records.buffer) <= 10
+
+
+def test_a_finished_task_reads_its_stage_once(monkeypatch) -> None:
+    """The records and the aggregates share one ``owner_stage`` look-up per finished task
+    (it was read twice: once for the records, again for the aggregates)."""
+    from types import SimpleNamespace
+
+    from prefect_dask_profiling.timing import TaskTimings
+    from prefect_dask_profiling.timing.scope import (
+        RUN_ANNOTATION,
+        STAGE_ANNOTATION,
+        RunScope,
+    )
+
+    calls = []
+    owner_stage = RunScope.owner_stage
+
+    def counted(self, ts):
+        calls.append(ts)
+        return owner_stage(self, ts)
+
+    monkeypatch.setattr(RunScope, "owner_stage", counted)
+    plugin = TaskTimings("run", owner_client="client", sample_interval=0)
+    plugin.tasks.records = TaskRecords(10)
+    states = {key: SimpleNamespace(annotations={RUN_ANNOTATION: run, STAGE_ANNOTATION: "s"},
+                                   prefix=SimpleNamespace(name=key[:1]), run_id=1,
+                                   who_wants=None, waiters=None, state="memory")
+              for key, run in (("a-1", "run"), ("b-1", "another run"))}
+    plugin.scope.scheduler = SimpleNamespace(tasks=states)
+    for key in states:
+        plugin.transition(key, "processing", "memory", worker="w", stimulus_id="s",
+                          startstops=({"action": "compute", "start": 1.0, "stop": 2.0},))
+    assert len(calls) == 2  # one a finished task, its own run's or not
+    assert plugin.tasks.records.index == 1  # another run's task is neither recorded
+    assert {(r["stage"], r["prefix"]): r["tasks"] for r in plugin.snapshot()["tasks"]} == {
+        ("s", "a"): 1}  # nor counted
