@@ -3,7 +3,7 @@
 Where a suite's time goes, process by process: how long each file kept its process busy,
 and whether a process sat idle at the end. Not loaded by default::
 
-    TIMELINE_OUT=/tmp/timeline.txt make test PYTEST_ARGS="-p helpers.timeline"
+    PYTHONPATH=tests TIMELINE_OUT=/tmp/timeline.txt make test PYTEST_ARGS="-p helpers.timeline"
     .venv/bin/python tests/helpers/timeline.py /tmp/timeline.txt [--top 30]
 
 Each line is ``<process> start|end|FAILED <unix time> <node id>``; the processes are
