@@ -43,13 +43,16 @@ class ClusterVersions(TypedDict, total=False):
 
 class RasterStack(TypedDict):
     """The workers' raster stack (``timing.io_client.raster_fingerprint``): a value the
-    workers disagree on is their distinct values joined by `` | ``; secrets are ``"<set>"``."""
+    workers disagree on is their distinct values joined by `` | ``; secrets are ``"<set>"``.
+    ``ranges_counted``: every worker counted the requests of GDAL's parallel batches
+    (``timing.worker_io.ParallelRanges``; absent in runs stored before it)."""
 
     gdal: str | None
     rasterio: str | None
     libcurl: str | None
     options: dict[str, str | None]
     workers: int
+    ranges_counted: NotRequired[bool]
 
 
 class Environment(TypedDict):

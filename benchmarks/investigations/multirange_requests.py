@@ -6,13 +6,16 @@ GDAL's statistics read through the project's reader (:class:`Gdal`, the ``ctypes
 ``VSINetworkStatsGetAsSerializedJSON``). ``rio`` reads 128 px windows of the red band with
 rasterio (each window spans 2 x 2 tiles: a ``ReadMultiRange`` of two ranges); ``odc`` loads
 both bands with odc-stac in 128 px chunks on Dask's threaded scheduler. Prints, per mode, the
-GETs the proxy saw, GDAL's count and its ``ReadMultiRange`` action count.
+GETs the proxy saw, GDAL's count, its ``ReadMultiRange`` action count, and the GETs the
+product stores (a :class:`StorageRequests` counter of the process: GDAL's count plus the
+parallel ranges :class:`ParallelRanges` read from GDAL's debug lines).
 
     .venv/bin/python benchmarks/investigations/multirange_requests.py \
         [--reader rio|odc] [--modes ...]
 
 Under ``PARALLEL`` (GDAL's default) GDAL logs a batch of parallel range requests as one GET,
-so its count is below the proxy's; under ``SERIAL`` and ``SINGLE_GET`` the two are equal.
+so its count is below the proxy's; under ``SERIAL`` and ``SINGLE_GET`` the two are equal. The
+stored count equals the proxy's in every mode.
 """
 
 from __future__ import annotations
@@ -70,7 +73,12 @@ def one_mode(mode: str, reader: str) -> dict:
     """Write the scenes, read them under ``mode``; the proxy's and GDAL's counts."""
     from helpers.s3_servers import LoggingProxy, boto_client, moto_server, s3_options, tag_process
 
-    from prefect_dask_profiling.timing.worker_io import Gdal, gdal_counts, loaded_gdal_path
+    from prefect_dask_profiling.timing.worker_io import (
+        Gdal,
+        StorageRequests,
+        gdal_counts,
+        loaded_gdal_path,
+    )
     from tasks import scenes
     from tasks.synthetic import CubeSpec
 
@@ -90,17 +98,22 @@ def one_mode(mode: str, reader: str) -> dict:
 
         gdal = Gdal(loaded_gdal_path())
         gdal.enable_stats()
+        counter = StorageRequests()
+        counter.start_counting()  # resets GDAL's statistics too
         start = proxy.mark()
         (read_odc if reader == "odc" else read_rio)(found)
         seen = [q for q in proxy.since(start) if q.pid is not None]
         text = gdal.stats_text()
+        stored = (counter.counters(cpu=False).get("gdal") or {}).get("GET", 0)
+        counter.teardown(None)
     batches = sum(
         int(((entry.get("actions") or {}).get("ReadMultiRange") or {}).get(
             "methods", {}).get("GET", {}).get("count", 0))
         for handler in (json.loads(text or "{}").get("handlers") or {}).values()
         for entry in (handler.get("files") or {}).values())
     return {"mode": mode, "reader": reader, "proxy_get": sum(q.kind == "GET" for q in seen),
-            "gdal_get": gdal_counts(text).get("GET", 0), "read_multi_range_gets": batches}
+            "gdal_get": gdal_counts(text).get("GET", 0), "read_multi_range_gets": batches,
+            "stored_get": stored}
 
 
 def main() -> None:

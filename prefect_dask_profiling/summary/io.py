@@ -177,12 +177,13 @@ def stage_io_summaries(io: pd.DataFrame) -> dict[str, StageIO]:
 
 def requests_lower_bound(raster: RasterStack | None) -> str | None:
     """:data:`LOWER_BOUND_NOTE` when some worker's effective ``GDAL_HTTP_MULTIRANGE`` is
-    ``PARALLEL`` (GDAL's default), else None (pure).
+    ``PARALLEL`` (GDAL's default) and not every worker counted the requests of its
+    parallel batches (``ranges_counted``), else None (pure).
 
     ``raster`` is the run's raster stack (``environment.raster``): options the workers
     disagree on are joined by `` | ``, so one worker on ``PARALLEL`` flags the run.
     """
-    if not isinstance(raster, dict):
+    if not isinstance(raster, dict) or raster.get("ranges_counted"):
         return None
     value = (raster.get("options") or {}).get(MULTIRANGE_OPTION)
     modes = {v.strip().upper() for v in str(value or "").split("|")}

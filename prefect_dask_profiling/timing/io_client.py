@@ -107,8 +107,9 @@ def raster_environment(client: Client | None = None) -> dict[str, Any]:
 def raster_fingerprint(client: Client | None = None) -> dict[str, Any] | None:
     """The workers' raster stack for the run's environment, or None when no GDAL is loaded.
 
-    ``{gdal, rasterio, libcurl, options: {name: value}, workers}``: a value the workers
-    disagree on is their distinct values joined by `` | ``; secrets are ``"<set>"``.
+    ``{gdal, rasterio, libcurl, options: {name: value}, workers, ranges_counted}``: a value
+    the workers disagree on is their distinct values joined by `` | ``; secrets are
+    ``"<set>"``; ``ranges_counted`` when every worker counted GDAL's parallel ranges.
     Read at the end of the run, so options a stage set on the workers are in it.
     """
     per_worker = [v for v in raster_environment(client).values() if v.get("gdal")]
@@ -124,7 +125,8 @@ def raster_fingerprint(client: Client | None = None) -> dict[str, Any] | None:
             "rasterio": agreed([v["rasterio"] for v in per_worker]),
             "libcurl": agreed([v["libcurl"] for v in per_worker]),
             "options": {n: agreed([v["options"].get(n) for v in per_worker]) for n in names},
-            "workers": len(per_worker)}
+            "workers": len(per_worker),
+            "ranges_counted": all(v.get("ranges_counted") for v in per_worker)}
 
 
 def stage_reads(before: dict[str, WorkerCounters], after: dict[str, WorkerCounters]

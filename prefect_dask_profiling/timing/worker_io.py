@@ -12,8 +12,10 @@ read from the flow process by :mod:`~prefect_dask_profiling.timing.io_client`.
   :data:`CHECKS_PER_PREFIX` tasks per prefix and process), counted from the graph.
 * **CPU**: the process's CPU and run-queue wait (:mod:`prefect_dask_profiling.timing.cpu`).
 
-The counts are process-wide; their limits (parallel range requests counted once, stages
-that overlap) are in docs/raster-io.md. Nothing here raises into the worker."""
+The counts are process-wide. GDAL's statistics log a batch of parallel range requests as
+one GET: :class:`ParallelRanges` counts the rest from GDAL's debug lines. The limits (stages
+that overlap, GDAL called outside rasterio) are in docs/raster-io.md. Nothing here raises
+into the worker."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import contextlib
 import ctypes
 import glob
 import json
+import logging
 import os
 import sys
 import threading
@@ -67,6 +70,11 @@ MAX_READERS = 1_000
 CHECKS_PER_PREFIX = 3
 MAX_SHAPES = 64
 MAX_FILES = 256
+# GDAL's debug categories of its network file systems (``GetDebugKey()`` in
+# port/cpl_vsil_*.cpp); ``CPLDebug`` looks a category up anywhere in ``CPL_DEBUG``'s value
+NETWORK_DEBUG = "S3,GS,AZURE,ADLS,OSS,SWIFT,WEBHDFS,VSICURL"
+# where rasterio logs GDAL's messages: reads (``stack_errors``), then ``rasterio.Env``'s handler
+RASTERIO_LOGGERS = ("rasterio._err", "rasterio._env")
 
 
 class SourceCounts(TypedDict, total=False):
@@ -140,6 +148,8 @@ class Gdal:
         lib.GDALVersionInfo.restype = ctypes.c_char_p
         lib.GDALVersionInfo.argtypes = [ctypes.c_char_p]
         lib.CPLSetConfigOption.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+        lib.CPLGetConfigOption.restype = ctypes.c_char_p
+        lib.CPLGetConfigOption.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
         lib.CPLGetConfigOptions.restype = ctypes.POINTER(ctypes.c_char_p)
         lib.CSLDestroy.argtypes = [ctypes.POINTER(ctypes.c_char_p)]
         self.lib = lib
@@ -163,6 +173,16 @@ class Gdal:
     def version(self) -> str:
         return self.lib.GDALVersionInfo(b"RELEASE_NAME").decode()
 
+    def config_option(self, name: str) -> str | None:
+        """An option's value as GDAL reads it (this thread's, the process's, the
+        environment's), else None."""
+        value = self.lib.CPLGetConfigOption(name.encode(), None)
+        return None if value is None else value.decode("utf-8", "replace")
+
+    def set_config_option(self, name: str, value: str | None) -> None:
+        """Set (or, with None, unset) a process-wide GDAL option."""
+        self.lib.CPLSetConfigOption(name.encode(), None if value is None else value.encode())
+
     def config_options(self) -> dict[str, str]:
         """Options set with ``CPLSetConfigOption`` (process-wide; e.g. by ``rasterio.Env``)."""
         ptr = self.lib.CPLGetConfigOptions()
@@ -178,6 +198,127 @@ class Gdal:
         finally:
             self.lib.CSLDestroy(ptr)
         return out
+
+
+# -- parallel range requests, from GDAL's debug lines ------------------------------------------
+
+
+class ParallelRanges(logging.Filter):
+    """Counts the HTTP requests that GDAL's statistics fold into one, from its debug lines.
+
+    Under ``GDAL_HTTP_MULTIRANGE=PARALLEL`` (GDAL's default) GDAL sends the ranges of one
+    read at once and logs the batch as one GET (docs/raster-io.md). Its debug output names
+    every request: ``Downloading <range> (<url>)...`` for each one, then one ``Download
+    completed`` for the batch, where a single download ends with ``Got response_code``. A
+    batch is the ``Downloading`` lines a thread logs in a row before ``Download completed``;
+    :attr:`extra` adds the requests after its first.
+
+    rasterio hands GDAL's messages to :data:`RASTERIO_LOGGERS`, on the thread that read.
+    This filter sits on those loggers, lowered to DEBUG while it is installed, and drops
+    every record their former level would have dropped: the user's handlers see what they
+    saw before. One per process (:func:`acquire_ranges`), shared by every counter in it,
+    as GDAL's statistics are.
+    """
+
+    extra: int  # requests of parallel batches after each batch's first, since the reset
+    users: int  # counters of this process using it (:func:`release_ranges` at 0 uninstalls)
+    debug_set: bool  # CPL_DEBUG was set to NETWORK_DEBUG here (unset again at uninstall)
+    _floors: dict[str, int]  # logger -> the level it dropped below before
+    _levels: dict[str, int]  # logger -> its own level before (restored at uninstall)
+    _thread: threading.local  # .run: this thread's ``Downloading`` lines in a row
+    _lock: threading.Lock
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.extra = self.users = 0
+        self.debug_set = False
+        self._floors, self._levels = {}, {}
+        self._thread = threading.local()
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Read one record; keep it only if the logger would have kept it without us."""
+        try:
+            self.read(record.getMessage() if record.levelno == logging.DEBUG else "")
+        except Exception:  # never fail the user's logging call
+            pass
+        return record.levelno >= self._floors.get(record.name, logging.WARNING)
+
+    def read(self, text: str) -> None:
+        """One GDAL message of this thread (``""``: any other record, which ends a run)."""
+        run = getattr(self._thread, "run", 0)
+        if "Downloading " in text and "bytes, " not in text:  # not a SINGLE_GET request
+            self._thread.run = run + 1
+            return
+        if run > 1 and "Download completed" in text:
+            with self._lock:
+                self.extra += run - 1
+        self._thread.run = 0
+
+    def reset(self) -> None:
+        """Start again from zero (with GDAL's statistics: :meth:`Gdal.enable_stats`)."""
+        with self._lock:
+            self.extra = 0
+
+    def install(self, gdal: Gdal) -> None:
+        """Lower rasterio's loggers to DEBUG behind this filter, and turn GDAL's network
+        debug lines on unless ``CPL_DEBUG`` is set already (then it is left as it is)."""
+        for name in RASTERIO_LOGGERS:
+            logger = logging.getLogger(name)
+            self._floors[name], self._levels[name] = logger.getEffectiveLevel(), logger.level
+            logger.addFilter(self)
+            logger.setLevel(logging.DEBUG)
+        if gdal.config_option("CPL_DEBUG") is None:
+            gdal.set_config_option("CPL_DEBUG", NETWORK_DEBUG)
+            self.debug_set = True
+
+    def uninstall(self, gdal: Gdal | None) -> None:
+        """Undo :meth:`install`: the loggers' levels, and ``CPL_DEBUG`` if it set it."""
+        for name, level in self._levels.items():
+            logger = logging.getLogger(name)
+            logger.removeFilter(self)
+            logger.setLevel(level)
+        if self.debug_set and gdal is not None \
+                and gdal.config_option("CPL_DEBUG") == NETWORK_DEBUG:
+            gdal.set_config_option("CPL_DEBUG", None)
+
+    def counting(self, gdal: Gdal) -> bool:
+        """Whether GDAL logs its network requests where this filter reads them now: its
+        ``CPL_DEBUG`` lets them through, and every logger still hands them to this filter
+        (a later ``logging.config.dictConfig`` may have disabled or raised one)."""
+        debug = gdal.config_option("CPL_DEBUG")
+        if debug is None or debug.upper() not in ("ON", "", NETWORK_DEBUG):
+            return False
+        loggers = [logging.getLogger(name) for name in RASTERIO_LOGGERS]
+        return all(not logger.disabled and logger.isEnabledFor(logging.DEBUG)
+                   and self in logger.filters for logger in loggers)
+
+
+_RANGES: ParallelRanges | None = None
+_RANGES_LOCK = threading.Lock()
+
+
+def acquire_ranges(gdal: Gdal) -> ParallelRanges:
+    """The process's :class:`ParallelRanges`, installed on first use."""
+    global _RANGES
+    with _RANGES_LOCK:
+        if _RANGES is None:
+            _RANGES = ParallelRanges()
+            _RANGES.install(gdal)
+        _RANGES.users += 1
+        return _RANGES
+
+
+def release_ranges(gdal: Gdal | None) -> None:
+    """One counter less; the last one uninstalls the filter."""
+    global _RANGES
+    with _RANGES_LOCK:
+        if _RANGES is None:
+            return
+        _RANGES.users -= 1
+        if _RANGES.users <= 0:
+            _RANGES.uninstall(gdal)
+            _RANGES = None
 
 
 def gdal_counts(text: str) -> SourceCounts:
@@ -276,6 +417,7 @@ class StorageRequests(WorkerPlugin):
         self.instance = f"{os.getpid()}-{id(self):x}-{time.time():.6f}"
         self.gdal: Gdal | None = None
         self.gdal_error: str | None = None
+        self.ranges: ParallelRanges | None = None  # the process's, once GDAL is attached
         self.attach_attempts = 0
         self.s3fs: dict[str, int] | None = None
         self._s3fs_hook: Any = None  # the wrapper this counter is registered with
@@ -304,6 +446,9 @@ class StorageRequests(WorkerPlugin):
     def teardown(self, worker: Any) -> None:
         try:
             self._unpatch_s3fs()
+            if self.ranges is not None:
+                self.ranges = None
+                release_ranges(self.gdal)
         except Exception:
             self.errors += 1
 
@@ -320,6 +465,10 @@ class StorageRequests(WorkerPlugin):
             self.gdal, self.gdal_error = _attach_gdal(self.gdal_library, reset)
             if self.gdal_error is not None:
                 self.errors += 1
+            else:
+                self.ranges = acquire_ranges(self.gdal)
+                if reset:  # with GDAL's statistics
+                    self.ranges.reset()
         if self.s3fs is None and "s3fs" in sys.modules:
             self._patch_s3fs()
 
@@ -432,6 +581,8 @@ class StorageRequests(WorkerPlugin):
             self.attach()
             text = self.gdal.stats_text() if self.gdal is not None else ""
             gdal = gdal_counts(text) if self.gdal is not None else None
+            if gdal and self.ranges is not None and self.ranges.extra:
+                gdal["GET"] = gdal.get("GET", 0) + self.ranges.extra
             files = gdal_files(text)
         except Exception:
             self.errors += 1
@@ -536,14 +687,19 @@ def _raster_environment(dask_worker: Any = None) -> dict[str, Any]:
     path = loaded_gdal_path() if rasterio is not None else None
     config: dict[str, str] = {}
     gdal_version = None
+    counted = False
     if path is not None:
         gdal = Gdal(path)
         gdal_version = gdal.version()
         config = gdal.config_options()
+        counted = _RANGES is not None and _RANGES.counting(gdal)
+    if config.get("CPL_DEBUG") == NETWORK_DEBUG:  # ours (ParallelRanges), not the night's
+        del config["CPL_DEBUG"]
     return {"gdal": gdal_version, "rasterio": getattr(rasterio, "__version__", None),
             "libcurl": curl_version() if path is not None else None,
             "options": effective_options(dict(os.environ), config,
-                                         REQUEST_OPTION_DEFAULTS if path else None)}
+                                         REQUEST_OPTION_DEFAULTS if path else None),
+            "ranges_counted": counted}
 
 
 def _block_shapes(paths: list[str]) -> dict[str, list[int]]:

@@ -6,11 +6,11 @@ flow body (s3fs), and **odc-stac** loads the COGs of its items (rio-cogeo, on mo
 server behind ``LoggingProxy``) in chunks of 2 x 2 of the files' 64 px tiles, so that every
 chunk is a multi-range GDAL read (``VSICurlHandle::ReadMultiRange``) on a worker.
 
-Nights: healthy (``GDAL_HTTP_MULTIRANGE=SERIAL``: one statistic per HTTP request), injected
-(``tasks.scenes.MERGE_OFF``: merging off, every multi-range read one whole-object GET) and
-GDAL's default (``PARALLEL``). On the first two the stored count must equal the proxy's
-(±1 %); on the default one GDAL logs a batch of parallel range requests as one GET, so the
-stored count is a lower bound: below the proxy's, and flagged so in the stage's figures.
+Nights: healthy (GDAL's default, ``GDAL_HTTP_MULTIRANGE=PARALLEL``: GDAL's statistics log
+each chunk's batch of two parallel range requests as one GET, and ``ParallelRanges`` counts
+the second from GDAL's debug lines), ``SERIAL`` (one statistic per HTTP request) and
+injected (``tasks.scenes.MERGE_OFF``: merging off, every multi-range read one whole-object
+GET). On every night the stored count must equal the proxy's (±1 %), unflagged.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from test_raster_requests import CLUSTER
 from prefect_dask_profiling import stage
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner, profiled
 from prefect_dask_profiling.store.runs import RunStore
-from prefect_dask_profiling.summary.io import LOWER_BOUND_NOTE
 from tasks import scenes
 from tasks.synthetic import CubeSpec
 
@@ -37,8 +36,8 @@ SPEC = CubeSpec(dates=2, size=512, tile=64)
 BUCKET = "odc"
 CHUNK = 2 * SPEC.tile  # each chunk spans 2 x 2 tiles: two ranges per multi-range read
 PIPELINE = "odc-stac-requests"
-NIGHTS = {"healthy": {"GDAL_HTTP_MULTIRANGE": "SERIAL"}, "injected": scenes.MERGE_OFF,
-          "default": {}}
+NIGHTS = {"healthy": {}, "serial": {"GDAL_HTTP_MULTIRANGE": "SERIAL"},
+          "injected": scenes.MERGE_OFF}
 PROXY: dict[str, LoggingProxy] = {}  # the module's proxy, for the flow
 
 
@@ -122,7 +121,8 @@ def run_night(served, night: str, store: str) -> tuple[dict, list, str]:
     runs = RunStore(store)
     manifest = runs.read_manifest(PIPELINE, runs.list_runs(PIPELINE)[0]["run_id"])
     read = {s["name"]: s for s in manifest["stages"]}["read"]
-    io = {**read["io"], "options": manifest["environment"]["raster"]["options"]}
+    raster = manifest["environment"]["raster"]
+    io = {**read["io"], "options": raster["options"], "ranges_counted": raster["ranges_counted"]}
     return io, requests, seen["flow_pid"]
 
 
@@ -142,11 +142,10 @@ def test_odc_stac_requests_stored_equal_the_proxys(served, night, tmp_path):
     assert gdal and all(q.pid != "" for q in gdal)
     assert io["s3fs_requests"] == len(s3fs) > 0
     assert io["chunks"] == 2 * SPEC.dates * (SPEC.size // CHUNK) ** 2
-    if night == "default":
+    if night == "healthy":
         assert io["options"]["GDAL_HTTP_MULTIRANGE"] == "PARALLEL", "GDAL's default recorded"
-        assert io["requests_lower_bound"] == LOWER_BOUND_NOTE
-        assert 0 < io["requests"] < len(gdal), "PARALLEL: a batch is counted as one GET"
-    else:
-        assert "requests_lower_bound" not in io
-        assert io["requests"] == pytest.approx(len(gdal), rel=0.01), (io, len(gdal))
-        assert io["get"] == pytest.approx(sum(q.kind == "GET" for q in gdal), rel=0.01)
+    assert "CPL_DEBUG" not in io["options"], "the counter's own setting is not the night's"
+    assert io["ranges_counted"] is True
+    assert "requests_lower_bound" not in io
+    assert io["requests"] == pytest.approx(len(gdal), rel=0.01), (io, len(gdal))
+    assert io["get"] == pytest.approx(sum(q.kind == "GET" for q in gdal), rel=0.01)

@@ -1,7 +1,10 @@
-"""GDAL's requests under ``GDAL_HTTP_MULTIRANGE=PARALLEL`` are flagged as a lower bound.
+"""GDAL's requests under ``GDAL_HTTP_MULTIRANGE=PARALLEL`` are flagged as a lower bound
+unless every worker counted the parallel ranges.
 
-GDAL logs a batch of parallel range requests as one GET (``VSICurlHandle::ReadMultiRange``),
-so the run's storage figures say so whenever a worker ran with PARALLEL (GDAL's default).
+GDAL logs a batch of parallel range requests as one GET (``VSICurlHandle::ReadMultiRange``);
+``timing.worker_io.ParallelRanges`` counts the rest from GDAL's debug lines. A run where a
+worker ran with PARALLEL (GDAL's default) and did not count them (``ranges_counted`` false,
+or a run stored before the counter) says its figures are a lower bound.
 """
 
 from __future__ import annotations
@@ -14,10 +17,17 @@ from prefect_dask_profiling.summary.io import (
 )
 
 
-def stack(multirange: str | None) -> dict:
+def stack(multirange: str | None, counted: bool | None = None) -> dict:
     options = {} if multirange is None else {"GDAL_HTTP_MULTIRANGE": multirange}
-    return {"gdal": "3.10.3", "rasterio": "1.4.4", "libcurl": None, "options": options,
-            "workers": 2}
+    out = {"gdal": "3.10.3", "rasterio": "1.4.4", "libcurl": None, "options": options,
+           "workers": 2}
+    return out if counted is None else {**out, "ranges_counted": counted}
+
+
+def test_counted_parallel_ranges_are_not_a_lower_bound():
+    assert requests_lower_bound(stack("PARALLEL", counted=True)) is None
+    assert requests_lower_bound(stack("PARALLEL", counted=False)) == LOWER_BOUND_NOTE
+    assert requests_lower_bound(stack("PARALLEL")) == LOWER_BOUND_NOTE, "stored before it"
 
 
 def test_parallel_on_any_worker_flags_the_requests_as_a_lower_bound():
