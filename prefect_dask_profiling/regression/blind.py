@@ -21,6 +21,7 @@ from prefect_dask_profiling.errors import StoreError
 from prefect_dask_profiling.regression.alerts import JUDGED_STATUSES
 
 if TYPE_CHECKING:
+    from prefect_dask_profiling.store.manifest import RunKey
     from prefect_dask_profiling.store.runs import RunStore
 
 __all__ = ["BLIND_AFTER_NIGHTS", "UNJUDGED_EVENT", "Blindness", "blindness"]
@@ -83,18 +84,18 @@ def unjudged_streak(statuses: list[str]) -> int:
     return streak
 
 
-def blindness(store: RunStore, pipeline: str, version: str, run_id: str,
-              cause: str | None) -> Blindness:
+def blindness(store: RunStore, tonight: RunKey, cause: str | None) -> Blindness:
     """Tonight's streak (tonight is unjudged): one listing of the earlier nights of the
     version, served from the history read when the judge already listed them.
 
     A listing that fails counts tonight alone (the cause is then usually that same store).
     """
     try:
-        earlier = store.list_runs(pipeline, version, newest=LOOKBACK_NIGHTS,
-                                  counting=JUDGEABLE, before=run_id)
+        earlier = store.list_runs(tonight.pipeline, tonight.version, newest=LOOKBACK_NIGHTS,
+                                  counting=JUDGEABLE, before=tonight.run_id)
     except StoreError:
         earlier = []
     streak = 1 + unjudged_streak([e["status"] for e in earlier])
     return Blindness(streak=streak, cause=cause or "no reason recorded",
-                     fix=f"dask-profiling check --pipeline {pipeline} --run {run_id}")
+                     fix=f"dask-profiling check --pipeline {tonight.pipeline} "
+                         f"--run {tonight.run_id}")

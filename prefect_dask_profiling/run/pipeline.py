@@ -611,8 +611,7 @@ def judge_run(end: RunEnd) -> Judgement | None:
 
 def _blindness(end: RunEnd) -> None:
     """Tonight went unjudged: count the streak, and say so once the gate is blind."""
-    blind = blindness(end.store, end.ctx.pipeline, end.ctx.version, end.ctx.run_id,
-                      end.unjudged_reason)
+    blind = blindness(end.store, end.ctx.key, end.unjudged_reason)
     end.manifest_extra["unjudged"] = blind.to_json()
     if blind.alerting:
         end.warnings.append(blind.message(end.ctx.pipeline, end.ctx.version))

@@ -14,6 +14,7 @@ from prefect_dask_profiling.regression.blind import (
     blindness,
     unjudged_streak,
 )
+from prefect_dask_profiling.store.manifest import RunKey
 from prefect_dask_profiling.store.runs import TASKS_COLUMNS, RunStore, new_run_id
 
 STATUSES = sorted(JUDGEABLE | {"failed", "incomplete"})
@@ -41,15 +42,15 @@ def test_a_stored_history_gives_tonights_streak(tmp_path):
     for day, status in enumerate(["healthy", "unjudged", "failed", "unjudged"], start=1):
         put(store, day, status)
     tonight = new_run_id(datetime(2026, 11, 9, 2, tzinfo=UTC))
-    blind = blindness(store, "blind", "1", tonight, "history unavailable: 503")
+    blind = blindness(store, RunKey(tonight, "blind", "1"), "history unavailable: 503")
     assert blind.streak == 3 and blind.alerting and BLIND_AFTER_NIGHTS <= 3
     assert "3 nights in a row" in blind.message("blind", "1")
     assert blind.fix == f"dask-profiling check --pipeline blind --run {tonight}"
     first_night = new_run_id(datetime(2026, 11, 1, 1, tzinfo=UTC))  # before every night
-    assert blindness(store, "blind", "1", first_night, None).streak == 1
+    assert blindness(store, RunKey(first_night, "blind", "1"), None).streak == 1
 
 
 def test_a_store_that_cannot_list_counts_tonight_alone(tmp_path):
     store = RunStore(str(tmp_path / "none"))
-    blind = blindness(store, "blind", "1", new_run_id(), "store down")
+    blind = blindness(store, RunKey(new_run_id(), "blind", "1"), "store down")
     assert blind.streak == 1 and not blind.alerting
