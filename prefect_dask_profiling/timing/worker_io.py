@@ -266,7 +266,8 @@ class ParallelRanges(logging.Filter):
         for name in RASTERIO_LOGGERS:
             logger = logging.getLogger(name)
             self._floors[name], self._levels[name] = logger.getEffectiveLevel(), logger.level
-            logger.addFilter(self)
+            if self not in logger.filters:  # first: a filter before it could drop the lines
+                logger.filters.insert(0, self)
             logger.setLevel(logging.DEBUG)
         if gdal.config_option("CPL_DEBUG") is None:
             gdal.set_config_option("CPL_DEBUG", NETWORK_DEBUG)
