@@ -52,6 +52,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -252,14 +253,23 @@ def print_ours(profiles: list[dict], tasks: int, top: int = 20) -> None:
 
 # -- main -----------------------------------------------------------------------------------------
 
-def run(args: argparse.Namespace) -> None:
-    variants = ["plain", *args.variants.split(",")]
+@contextlib.contextmanager
+def bench_cluster() -> Iterator[tuple[str, Any, Client]]:
+    """A Prefect server on 127.0.0.1 (no flow heartbeats), a ``dask scheduler`` and two
+    ``dask worker --nthreads 1`` processes, and a client: ``(temporary folder, cluster,
+    client)``, all stopped at the end."""
     heartbeats = {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
     with tempfile.TemporaryDirectory() as tmp, flow_overhead.prefect_server(), \
             temporary_settings(updates=heartbeats), \
             dask_processes.external_cluster(tmp + "/cluster", n_workers=2,
                                             nthreads=1) as cluster, \
             Client(cluster.address) as client:
+        yield tmp, cluster, client
+
+
+def run(args: argparse.Namespace) -> None:
+    variants = ["plain", *args.variants.split(",")]
+    with bench_cluster() as (tmp, cluster, client):
         address = cluster.address
         procs = Processes(client, cluster.scheduler.pid)
         flows = {

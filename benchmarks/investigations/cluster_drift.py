@@ -15,19 +15,21 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from distributed import Client  # noqa: E402
-from helpers import dask_processes  # noqa: E402
-from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings  # noqa: E402
 from prefect_dask import DaskTaskRunner  # noqa: E402
 
-from benchmarks import flow_overhead  # noqa: E402
-from benchmarks.cost_per_task import PROCESSES, Processes, graph_of, make_flow, timed_run  # noqa: E402
+from benchmarks.cost_per_task import (  # noqa: E402
+    PROCESSES,
+    Processes,
+    bench_cluster,
+    graph_of,
+    make_flow,
+    timed_run,
+)
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner  # noqa: E402
 
 
@@ -40,12 +42,7 @@ def main() -> None:
     parser.add_argument("--warmup-tasks", type=int, default=2_000)
     args = parser.parse_args()
     order = args.order.split(",")
-    heartbeats = {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
-    with tempfile.TemporaryDirectory() as tmp, flow_overhead.prefect_server(), \
-            temporary_settings(updates=heartbeats), \
-            dask_processes.external_cluster(tmp + "/cluster", n_workers=2,
-                                            nthreads=1) as cluster, \
-            Client(cluster.address) as client:
+    with bench_cluster() as (tmp, cluster, client):
         procs = Processes(client, cluster.scheduler.pid)
         runners = {"plain": DaskTaskRunner(address=cluster.address),
                    "profiled": ProfiledDaskTaskRunner(address=cluster.address,
