@@ -66,6 +66,7 @@ from prefect_dask_profiling.regression.confirm import (
 )
 from prefect_dask_profiling.regression.rule import RegressionRule
 from prefect_dask_profiling.regression.verdict import detect_regressions
+from prefect_dask_profiling.store.manifest import RunKey
 
 N_PREFIXES = 20
 PREFIXES = [f"prefix-{i:02d}" for i in range(N_PREFIXES)]
@@ -318,10 +319,10 @@ def _alerts(night: Night) -> dict[tuple[str, str], tuple[str, float, str]]:
 def score(trial: Trial, rule: RegressionRule, counts: Counts) -> None:
     """Run both nights through confirmation and episodes; add up into ``counts``."""
     book = Book()
-    n1 = Night.from_tables("j1", "bench", "1", confirm_verdicts(trial.j1, {}, rule, trial.reach1),
-                           rule=rule)
+    n1 = Night.from_tables(RunKey("j1", "bench", "1"),
+                           confirm_verdicts(trial.j1, {}, rule, trial.reach1), rule=rule)
     book, _ = advance(book, n1)
-    n2 = Night.from_tables("j2", "bench", "1",
+    n2 = Night.from_tables(RunKey("j2", "bench", "1"),
                            confirm_verdicts(trial.j2, priors(book), rule, trial.reach2),
                            rule=rule)
     fail1 = {e.prefix for e in failing(book, n1)}

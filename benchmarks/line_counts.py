@@ -1,8 +1,9 @@
 """The package's size: its total line count, by part, and its longest classes.
 
 Counts every ``.py`` file of ``prefect_dask_profiling`` (physical lines, docstrings and
-comments included, as ``wc -l`` does) and every class from its ``class`` line to its last
-line (the measure ``tests/test_architecture.py`` holds under ``MAX_CLASS_LINES``). Standard
+comments included, as ``wc -l`` does), what kind each line is (code, docstring, comment,
+blank) and every class from its ``class`` line to its last line (the measure
+``tests/test_architecture.py`` holds under ``MAX_CLASS_LINES``). Standard
 library only; reads the files, imports nothing of the package. The figures in
 ``docs/architecture.md`` come from here.
 
@@ -41,6 +42,36 @@ def line_counts(root: Path = ROOT) -> tuple[int, int, dict[str, int]]:
     return len(files), sum(by_part.values()), dict(by_part)
 
 
+KINDS = ("code", "docstring", "comment", "blank")
+
+
+def _docstring_lines(tree: ast.Module) -> set[int]:
+    """The line numbers of every module, class and function docstring of ``tree``."""
+    found: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            first = node.body[0] if node.body else None
+            if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                    and isinstance(first.value.value, str)):
+                found.update(range(first.lineno, first.end_lineno + 1))
+    return found
+
+
+def line_kinds(root: Path = ROOT) -> Counter[str]:
+    """``{kind: lines}`` over the package, each physical line counted once as one of
+    :data:`KINDS`: blank (whitespace only), docstring (inside a module, class or function
+    docstring), comment (starts with ``#``), else code."""
+    kinds: Counter[str] = Counter(dict.fromkeys(KINDS, 0))
+    for path in module_files(root):
+        text = path.read_text()
+        docs = _docstring_lines(ast.parse(text))
+        for number, line in enumerate(text.splitlines(), 1):
+            stripped = line.strip()
+            kinds["blank" if not stripped else "docstring" if number in docs
+                  else "comment" if stripped.startswith("#") else "code"] += 1
+    return kinds
+
+
 def class_lengths(root: Path = ROOT) -> list[tuple[int, str]]:
     """``(lines, "module.Class")`` of every class of the package (nested ones too), longest
     first."""
@@ -57,7 +88,10 @@ def class_lengths(root: Path = ROOT) -> list[tuple[int, str]]:
 def report(classes: int = 10, root: Path = ROOT) -> str:
     """The text :func:`main` prints."""
     files, lines, by_part = line_counts(root)
-    out = [f"prefect_dask_profiling: {lines:,} lines in {files} files", "", "by part:"]
+    kinds = line_kinds(root)
+    out = [f"prefect_dask_profiling: {lines:,} lines in {files} files",
+           "  " + ", ".join(f"{kinds[k]:,} {k}" for k in KINDS)
+           + f"; {lines - kinds['blank']:,} not blank", "", "by part:"]
     out += [f"  {part:<16} {n:>7,}" for part, n in sorted(by_part.items(),
                                                            key=lambda kv: (-kv[1], kv[0]))]
     out += ["", f"the {classes} longest classes:"]

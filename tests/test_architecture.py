@@ -696,6 +696,8 @@ def test_the_line_counts_cover_the_package(capsys):
     files, lines, by_part = counts.line_counts(ROOT)
     assert files == len(MODULES)
     assert lines == sum(p.read_bytes().count(b"\n") for p in MODULES.values())
+    kinds = counts.line_kinds(ROOT)
+    assert sum(kinds.values()) == lines and all(kinds[k] > 0 for k in counts.KINDS)
     assert {name.removesuffix(".py") for name in by_part} == {part(m) for m in MODULES}
     longest = counts.class_lengths(ROOT)
     assert {name for n, name in longest if n > MAX_CLASS_LINES} == set(LONG_CLASSES)

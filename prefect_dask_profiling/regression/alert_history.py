@@ -43,6 +43,7 @@ from prefect_dask_profiling.regression.alerts import (
 from prefect_dask_profiling.regression.rule import RegressionRule, Rules
 from prefect_dask_profiling.store import layout
 from prefect_dask_profiling.store.errors import DamagedRecord, StoreNotFound, StoreUnavailable
+from prefect_dask_profiling.store.manifest import RunKey
 from prefect_dask_profiling.store.runs import RunStore, StoreError
 
 logger = logging.getLogger(__name__)
@@ -421,15 +422,13 @@ def _night_of(manifest: Mapping[str, Any], table: pd.DataFrame | None
         rule = Rules.from_dict(stored).regression if stored is not None else RegressionRule()
     except InvalidInput:  # rules of a newer version: judge its transitions by today's
         rule = RegressionRule()
-    run_id = str(manifest["run_id"])
     carried, why = manifest.get("carried"), ""
     try:
         state = Book.from_carried(carried) if carried is not None else None
     except InvalidInput as exc:
         state, why = None, str(exc) or type(exc).__name__
-    return Night.from_tables(run_id, str(manifest["pipeline"]),
-                             str(manifest["version"]), table,
-                             manifest.get("signals") or (), rule=rule,
+    return Night.from_tables(RunKey.of(manifest), table, manifest.get("signals") or (),
+                             rule=rule,
                              status=str(manifest.get("status") or ""),
                              started=str(manifest.get("started") or ""),
                              ended=str(manifest.get("ended") or ""), carried=state), why

@@ -104,6 +104,7 @@ import pandas as pd
 from prefect_dask_profiling._util import InvalidInput, float_or_nan
 from prefect_dask_profiling.regression.confirm import Prior, metric_threshold, nearer
 from prefect_dask_profiling.regression.rule import RegressionRule
+from prefect_dask_profiling.store.manifest import RunKey
 
 __all__ = ["ABSOLUTE", "CARRIED_RUNS", "EVENT_KINDS", "EVENT_PREFIX", "FAMILIES",
            "JUDGED_STATUSES", "METRIC", "OPEN_STATES", "PAGES", "STATES", "Ack", "AlertEvent",
@@ -444,8 +445,8 @@ class Night:
 
     Attributes
     ----------
-    run_id, pipeline, version
-        Its identity.
+    run
+        Which run it is (:class:`~prefect_dask_profiling.store.manifest.RunKey`).
     signals
         ``{(stage, prefix, metric): Signal}``.
     rule
@@ -469,9 +470,7 @@ class Night:
         (:attr:`Episode.aliases`).
     """
 
-    run_id: str
-    pipeline: str
-    version: str
+    run: RunKey
     signals: Mapping[Key, Signal] = field(default_factory=dict)
     rule: RegressionRule = field(default_factory=RegressionRule)
     status: str = "healthy"
@@ -485,43 +484,59 @@ class Night:
             raise InvalidInput(f"rule must be a RegressionRule, got {type(self.rule).__name__}")
 
     @property
+    def run_id(self) -> str:
+        """Its run id (``run.run_id``): what episodes and the book name nights by."""
+        return self.run.run_id
+
+    @property
     def order(self) -> tuple[datetime, str]:
         """Where the night stands in its history: by start, then run id (run ids are
         stamped to the second; nights that do not overlap start in the order they end)."""
         return (instant(self.started) if self.started else _EPOCH, self.run_id)
 
     @classmethod
-    def from_tables(cls, run_id: str, pipeline: str, version: str,
-                    time_rows: pd.DataFrame | None = None,
+    def from_tables(cls, run: RunKey, time_rows: pd.DataFrame | None = None,
                     other: Iterable[Mapping[str, Any]] = (), *,
                     rule: RegressionRule | None = None, status: str = "healthy",
                     started: str = "", ended: str = "", carried: Book | None = None,
                     paged: Iterable[tuple[Key, str]] = ()) -> Night:
-        """A night from its stored verdict table and its other signals.
-
-        Parameters
-        ----------
-        time_rows
-            The time verdict table (``regression.csv``: ``stage, prefix, verdict, ratio``
-            and ``alert``). Without ``alert`` (runs stored before confirmation) a
-            ``regression`` row counts as ``regression``: it failed on its first night.
-        other
-            Rows ``stage, prefix, metric, verdict, ratio, alert`` of the other metrics
-            (the manifest's ``signals``).
-        """
-        signals: dict[Key, Signal] = {}
-        if time_rows is not None and not time_rows.empty:
-            signals.update(_time_signals(time_rows))
-        for row in other:
-            metric = str(row.get("metric") or "")
-            if metric not in FAMILIES:
-                continue
-            key = (str(row.get("stage")), str(row.get("prefix") or ""), metric)
-            signals[key] = Signal(str(row.get("alert") or ""), float_or_nan(row.get("ratio")),
-                                  str(row.get("verdict") or ""))
-        return cls(run_id, pipeline, version, signals,
+        """A night from its stored verdict table and its other signals
+        (:func:`signals_from_tables`)."""
+        return cls(run, signals_from_tables(time_rows, other),
                    RegressionRule() if rule is None else rule, status, started, ended,
                    carried, tuple(paged))
+
+
+def signals_from_tables(time_rows: pd.DataFrame | None = None,
+                        other: Iterable[Mapping[str, Any]] = ()) -> dict[Key, Signal]:
+    """A night's signals from its stored verdict table and its other signals.
+
+    Parameters
+    ----------
+    time_rows
+        The time verdict table (``regression.csv``: ``stage, prefix, verdict, ratio``
+        and ``alert``). Without ``alert`` (runs stored before confirmation) a
+        ``regression`` row counts as ``regression``: it failed on its first night.
+    other
+        Rows ``stage, prefix, metric, verdict, ratio, alert`` of the other metrics
+        (the manifest's ``signals``); rows of a metric no family judges are left out.
+
+    Returns
+    -------
+    dict
+        ``{(stage, prefix, metric): Signal}``.
+    """
+    signals: dict[Key, Signal] = {}
+    if time_rows is not None and not time_rows.empty:
+        signals.update(_time_signals(time_rows))
+    for row in other:
+        metric = str(row.get("metric") or "")
+        if metric not in FAMILIES:
+            continue
+        key = (str(row.get("stage")), str(row.get("prefix") or ""), metric)
+        signals[key] = Signal(str(row.get("alert") or ""), float_or_nan(row.get("ratio")),
+                              str(row.get("verdict") or ""))
+    return signals
 
 
 @dataclass(frozen=True)
@@ -953,8 +968,9 @@ def _open(night: Night, key: Key, signal: Signal) -> Episode:
     stage, prefix, metric = key
     confirmed = signal.alert == "regression"
     return Episode(
-        id=episode_id(night.pipeline, night.version, stage, prefix, metric, night.run_id),
-        pipeline=night.pipeline, version=night.version, stage=stage, prefix=prefix,
+        id=episode_id(night.run.pipeline, night.run.version, stage, prefix, metric,
+                      night.run_id),
+        pipeline=night.run.pipeline, version=night.run.version, stage=stage, prefix=prefix,
         metric=metric, state="confirmed" if confirmed else "suspected",
         start_run=night.run_id, last_run=night.run_id,
         confirmed_run=night.run_id if confirmed else None, flagged_runs=(night.run_id,),

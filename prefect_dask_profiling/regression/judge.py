@@ -562,8 +562,7 @@ def _outcome(tonight: Tonight, tables: Mapping[str, pd.DataFrame], history: Hist
         return Outcome(regressed=False, reason=next((r for r in reasons if r), (
             f"the run is {why}: its verdicts do not count")), message=_message(
             {f: f.message_rows(tables[f.name], rule, partial=True) for f in REGISTRY}))
-    night = Night(tonight.run.run_id, tonight.run.pipeline, tonight.run.version,
-                  _signals(tables, rule), rule, started=tonight.started or "")
+    night = Night(tonight.run, _signals(tables, rule), rule, started=tonight.started or "")
     book, events = advance(history.alerts, night, history.acks)
     fails = sorted(failing(book, night), key=lambda ep: ep.key)
     keys = tuple(ep.key for ep in fails)

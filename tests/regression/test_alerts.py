@@ -35,6 +35,7 @@ from prefect_dask_profiling.regression.alerts import (
 from prefect_dask_profiling.regression.confirm import confirm_verdicts, noise_reach
 from prefect_dask_profiling.regression.rule import RegressionRule
 from prefect_dask_profiling.regression.verdict import detect_regressions
+from prefect_dask_profiling.store.manifest import RunKey
 from prefect_dask_profiling.store.runs import RunStore, StoreError, new_run_id
 
 LEVELS = {"a": 50.0, "b": 40.0, "c": 30.0, "d": 20.0, "e": 60.0}
@@ -82,7 +83,7 @@ class Pipeline:
         history = self.baseline()
         verdicts = detect_regressions(history, self.values(**factors), rule=self.rule)
         table = confirm_verdicts(verdicts, priors(self.book), self.rule, noise_reach(history))
-        night = Night.from_tables(run_id or self.next_id(), "nightly", "v1", table,
+        night = Night.from_tables(RunKey(run_id or self.next_id(), "nightly", "v1"), table,
                                   rule=self.rule)
         self.book, events = advance(self.book, night, self.acks)
         if not any(r == night.run_id for r, _, _ in self.runs):
@@ -190,13 +191,13 @@ def test_feeding_the_same_run_twice_emits_nothing_twice():
 
 def test_advance_refuses_a_bad_rule():
     with pytest.raises(ValueError, match="rule must be a RegressionRule"):
-        Night.from_tables("r", "p", "v", pd.DataFrame(), rule={})  # type: ignore[arg-type]
+        Night.from_tables(RunKey("r", "p", "v"), pd.DataFrame(), rule={})  # type: ignore[arg-type]
 
 
 def test_runs_stored_before_confirmation_replay_as_failing_on_the_first_night():
     table = pd.DataFrame({"stage": ["s", "s"], "prefix": ["a", "b"],
                           "verdict": ["regression", "ok"], "ratio": [2.5, 1.0]})
-    night = Night.from_tables("r1", "p", "v", table)
+    night = Night.from_tables(RunKey("r1", "p", "v"), table)
     book, events = advance(Book(), night, [])
     assert kinds(events) == ["detected"] and [e.prefix for e in failing(book, night)] == ["a"]
 

@@ -23,6 +23,7 @@ from prefect_dask_profiling.regression.confirm import (
 )
 from prefect_dask_profiling.regression.rule import RegressionRule
 from prefect_dask_profiling.regression.verdict import detect_regressions, run_outcome
+from prefect_dask_profiling.store.manifest import RunKey
 
 AUTO, NEVER, ALWAYS = (RegressionRule(confirm=m) for m in ("auto", "never", "always"))
 
@@ -152,7 +153,7 @@ def test_confirm_never_reproduces_todays_verdicts_exactly(seed):
                 pd.testing.assert_frame_equal(out[verdicts.columns], verdicts)
                 assert (out["alert"] == "regression").tolist() == \
                     (verdicts["verdict"] == "regression").tolist()
-                night = Night.from_tables("r1", "p", "v", out, rule=NEVER)
+                night = Night.from_tables(RunKey("r1", "p", "v"), out, rule=NEVER)
                 book, _ = advance(Book(), night, [])
                 fails = {e.prefix for e in failing(book, night)}
                 flagged = set(verdicts.loc[verdicts["verdict"] == "regression", "prefix"])

@@ -26,6 +26,7 @@ from prefect_dask_profiling.regression.alerts import (
     run_status,
 )
 from prefect_dask_profiling.regression.rule import RegressionRule
+from prefect_dask_profiling.store.manifest import RunKey
 
 READ = ("read", "open", "total_s")
 OOM = ("reduce", "", "headroom")
@@ -36,7 +37,7 @@ def night(day: int, signals: dict | None = None, status: str | None = None,
           rule: RegressionRule | None = None) -> Night:
     sig = signals or {}
     flagged = any(s.alert in ("regression", "suspected") for s in sig.values())
-    return Night(f"r{day:03d}", "p", "v", sig, rule or RegressionRule(),
+    return Night(RunKey(f"r{day:03d}", "p", "v"), sig, rule or RegressionRule(),
                  status or ("regressed" if flagged else "healthy"),
                  started=f"2026-11-{day:02d}T02:00:00+00:00")
 
@@ -175,8 +176,8 @@ def test_an_overlapping_nights_events_are_those_its_judge_derived():
     A (still running when B started): B opens its own suspicion. The replay says the same
     for B, and carries both nights on to C, which confirms."""
     a = replace(night(1, {READ: sus()}), ended="2026-11-01T04:00:00+00:00")
-    b = replace(night(1, {READ: sus()}), run_id="r001b", started="2026-11-01T03:00:00+00:00",
-                ended="2026-11-01T03:30:00+00:00")
+    b = replace(night(1, {READ: sus()}), run=RunKey("r001b", "p", "v"),
+                started="2026-11-01T03:00:00+00:00", ended="2026-11-01T03:30:00+00:00")
     c = night(2, {READ: reg()})
     alone, b_events = replay([b])
     book, events = replay([c, b, a])

@@ -456,9 +456,10 @@ def test_run_outcome_counts_only_judged_runs_that_ended_normally():
 def test_which_runs_count_in_a_baseline(run_id, status, restart, counts):
     """The standing of one stored night among r1 < r2 < r3 (the rest healthy)."""
     from prefect_dask_profiling.regression.alerts import Night, replay
+    from prefect_dask_profiling.store.manifest import RunKey
 
     day = {"r1": "2026-11-01", "r2": "2026-11-02", "r3": "2026-11-03"}
-    nights = [Night(r, "p", "v", status=status if r == run_id else "healthy",
+    nights = [Night(RunKey(r, "p", "v"), status=status if r == run_id else "healthy",
                     started=f"{day[r]}T02:00:00+00:00") for r in ("r1", "r2", "r3")]
     book, _ = replay([n for n in nights if n.status in ("healthy", "regressed")], [],
                      restart=restart)

@@ -91,7 +91,7 @@ def test_the_judgement_fails_a_night_whose_requests_doubled_before_its_time_move
                                                            "bytes_per_chunk"}
     # one night is never conclusive for requests: suspected, and the next night confirms
     assert not judgement.regressed and judgement.outcome.suspected
-    night = Night("r999", "p", "1", judgement.night_signals())
+    night = Night(RunKey("r999", "p", "1"), judgement.night_signals())
     book, events = advance(history.alerts, night)
     assert [e.kind for e in events] == ["suspected", "suspected"]
     second = judge(replace(merge_off, run=RunKey("r9991", "p", "1")),

@@ -27,7 +27,14 @@ import pandas as pd
 
 from prefect_dask_profiling._util import InvalidInput, finite_number
 from prefect_dask_profiling.regression import alerts
-from prefect_dask_profiling.regression.alerts import Book, Key, Night, Signal, SignalRow, priors
+from prefect_dask_profiling.regression.alerts import (
+    Book,
+    Key,
+    Signal,
+    SignalRow,
+    priors,
+    signals_from_tables,
+)
 from prefect_dask_profiling.regression.baseline import Baseline
 from prefect_dask_profiling.regression.confirm import confirm_signals, metric_threshold
 from prefect_dask_profiling.regression.explain import Explanation
@@ -191,8 +198,7 @@ class Family:
 
     def signals(self, rows: pd.DataFrame, rule: RegressionRule) -> dict[Key, Signal]:
         """Tonight's signals for the state machine."""
-        night = Night.from_tables("", "", "", None, self.stored_signals(rows, rule))
-        return dict(night.signals)
+        return signals_from_tables(None, self.stored_signals(rows, rule))
 
     # ------------------------------------------------------------ what it says
     def describe(self, rows: pd.DataFrame) -> str:

@@ -12,7 +12,14 @@ from typing import Any, ClassVar
 
 import pandas as pd
 
-from prefect_dask_profiling.regression.alerts import METRIC, Key, Night, Signal, SignalRow, priors
+from prefect_dask_profiling.regression.alerts import (
+    METRIC,
+    Key,
+    Signal,
+    SignalRow,
+    priors,
+    signals_from_tables,
+)
 from prefect_dask_profiling.regression.baseline import Baseline
 from prefect_dask_profiling.regression.confirm import confirm_verdicts, noise_reach
 from prefect_dask_profiling.regression.explain import Explanation, explain_verdicts
@@ -84,7 +91,7 @@ class TimeFamily(Family):
         return []
 
     def signals(self, rows: pd.DataFrame, rule: RegressionRule) -> dict[Key, Signal]:
-        return dict(Night.from_tables("", "", "", rows).signals)
+        return signals_from_tables(rows)
 
     def describe(self, rows: pd.DataFrame) -> str:
         return describe(rows)
