@@ -25,6 +25,10 @@ removal count in their run. Before each plain run the workers' storage-request p
 profiled run on a shared cluster leaves it registered for the next run): plain runs measure
 workers without it.
 
+The flow process is also read by thread (``psutil``, live threads by name): its main
+thread (the flow body and Prefect's engine) and the package's background service (the
+reports drawn, the live ETA, the posts to Prefect); a plain run has no background thread.
+
 Prints, per process: plain and profiled CPU seconds (medians), the paired ratio (median of
 each pair's profiled / plain, 90% bootstrap interval), and the added CPU (median of each
 pair's difference, 90% bootstrap interval) per run and per task (µs; the run's tasks are
@@ -51,6 +55,7 @@ import signal
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -71,6 +76,7 @@ from benchmarks import flow_overhead, scheduler_cprofile  # noqa: E402
 from prefect_dask_profiling import stage  # noqa: E402
 from prefect_dask_profiling.bench.report import paired_difference, paired_ratio  # noqa: E402
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner, profiled  # noqa: E402
+from prefect_dask_profiling.run.background import Background  # noqa: E402
 from prefect_dask_profiling.timing import io_client  # noqa: E402
 
 FAN_IN = 100  # of the tiny graph's sum tree
@@ -81,6 +87,10 @@ VARIANTS = {  # profiled variants: runner options
     "no-reports": {"stage_reports": False},
 }
 PROCESSES = ("scheduler", "workers", "flow process", "Prefect server")
+# the flow process's CPU by thread: its main thread (the flow body, Prefect's engine) and the
+# package's one background service (reports, the live ETA, posts); the rest is Prefect's and
+# Dask's threads, and threads that ended during the run
+FLOW_THREADS = ("flow main", "flow background")
 
 
 # -- the work ----------------------------------------------------------------------------------
@@ -147,6 +157,12 @@ def _cpu(pid: int) -> float:
     return times.user + times.system
 
 
+def _thread_cpu(name: str) -> float:
+    """CPU seconds so far of this process's live thread ``name`` (0 when there is none)."""
+    ids = {t.native_id for t in threading.enumerate() if t.name == name}
+    return sum(t.user_time + t.system_time for t in psutil.Process().threads() if t.id in ids)
+
+
 def _n_tasks(dask_scheduler) -> int:
     return len(dask_scheduler.tasks)
 
@@ -163,7 +179,9 @@ class Processes:
         return {"scheduler": _cpu(self.scheduler_pid),
                 "workers": sum(_cpu(pid) for pid in self.worker_pids),
                 "flow process": _cpu(os.getpid()),
-                "Prefect server": flow_overhead.server_cpu()}
+                "Prefect server": flow_overhead.server_cpu(),
+                "flow main": _thread_cpu(threading.main_thread().name),
+                "flow background": _thread_cpu(Background.instance().name)}
 
     def quiet(self, timeout: float = 120.0) -> None:
         """Wait until the scheduler holds no task (the last graph released), then 1 s."""
@@ -294,7 +312,7 @@ def run(args: argparse.Namespace) -> None:
                 row = timed_run(flows[name], procs)
                 results[name].append(row)
                 print(f"  pair {i + 1}/{args.pairs} {name:<12} wall {row['wall']:7.1f} s  " +
-                      "  ".join(f"{p} {row[p]:7.2f}" for p in PROCESSES) +
+                      "  ".join(f"{p} {row[p]:7.2f}" for p in (*PROCESSES, *FLOW_THREADS)) +
                       f"  (load {os.getloadavg()[0]:.2f})", flush=True)
         print_results(results, tasks)
         if args.cprofile and "defaults" in flows:
@@ -323,6 +341,12 @@ def print_results(results: dict[str, list[dict[str, float]]], tasks: int) -> Non
                   f"{statistics.median(mine):9.2f} "
                   f"{f'{ratio:.3f} ({low:.3f}-{high:.3f})':>24} "
                   f"{f'{added:+.2f} ({a_low:+.2f} to {a_high:+.2f})':>27} {per_task:>25}")
+        for part in FLOW_THREADS:  # a plain run has no background thread: no ratio
+            added, a_low, a_high = paired_difference([r[part] for r in rows],
+                                                     [r[part] for r in plain])
+            print(f"  {part:<15} {statistics.median(r[part] for r in plain):11.2f} "
+                  f"{statistics.median(r[part] for r in rows):9.2f} {'':>24} "
+                  f"{f'{added:+.2f} ({a_low:+.2f} to {a_high:+.2f})':>27}")
 
 
 def main() -> None:
