@@ -102,7 +102,9 @@ class ProfilingOptions:
         background thread while the next stage runs (the flow waits for them only at
         ``finish()``); ``"auto"``: a report for each stage that ran at least
         ``report_min_seconds``, and for every stage that regressed or drifted, rendered at
-        ``finish()``; ``False``: none.
+        ``finish()``; ``False``: none. The run's trend page follows: every night with
+        ``True``, otherwise only on a night that flags (a healthy night then loads no
+        Bokeh, which a new process pays about 1.3 CPU-s for).
     report_min_seconds
         In ``"auto"`` mode, the shortest stage (wall seconds) that always gets its report.
     on_regression

@@ -390,8 +390,11 @@ def _judge(end: RunEnd) -> None:
 
 
 def _trend(end: RunEnd) -> None:
-    """The trend page, as a view (drawn once the run is complete)."""
+    """The trend page, as a view (drawn once the run is complete): every night with
+    ``stage_reports=True``, else only on a night that flags (:func:`wants_trend`)."""
     if end.history is None or end.summary is None or end.judgement is None or _spooled(end):
+        return
+    if not wants_trend(end.options.stage_reports, end.judgement):
         return
     draw = functools.partial(_trend_page, end.history.baseline.history, end.summary,
                              end.judgement.verdicts,
@@ -402,6 +405,15 @@ def _trend(end: RunEnd) -> None:
         return store.write_view(pipeline, run_id, TREND_FILE, draw()).warnings
 
     end.views.append((TREND_FILE, view))
+
+
+def wants_trend(stage_reports: bool | str, judgement: Judgement) -> bool:
+    """Whether the run's trend page is drawn: every night when every stage gets its report
+    (``stage_reports=True``, Bokeh is loaded anyway), else only on a night whose judgement
+    flags a prefix or regressed. A healthy night of ``"auto"`` or ``False`` imports no
+    Bokeh, which a new process per night pays ~1.3 CPU-s for (docs/scaling.md, cold runs).
+    """
+    return stage_reports is True or judgement.regressed or not judgement.flagged().empty
 
 
 def _trend_page(history: pd.DataFrame, summary: pd.DataFrame, verdicts: pd.DataFrame,

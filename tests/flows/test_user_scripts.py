@@ -135,7 +135,9 @@ def nightly(n: int = 6) -> int:
 
 
 if __name__ == "__main__":
+    import sys
     assert nightly() == sum(x * x + OFFSET for x in range(6))
+    print("bokeh loaded:", "bokeh" in sys.modules)
 """
 
 
@@ -152,6 +154,9 @@ def test_a_main_script_with_tasks_and_helpers_completes(workers, prefect_server,
     manifest = completed(done, tmp_path, name)
     assert prefixes(tmp_path, manifest).get("square", 0) == 6, prefixes(tmp_path, manifest)
     assert "cannot be pickled" not in done.stderr
+    # no report asked for, a night that flags nothing: no trend page, so no Bokeh is loaded
+    # (a new process pays ~1.3 CPU-s for it every night: docs/scaling.md, cold runs)
+    assert "bokeh loaded: False" in done.stdout, done.stdout[-2000:]
 
 
 # -- a flow built in a factory, an unpicklable object in its closure -------------------------

@@ -7,11 +7,14 @@ Records come from a real LocalCluster; steps are made to fail by replacing them 
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers.run_records import record_stages
+from helpers.run_records import record_stages, scaled
 
+from prefect_dask_profiling.options import ProfilingOptions
 from prefect_dask_profiling.run import pipeline as finish_mod
 from prefect_dask_profiling.run.pipeline import finish_run
 from prefect_dask_profiling.store.manifest import RunContext
@@ -185,6 +188,33 @@ def test_views_are_drawn_after_the_run_is_complete(inproc_client, tmp_path):
     assert pd.read_parquet(result.fleet_location)["run_id"].unique().tolist() == [ctx.run_id]
     manifest = store.read_manifest("nightly", ctx.run_id)
     assert manifest["status"] == "healthy" and "trend.html" not in manifest["files"]
+
+
+def test_with_auto_reports_only_a_flagged_night_draws_the_trend_page(inproc_client, tmp_path):
+    """``stage_reports="auto"``: healthy nights draw no trend page (no Bokeh in a new process
+    each night); the night that regresses does, and links it."""
+    store = RunStore(str(tmp_path))
+    options = ProfilingOptions(stage_reports="auto", on_regression="warn",
+                               check_options={"min_seconds": 0.0, "min_share": 0.0})
+    record = record_of(inproc_client)
+    start = datetime(2026, 11, 1, 2, tzinfo=UTC)
+    results = []
+    for n in range(5):
+        when = start + timedelta(days=n)
+        ctx = RunContext(run_id=new_run_id(when), pipeline="auto-trend", version="1",
+                         started=when)
+        results.append(finish_run(store, scaled(record, {"read": 5.0} if n == 4 else None),
+                                  ctx, [], options, ended=when + timedelta(hours=1)))
+    *healthy, slow = results
+    assert [r.regressed for r in results] == [False] * 4 + [True], [r.status for r in results]
+    for result in healthy:
+        assert result.wait_views(timeout=60) == []
+        assert result.trend_location is None
+        assert not (tmp_path / "runs" / "auto-trend" / result.run_id / "trend.html").exists()
+    assert slow.wait_views(timeout=60) == []
+    assert slow.trend_location == str(tmp_path / "runs" / "auto-trend" / slow.run_id
+                                      / "trend.html")
+    assert Path(slow.trend_location).read_text().startswith("<!DOCTYPE html>")
 
 
 def test_a_view_that_fails_is_a_warning_and_the_run_is_unharmed(inproc_client, tmp_path,
