@@ -3,7 +3,8 @@
 Created in the flow run, keys lowercase with dashes derived from the pipeline name:
 ``<pipeline>-summary`` (table), ``<pipeline>-run`` (markdown), ``<pipeline>-regression``
 (table, also when everything is ok), ``<pipeline>-report-<stage>`` (link per stage) and
-``<pipeline>-trend`` (link to the stored trend page, presigned on S3).
+``<pipeline>-trend`` (link to the stored trend page, presigned on S3; a run draws it
+every night with ``stage_reports=True``, otherwise only on a night that flags).
 Values are JSON-clean (no NaN/inf, no numpy scalars). A failure to create an artifact is
 a warning: the reports are stored before their links are posted, the summaries before the
 run's other artifacts. This module builds and sends them; *when* a run posts what is the
