@@ -34,7 +34,8 @@ def trend_html(history: pd.DataFrame, latest: pd.DataFrame, verdicts: pd.DataFra
 
     Notes
     -----
-    The page is drawn at the end of every run: its figure is built once per process and
+    The page is drawn at a run's end (every night with ``stage_reports=True``, otherwise
+    on a night that flags): its figure is built once per process and
     refilled (:class:`_TrendLayout`), so after the first page one costs milliseconds
     instead of Bokeh's ~50 ms of building and serializing the same models.
     """
