@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
+import inspect
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
@@ -38,7 +40,7 @@ from prefect_dask_profiling.regression.rule import (
 from prefect_dask_profiling.store.url import check_store_url, redacted_options
 
 __all__ = ["COST_REGRESSION", "ON_REGRESSION", "OTEL_MODES", "RENDERERS", "STAGE_REPORTS",
-           "ProfilingOptions", "check_otel_mode", "check_renderer"]
+           "ProfilingOptions", "check_otel_mode", "check_renderer", "with_option_keywords"]
 
 ON_REGRESSION = ("fail", "warn")
 STAGE_REPORTS = ("auto", True, False)
@@ -86,35 +88,44 @@ class ProfilingOptions:
     Parameters
     ----------
     store
-        fsspec URL of the run store; default env ``DASK_PROFILING_STORE``, else
-        ``./.dask-profiling``.
+        fsspec URL of the run store: a folder, ``s3://bucket/prefix``, any fsspec URL;
+        default env ``DASK_PROFILING_STORE``, else ``./.dask-profiling``. A flow parameter
+        named ``store`` overrides it (``@profiled``).
     storage_options
-        Passed to fsspec (e.g. ``endpoint_url``, ``key``/``secret`` for S3).
+        Passed to fsspec/s3fs (e.g. ``endpoint_url``, ``key``/``secret`` for S3); default
+        env ``DASK_PROFILING_STORAGE_OPTIONS`` (JSON), else none. ``repr()`` never shows
+        their secrets.
     pipeline
         History key; default the flow's name.
     version
-        Pipeline version; default the flow's explicit ``@flow(version=...)``. A new version
-        starts a new baseline.
+        Pipeline version; default the flow's explicit ``@flow(version=...)``, else
+        ``"unversioned"``. A new version starts a new baseline. Prefect's automatic source
+        hash is recorded (``source_hash``) but does not split the history.
     report_retention_days
-        Days per-stage reports are kept (S3 lifecycle rule, local ``sweep``).
+        Days per-stage reports are kept: the S3 lifecycle expiry of ``reports/``,
+        ``dask-profiling sweep`` locally.
     stage_reports
-        ``True`` (default): a Dask performance report for every stage, drawn in a
-        background thread while the next stage runs (the flow waits for them only at
-        ``finish()``); ``"auto"``: a report for each stage that ran at least
-        ``report_min_seconds``, and for every stage that regressed or drifted, rendered at
-        ``finish()``; ``False``: none. The run's trend page follows: every night with
-        ``True``, otherwise only on a night that flags (a healthy night then loads no
-        Bokeh, which a new process pays about 1.3 CPU-s for).
+        ``True`` (default): a Dask performance report for every stage, drawn in the flow
+        process from data copied off the scheduler, on a background thread while the next
+        stage runs (the flow waits for them only at ``finish()``; docs/reports.md);
+        ``"auto"``: a report for each stage that ran at least ``report_min_seconds``, and
+        for every stage that regressed or drifted, rendered at ``finish()``; ``False``:
+        none. The run's trend page follows: every night with ``True``, otherwise only on a
+        night that flags (a healthy night then loads no Bokeh, which a new process pays
+        about 1.3 CPU-s for: docs/scaling.md, cold runs).
     report_min_seconds
-        In ``"auto"`` mode, the shortest stage (wall seconds) that always gets its report.
+        In ``"auto"`` mode, the shortest stage (wall seconds) that always gets its report;
+        a shorter one that did not regress has a note saying so in the manifest.
     on_regression
-        ``"fail"`` ends the flow run Failed on a regression; ``"warn"`` only reports.
+        ``"fail"``: the flow run ends **Failed** with ``RegressionDetected`` (its
+        ``on_failure`` hooks fire); ``"warn"``: report only.
     retry_on_regression
         ``False`` (default): a regression ends the flow run Failed **without** Prefect's
         flow retries (``@flow(retries=N)`` is for flaky infrastructure; a regression is not
         flaky, and a retry re-runs the whole pipeline). ``True``: a regression fails the
         attempt like any error, and Prefect retries it while retries are left (each
-        attempt is stored as a run of its own, with its ``attempt`` in the manifest).
+        attempt is stored as a run of its own, with its ``attempt`` in the manifest;
+        docs/verdict.md#how-a-run-ends).
     threshold
         Ratio to the baseline median that counts as a regression (> 1).
     history
@@ -136,19 +147,20 @@ class ProfilingOptions:
         ``{"workers": {"gpu-*": {...}}}`` (its name), ``{"clusters": {"FargateCluster":
         {...}, "*": {...}}}`` (this runner's cluster class)
         (:func:`~prefect_dask_profiling.cost.rates.parse_cost`).
-        ``None`` (default): resource-hours only, no price anywhere.
+        ``None`` (default): resource-hours only, no price anywhere (docs/cost.md).
     cost_regression
         ``"warn"`` (default): a stage whose idle worker-hours grew against the baseline
         (``threshold`` x its median) is named in the manifest, the artifact and a warning;
         informational, it never fails the run. ``"fail"``: judged like storage requests
         (one night suspected, the next confirms or clears it) and a confirmed idle
         regression is a regression of the run (it fails the flow under
-        ``on_regression="fail"``). ``"off"``: not judged.
+        ``on_regression="fail"``). ``"off"``: not judged (docs/cost.md).
     deadline
         When the run's data must be ready: a time of day with a time zone
         (``"06:00 Europe/Berlin"``: its first occurrence after the flow run's scheduled
         start) or a ``timedelta`` from the scheduled start (``expected_start_time``). The
-        live ETA then emits ``dask-profiling.run.at-risk`` / ``on-track`` / ``late``.
+        live ETA then emits ``dask-profiling.run.at-risk`` / ``on-track`` / ``late``
+        (docs/eta.md).
     deadline_margin
         Seconds (or a ``timedelta``) before the deadline the ETA's upper end must stay.
     eta_interval
@@ -174,7 +186,7 @@ class ProfilingOptions:
     sample_interval: float = 1.0
     check_options: CheckOptions = field(default_factory=CheckOptions)
     store_timeout: float = 10.0
-    cost: CostRates | None = None
+    cost: CostRates | None = field(default=None, metadata={"given": "CostSpec | None"})
     cost_regression: str = "warn"
     deadline: str | timedelta | None = None
     deadline_margin: float | timedelta = 0.0
@@ -183,8 +195,12 @@ class ProfilingOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cost", parse_cost(self.cost))
-        if isinstance(self.check_options, dict):  # the caller's dict may change later
-            object.__setattr__(self, "check_options", dict(self.check_options))
+        for name in ("check_options", "storage_options"):  # the caller's dict may change
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                object.__setattr__(self, name, dict(value))
+        if self.check_options is None:
+            object.__setattr__(self, "check_options", CheckOptions())
         check_otel_mode(self.otel)
         if self.cost_regression not in COST_REGRESSION:
             raise InvalidInput(f"cost_regression must be one of {COST_REGRESSION}, "
@@ -219,6 +235,22 @@ class ProfilingOptions:
             check_store_url(self.store)
         if self.storage_options is not None and not isinstance(self.storage_options, dict):
             raise InvalidInput("storage_options must be a dict")
+
+    @classmethod
+    def from_keywords(cls, keywords: dict[str, Any]) -> ProfilingOptions:
+        """The options from a runner's keyword arguments, each checked.
+
+        A name that is no field raises :class:`InvalidInput` naming it and the field it
+        most looks like, instead of Python's ``TypeError`` about ``__init__``.
+        """
+        names = [f.name for f in dataclasses.fields(cls)]
+        for name in keywords:
+            if name not in names:
+                close = difflib.get_close_matches(name, names, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise InvalidInput(f"unknown profiling option {name!r}{hint}; the options "
+                                   f"are {', '.join(names)}")
+        return cls(**keywords)
 
     def __repr__(self) -> str:
         """Every field, with the credential values of ``storage_options`` as ``***``."""
@@ -256,3 +288,29 @@ class ProfilingOptions:
         for name, value in changes.items():
             object.__setattr__(new, name, value)
         return new
+
+
+def with_option_keywords(function: Any) -> Any:
+    """``function`` (taking ``**options``) shown with a keyword per field of
+    :class:`ProfilingOptions`, its default and type, in place of ``**options``.
+
+    The runner takes its options as ``**options`` and passes them on as they are, so a new
+    option is a field here and nothing in the runner; ``help()``, ``inspect.signature`` and
+    the editors that read it still list every option. A field whose value is parsed when
+    the options are built shows the type a caller gives (its ``given`` metadata: ``cost``
+    takes a :class:`~prefect_dask_profiling.cost.rates.CostSpec` dict).
+    """
+    own = inspect.signature(function)
+    fixed = [p for p in own.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    keywords = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY,
+                                  default=_default(f), annotation=f.metadata.get("given", f.type))
+                for f in dataclasses.fields(ProfilingOptions)]
+    function.__signature__ = own.replace(parameters=fixed + keywords)
+    return function
+
+
+def _default(option: dataclasses.Field) -> Any:
+    """The default of ``option``, made by its factory when it has one."""
+    if option.default_factory is not dataclasses.MISSING:
+        return option.default_factory()
+    return option.default

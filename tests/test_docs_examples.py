@@ -193,13 +193,27 @@ def test_the_cli_page_lists_every_command_and_no_other() -> None:
 
 
 def test_the_configuration_page_lists_every_runner_option_and_check_option() -> None:
+    """The page's tables are drawn from the options' docstrings when the site is built
+    (``docs/hooks/options_table.py``): every field, each with its default and meaning."""
+    import importlib.util
     from dataclasses import fields
 
     from prefect_dask_profiling.prefect.runner import ProfilingOptions
     from prefect_dask_profiling.regression.rule import CHECK_OPTION_KEYS
 
-    page = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
-    listed = set(re.findall(r"^\| `([a-z_]+)` \|", page, re.M))
+    spec = importlib.util.spec_from_file_location(
+        "options_table", ROOT / "docs" / "hooks" / "options_table.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    source = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    page = hook.on_page_markdown(source)
+    assert "options-table" not in page
+    rows = re.findall(r"^\| `([a-z_]+)` \| `([^`]+)` \| (.+) \|$", page, re.M)
+    listed = {name for name, _, _ in rows}
     expected = {f.name for f in fields(ProfilingOptions)} | set(CHECK_OPTION_KEYS)
     assert listed == expected, (f"docs/configuration.md lists {sorted(listed - expected)} "
                                 f"that do not exist; misses {sorted(expected - listed)}")
+    assert all(len(meaning) > 20 for _, _, meaning in rows)
+    defaults = {name: default for name, default, _ in rows}
+    assert defaults["threshold"] == "2.0" and defaults["on_regression"] == '"fail"'
+    assert defaults["memory_min_bytes"] == "268435456"

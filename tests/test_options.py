@@ -99,22 +99,50 @@ def test_finish_run_without_options_leaves_the_failure_to_the_caller():
 
 
 def test_the_runner_takes_every_option_as_a_keyword_with_its_default():
-    """A new option is a field of ``ProfilingOptions`` and a keyword of the runner, named
-    alike and with the same default; the runner passes them on without naming them."""
+    """A new option is a field of ``ProfilingOptions`` only: the runner's signature lists
+    it with the same name and default, and the runner passes it on without naming it."""
     import inspect
 
     from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner
 
-    keywords = {name: p.default for name, p in
-                inspect.signature(ProfiledDaskTaskRunner.__init__).parameters.items()
+    parameters = inspect.signature(ProfiledDaskTaskRunner).parameters
+    keywords = {name: p.default for name, p in parameters.items()
                 if p.kind is inspect.Parameter.KEYWORD_ONLY}
     defaults = {f.name: (f.default if f.default_factory is dataclasses.MISSING
                          else f.default_factory()) for f in fields(ProfilingOptions)}
-    assert set(keywords) - {"profiling", "report_renderer"} == set(defaults)
-    loose = {"storage_options", "check_options"}  # None in the runner: copied into a dict
-    assert {k: keywords[k] for k in defaults if k not in loose} == {
-        k: v for k, v in defaults.items() if k not in loose}
+    assert keywords == {**defaults, "profiling": None, "report_renderer": "flow"}
+    assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    assert parameters["threshold"].annotation == "float"
+    assert parameters["cost"].annotation == "CostSpec | None"  # what a caller gives
     runner = ProfiledDaskTaskRunner(threshold=3.0, check_options={"min_share": 0.0},
                                     otel="off", eta_interval=60.0)
     assert runner.profiling == ProfilingOptions(threshold=3.0, check_options={"min_share": 0.0},
                                                 otel="off", eta_interval=60.0)
+    assert ProfiledDaskTaskRunner(check_options=None).profiling == ProfilingOptions()
+
+
+def test_a_misspelt_option_is_refused_naming_it_and_the_option_it_looks_like():
+    from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner
+
+    with pytest.raises(InvalidInput, match=r"unknown profiling option 'thresold' "
+                                           r"\(did you mean 'threshold'\?\)"):
+        ProfiledDaskTaskRunner(thresold=3.0)
+    with pytest.raises(InvalidInput, match="unknown profiling option 'colour';"):
+        ProfilingOptions.from_keywords({"colour": "red"})
+
+
+def test_options_given_whole_and_as_keywords_are_refused_not_dropped():
+    from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner
+
+    with pytest.raises(InvalidInput, match=r"not both: got profiling= and \['threshold'\]"):
+        ProfiledDaskTaskRunner(profiling=ProfilingOptions(), threshold=3.0)
+
+
+def test_the_callers_dicts_are_copied_so_a_later_change_does_not_reach_the_options():
+    storage = {"key": "a"}
+    check = {"min_share": 0.0}
+    options = ProfilingOptions(storage_options=storage, check_options=check)
+    storage["key"] = "b"
+    check["min_share"] = 0.5
+    assert options.storage_options == {"key": "a"}
+    assert options.check_options == {"min_share": 0.0}

@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import inspect
 import logging
 from collections.abc import Callable, Iterator
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import dask
@@ -34,11 +32,12 @@ from prefect import Flow
 from prefect_dask import DaskTaskRunner
 
 from prefect_dask_profiling._util import lazy_exports
-from prefect_dask_profiling.cost.rates import CostSpec
 from prefect_dask_profiling.errors import InvalidInput
-from prefect_dask_profiling.forecast.model import DEFAULT_ETA_INTERVAL_S
-from prefect_dask_profiling.options import ProfilingOptions, check_renderer
-from prefect_dask_profiling.regression.rule import RegressionRule
+from prefect_dask_profiling.options import (
+    ProfilingOptions,
+    check_renderer,
+    with_option_keywords,
+)
 from prefect_dask_profiling.stages import running_task_annotations, running_task_key
 from prefect_dask_profiling.timing.plugin import (
     PARENT_ANNOTATION,
@@ -59,17 +58,6 @@ __getattr__, __dir__ = lazy_exports(
 
 __all__ = ["ProfiledDaskTaskRunner", "ProfilingOptions", "RegressionDetected", "finish",
            "profiled"]
-
-OPTION_FIELDS = frozenset(f.name for f in dataclasses.fields(ProfilingOptions))
-
-
-def _copy_dict(value: dict | None) -> Any:
-    """A copy of ``value`` when it is a dict, ``{}`` for None; anything else is left for
-    :class:`ProfilingOptions` to refuse by name."""
-    if value is None:
-        return {}
-    return dict(value) if isinstance(value, dict) else value
-
 
 def _in_dask_worker() -> bool:
     try:
@@ -100,36 +88,28 @@ def cluster_type_name(runner: DaskTaskRunner) -> str | None:
 class ProfiledDaskTaskRunner(DaskTaskRunner):
     """A ``DaskTaskRunner`` that records, stores and judges every run.
 
-    Every argument of ``prefect_dask.DaskTaskRunner`` works unchanged; the keyword-only
+    Every argument of ``prefect_dask.DaskTaskRunner`` works unchanged; the other keyword
     arguments are the fields of :class:`~prefect_dask_profiling.options.ProfilingOptions`
     (or the whole object, ``profiling=``), kept as :attr:`profiling` and passed as it is to
-    the run's session. ``report_renderer`` is only checked: ``"flow"`` is the one renderer
-    (``"dask"`` was removed and is refused, naming why).
+    the run's session. They reach the options as they are, and the signature shown lists
+    them with their defaults (:func:`~prefect_dask_profiling.options.with_option_keywords`):
+    a new option is a field of the options only. ``report_renderer`` is only checked:
+    ``"flow"`` is the one renderer (``"dask"`` was removed and is refused, naming why).
     """
 
+    @with_option_keywords
     def __init__(self, cluster=None, address: str | None = None, cluster_class=None,
                  cluster_kwargs: dict | None = None, adapt_kwargs: dict | None = None,
                  client_kwargs: dict | None = None, performance_report_path: str | None = None,
-                 *, store: str | None = None, storage_options: dict | None = None,
-                 pipeline: str | None = None, version: str | None = None,
-                 report_retention_days: int = 30, stage_reports: bool | str = True,
-                 report_min_seconds: float = 20.0, report_renderer: str = "flow",
-                 on_regression: str = "fail", retry_on_regression: bool = False,
-                 threshold: float = RegressionRule.threshold,
-                 history: int = RegressionRule.history,
-                 sample_interval: float = 1.0, check_options: dict | None = None,
-                 store_timeout: float = 10.0, cost: CostSpec | None = None,
-                 cost_regression: str = "warn", deadline: str | timedelta | None = None,
-                 deadline_margin: float | timedelta = 0.0,
-                 eta_interval: float | timedelta = DEFAULT_ETA_INTERVAL_S,
-                 otel: str = "auto", profiling: ProfilingOptions | None = None) -> None:
-        # every keyword that names a field of ProfilingOptions, as given: a new option is a
-        # keyword of the signature above and a field of the options, nothing else here
-        arguments = dict(locals())
-        given = {name: arguments[name] for name in OPTION_FIELDS}
-        given["check_options"] = _copy_dict(check_options)
+                 *, report_renderer: str = "flow", profiling: ProfilingOptions | None = None,
+                 **options: Any) -> None:
+        # every other keyword is a field of ProfilingOptions, checked there: a new option is
+        # a field of the options and nothing here (the signature shown is built from them)
         check_renderer(report_renderer)
-        self.profiling = profiling or ProfilingOptions(**given)
+        if profiling is not None and options:
+            raise InvalidInput(f"pass the options either whole (profiling=) or as keywords, "
+                               f"not both: got profiling= and {sorted(options)}")
+        self.profiling = profiling or ProfilingOptions.from_keywords(options)
         super().__init__(cluster=cluster, address=address, cluster_class=cluster_class,
                          cluster_kwargs=cluster_kwargs, adapt_kwargs=adapt_kwargs,
                          client_kwargs=client_kwargs,
