@@ -23,15 +23,22 @@ was called (the same libraries in both scripts, plus the package's top level), w
 run-to-run scatter (±0.5 CPU-s) is wider than the profiler's cost.
 
 ``--importtime`` runs each script once under ``python -X importtime`` and lists what the
-profiled one imports that the plain one does not, by cumulative import time.
+profiled one imports that the plain one does not, by cumulative import time. ``--spy``
+runs each script ``--spy`` times under ``py-spy record --gil`` (the flow process's thread
+holding the interpreter lock, 200 samples a second: Python's CPU, not C code that releases
+the lock; ``pip install py-spy``, not a dependency) and splits the samples: the imports, by
+the package imported; Bokeh drawing pages; the package's own work, by the part of it that
+started it (the flow body runs inside ``@profiled``: its work counts under ``prefect``); the
+rest by the library running. Then the package's functions, inclusive.
 
     PYTHONPATH=. .venv/bin/python benchmarks/cold_run.py [--pairs 5] [--variants defaults]
-        [--importtime]
+        [--importtime] [--spy 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import re
@@ -158,6 +165,81 @@ def print_import_times(paths: dict[str, Path], top: int = 25) -> None:
             print(f"  {total / 1e3:8.1f} ms  {module}")
 
 
+SPY_RATE = 200  # samples per second
+_FRAME = re.compile(r"^(.*) \((.*?)(?::\d+)?\)$")
+
+
+def _root(path: str) -> str:
+    """The top-level package a frame's file belongs to (``bokeh``, ``prefect``...)."""
+    parts = Path(path).with_suffix("").parts
+    for marker in ("site-packages", "lib"):
+        if marker in parts[:-1]:
+            rest = parts[len(parts) - parts[::-1].index(marker):]
+            if rest:
+                return rest[0] if not rest[0].startswith("python3") else "stdlib"
+    return parts[0] if parts else path
+
+
+def bucket(frames: list[tuple[str, str]], script: str) -> str:
+    """Where one sampled stack's CPU goes, outermost frame first: an import (by the package
+    imported), Bokeh drawing, the package's work (by its part), else the running library."""
+    for function, path in frames:
+        if function == "<module>" and not path.endswith(script):
+            root = _root(path)
+            if root == "prefect_dask_profiling":
+                return "import prefect_dask_profiling"
+            return f"import {root}"
+    if any(_root(path) == "bokeh" for _, path in frames):
+        return "bokeh, drawing"
+    for _, path in frames:
+        if "prefect_dask_profiling/" in path:
+            module = path.split("prefect_dask_profiling/", 1)[1].removesuffix(".py")
+            return "prefect_dask_profiling." + module.split("/")[0]
+    return _root(frames[-1][1]) if frames else "?"
+
+
+def spy(path: Path, runs: int) -> tuple[collections.Counter, collections.Counter]:
+    """Samples per :func:`bucket` over ``runs`` runs of ``python path`` under py-spy, and
+    per function of the package (inclusive: a sample counts once for each function on its
+    stack)."""
+    counts: collections.Counter = collections.Counter()
+    functions: collections.Counter = collections.Counter()
+    for i in range(runs):
+        out = path.with_suffix(f".spy{i}.txt")
+        subprocess.run(["py-spy", "record", "--gil", "--format", "raw", "-r", str(SPY_RATE), "-o",
+                        str(out), "--", sys.executable, str(path)], capture_output=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=900, check=True)
+        for line in out.read_text().splitlines():
+            stack, _, count = line.rpartition(" ")
+            frames = [m.groups() for m in map(_FRAME.match, stack.split(";")) if m]
+            counts[bucket(frames, path.name)] += int(count)
+            for name in {f"{p.split('prefect_dask_profiling/', 1)[1]}:{f}" for f, p in frames
+                         if "prefect_dask_profiling/" in p}:
+                functions[name] += int(count)
+    return counts, functions
+
+
+def print_spy(paths: dict[str, Path], runs: int) -> None:
+    """CPU seconds per run of each script, by bucket, the profiled against the plain."""
+    spied = {name: spy(path, runs) for name, path in paths.items()}
+    found = {name: counts for name, (counts, _) in spied.items()}
+    plain = found["plain"]
+    for name, counts in found.items():
+        if name == "plain":
+            continue
+        print(f"\n{name}: flow process CPU by where it goes, s per run "
+              f"(py-spy, {runs} runs each; plain → profiled, added):")
+        for key in sorted(counts.keys() | plain.keys(),
+                          key=lambda k: plain[k] - counts[k])[:20]:
+            mine, base = counts[key] / SPY_RATE / runs, plain[key] / SPY_RATE / runs
+            print(f"  {key:<40} {base:6.2f} → {mine:6.2f}  {mine - base:+.2f}")
+        total = sum(counts.values()) - sum(plain.values())
+        print(f"  {'all samples':<40} added {total / SPY_RATE / runs:+.2f}")
+        print("  the package's functions, inclusive, s per run:")
+        for function, samples in spied[name][1].most_common(25):
+            print(f"    {samples / SPY_RATE / runs:6.2f}  {function}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=5)
@@ -165,6 +247,8 @@ def main() -> None:
                         help=f"profiled variants, comma-separated, of {sorted(VARIANTS)}")
     parser.add_argument("--importtime", action="store_true",
                         help="then run each script once under python -X importtime")
+    parser.add_argument("--spy", type=int, default=0, metavar="RUNS",
+                        help="then run each script RUNS times under py-spy")
     args = parser.parse_args()
     variants = ["plain", *args.variants.split(",")]
     with bench_cluster() as (tmp, cluster, client):
@@ -183,9 +267,12 @@ def main() -> None:
                 print(f"  pair {i + 1}/{args.pairs} {name:<10} " +
                       "  ".join(f"{p} {row[p]:6.2f}" for p in PARTS) +
                       f"  (load {os.getloadavg()[0]:.2f})", flush=True)
-        print_results(rows)
+        if args.pairs:
+            print_results(rows)
         if args.importtime:
             print_import_times(paths)
+        if args.spy:
+            print_spy(paths, args.spy)
 
 
 def print_results(rows: dict[str, list[dict[str, float]]]) -> None:
