@@ -28,6 +28,10 @@ workers without it.
 The flow process is also read by thread (``psutil``, live threads by name): its main
 thread (the flow body and Prefect's engine) and the package's background service (the
 reports drawn, the live ETA, the posts to Prefect); a plain run has no background thread.
+The scheduler and the workers are split too: each process's main thread (its event loop,
+where the plugins' hooks run) and the CPU of its garbage collections (a ``gc.callbacks``
+timer, in whichever thread they ran). Two counts say whether the cluster did the same work:
+the tasks work stealing moved and the transfers the workers received.
 
 Prints, per process: plain and profiled CPU seconds (medians), the paired ratio (median of
 each pair's profiled / plain, 90% bootstrap interval), and the added CPU (median of each
@@ -91,6 +95,12 @@ PROCESSES = ("scheduler", "workers", "flow process", "Prefect server")
 # package's one background service (reports, the live ETA, posts); the rest is Prefect's and
 # Dask's threads, and threads that ended during the run
 FLOW_THREADS = ("flow main", "flow background")
+# the cluster's processes split: each one's main thread (the event loop, where the plugins'
+# hooks run) and the CPU its garbage collector took, in whichever thread (``gc.callbacks``)
+CLUSTER_PARTS = ("scheduler loop", "scheduler gc", "workers loop", "workers gc")
+# what the cluster did, counted: tasks the scheduler's work stealing moved, and the
+# transfers the workers received (``WorkerState.transfer_incoming_count_total``)
+CLUSTER_COUNTS = ("steals", "transfers")
 
 
 # -- the work ----------------------------------------------------------------------------------
@@ -163,6 +173,48 @@ def _thread_cpu(name: str) -> float:
     return sum(t.user_time + t.system_time for t in psutil.Process().threads() if t.id in ids)
 
 
+def _main_thread_cpu(pid: int) -> float:
+    """CPU seconds so far of process ``pid``'s main thread (its event loop for ``dask
+    scheduler`` and ``dask worker``)."""
+    return sum(t.user_time + t.system_time for t in psutil.Process(pid).threads()
+               if t.id == pid)
+
+
+def _gc_timer_on(dask_scheduler=None, dask_worker=None) -> None:
+    """Add a ``gc.callbacks`` timer to this process (once): the thread CPU of every
+    collection, summed, kept on the module ``gc`` itself so a later call finds it."""
+    import gc
+    import time as _time
+    if getattr(gc, "_bench_gc_cpu", None) is not None:
+        return
+    gc._bench_gc_cpu = [0.0, 0.0]  # [CPU seconds, start of the current collection]
+
+    def timer(phase: str, info: dict) -> None:
+        if phase == "start":
+            gc._bench_gc_cpu[1] = _time.thread_time()
+        else:
+            gc._bench_gc_cpu[0] += _time.thread_time() - gc._bench_gc_cpu[1]
+
+    gc.callbacks.append(timer)
+
+
+def _gc_cpu(dask_scheduler=None, dask_worker=None) -> float:
+    """CPU seconds this process's collections took since :func:`_gc_timer_on`."""
+    import gc
+    return gc._bench_gc_cpu[0]
+
+
+def _steals(dask_scheduler) -> int:
+    """Tasks the scheduler's work stealing has moved so far."""
+    stealing = dask_scheduler.extensions.get("stealing")
+    return stealing.count if stealing is not None else 0
+
+
+def _transfers(dask_worker) -> int:
+    """Transfers this worker has received so far."""
+    return dask_worker.state.transfer_incoming_count_total
+
+
 def _n_tasks(dask_scheduler) -> int:
     return len(dask_scheduler.tasks)
 
@@ -174,9 +226,18 @@ class Processes:
         self.client = client
         self.scheduler_pid = scheduler_pid
         self.worker_pids = sorted(client.run(os.getpid).values())
+        client.run_on_scheduler(_gc_timer_on)
+        client.run(_gc_timer_on)
 
     def cpu(self) -> dict[str, float]:
+        gc_cpu = self.client.run(_gc_cpu)
         return {"scheduler": _cpu(self.scheduler_pid),
+                "scheduler loop": _main_thread_cpu(self.scheduler_pid),
+                "scheduler gc": self.client.run_on_scheduler(_gc_cpu),
+                "workers loop": sum(_main_thread_cpu(pid) for pid in self.worker_pids),
+                "workers gc": sum(gc_cpu.values()),
+                "steals": self.client.run_on_scheduler(_steals),
+                "transfers": sum(self.client.run(_transfers).values()),
                 "workers": sum(_cpu(pid) for pid in self.worker_pids),
                 "flow process": _cpu(os.getpid()),
                 "Prefect server": flow_overhead.server_cpu(),
@@ -312,7 +373,9 @@ def run(args: argparse.Namespace) -> None:
                 row = timed_run(flows[name], procs)
                 results[name].append(row)
                 print(f"  pair {i + 1}/{args.pairs} {name:<12} wall {row['wall']:7.1f} s  " +
-                      "  ".join(f"{p} {row[p]:7.2f}" for p in (*PROCESSES, *FLOW_THREADS)) +
+                      "  ".join(f"{p} {row[p]:7.2f}" for p in (*PROCESSES, *FLOW_THREADS,
+                                                              *CLUSTER_PARTS,
+                                                              *CLUSTER_COUNTS)) +
                       f"  (load {os.getloadavg()[0]:.2f})", flush=True)
         print_results(results, tasks)
         if args.cprofile and "defaults" in flows:
@@ -341,7 +404,7 @@ def print_results(results: dict[str, list[dict[str, float]]], tasks: int) -> Non
                   f"{statistics.median(mine):9.2f} "
                   f"{f'{ratio:.3f} ({low:.3f}-{high:.3f})':>24} "
                   f"{f'{added:+.2f} ({a_low:+.2f} to {a_high:+.2f})':>27} {per_task:>25}")
-        for part in FLOW_THREADS:  # a plain run has no background thread: no ratio
+        for part in (*FLOW_THREADS, *CLUSTER_PARTS, *CLUSTER_COUNTS):  # no ratio
             added, a_low, a_high = paired_difference([r[part] for r in rows],
                                                      [r[part] for r in plain])
             print(f"  {part:<15} {statistics.median(r[part] for r in plain):11.2f} "

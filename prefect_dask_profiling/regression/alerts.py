@@ -633,15 +633,6 @@ class Book:
             out.setdefault(run, set()).update(every)
         return {run: frozenset(families) for run, families in out.items()}
 
-    def counts_in(self, run_id: str, family: str) -> bool:
-        """Whether the folded night ``run_id`` counts in ``family``'s baseline."""
-        status = self.runs.get(run_id)
-        if status not in JUDGED_STATUSES:
-            return False
-        if self.restart is not None and run_id <= self.restart:
-            return run_id == self.restart
-        return family not in self.excluded().get(run_id, frozenset())
-
     def baseline_runs(self, family: str) -> list[str]:
         """The folded nights that count in ``family``'s baseline, newest first."""
         excluded = self.excluded()
