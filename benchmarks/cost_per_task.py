@@ -39,6 +39,15 @@ pair's difference, 90% bootstrap interval) per run and per task (µs; the run's 
 the graph's). The flow process's added CPU is a per-run figure (its per-task share is the
 slope between two ``--tasks``).
 
+``--spy`` samples the scheduler and each worker with ``py-spy record --gil --nonblocking``
+around every measured run (nothing is added to the processes' calls, and they are not
+paused): the samples whose stack holds a frame of the package (the plugin by value, the
+reads it runs on the scheduler, the workers' storage-request counters) are the package's
+own CPU on the cluster, the rest the cluster's. It prints those seconds per run with the
+rest, and the package's samples by the package function that was entered first (its
+hooks, its reads). Needs ``py-spy`` next to the interpreter or on the ``PATH`` (``pip
+install py-spy``; not a dependency) and the right to attach (root, or ptrace allowed).
+
 ``--cprofile`` runs one more pair after the measured ones with ``cProfile`` (timed in thread
 CPU) on the event-loop thread of the scheduler and of each worker (where the plugins' hooks
 run), and prints what grew most, profiled minus plain (``scheduler_cprofile.report``).
@@ -46,17 +55,19 @@ cProfile inflates many small Python calls: read it as where the CPU goes, not ho
 
     PYTHONPATH=. .venv/bin/python benchmarks/cost_per_task.py [--tasks 10000] [--pairs 5]
         [--graph tiny|stack] [--variants defaults,no-samplers,no-reports] [--cprofile]
-        [--warmup-tasks 10000]
+        [--warmup-tasks 10000] [--spy [--spy-raw DIR]]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import operator
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -77,6 +88,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # dask_p
 from helpers import dask_processes  # noqa: E402
 
 from benchmarks import flow_overhead, scheduler_cprofile  # noqa: E402
+from benchmarks.investigations.flow_process_spy import py_spy  # noqa: E402
 from prefect_dask_profiling import stage  # noqa: E402
 from prefect_dask_profiling.bench.report import paired_difference, paired_ratio  # noqa: E402
 from prefect_dask_profiling.prefect.runner import ProfiledDaskTaskRunner, profiled  # noqa: E402
@@ -101,6 +113,12 @@ CLUSTER_PARTS = ("scheduler loop", "scheduler gc", "workers loop", "workers gc")
 # what the cluster did, counted: tasks the scheduler's work stealing moved, and the
 # transfers the workers received (``WorkerState.transfer_incoming_count_total``)
 CLUSTER_COUNTS = ("steals", "transfers")
+# with --spy: py-spy's samples (the thread holding the interpreter lock) of the scheduler and
+# the workers, in seconds; "ours": the stacks holding a frame of the package
+SPY_PARTS = ("scheduler sampled", "scheduler ours", "workers sampled", "workers ours")
+SPY_RATE = 100  # samples a second
+PACKAGE = "prefect_dask_profiling/"  # in a frame's file (code the process imported)
+DYNAMIC = "<dynamic-code>"  # the file of code sent by value: the plugin, its reads, and ours
 
 
 # -- the work ----------------------------------------------------------------------------------
@@ -252,7 +270,97 @@ class Processes:
         time.sleep(1.0)
 
 
-def timed_run(flow_fn, procs: Processes) -> dict[str, float]:
+class Spies:
+    """``py-spy record --gil --nonblocking`` on the scheduler and each worker around one run:
+    seconds sampled, those in the package's code, and the package's samples by entry.
+
+    Parameters
+    ----------
+    spy
+        The ``py-spy`` executable.
+    procs
+        The cluster's processes.
+    folder
+        Where each run's raw stacks are written.
+    """
+
+    def __init__(self, spy: str, procs: Processes, folder: Path) -> None:
+        self.spy = spy
+        self.pids = {"scheduler": [procs.scheduler_pid], "workers": procs.worker_pids}
+        self.folder = folder
+        self.runs = 0
+        #: the package's samples per run kind and entry (its first frame in a stack)
+        self.entries: dict[str, collections.Counter] = collections.defaultdict(
+            collections.Counter)
+
+    @contextlib.contextmanager
+    def around(self, kind: str) -> Iterator[dict[str, float]]:
+        """Sample the cluster while the block runs; the seconds of :data:`SPY_PARTS` land in
+        the dict it yields once the block is done."""
+        self.runs += 1
+        recorders = []
+        for where, pids in self.pids.items():
+            for pid in pids:
+                raw = self.folder / f"{self.runs}-{kind}-{where}-{pid}.raw"
+                recorders.append((where, raw, subprocess.Popen(
+                    [self.spy, "record", "-p", str(pid), "-r", str(SPY_RATE), "-f", "raw",
+                     "-o", str(raw), "--nonblocking", "--gil"],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
+        time.sleep(1.0)  # attached
+        out = dict.fromkeys(SPY_PARTS, 0.0)
+        try:
+            yield out
+        finally:
+            for where, raw, recorder in recorders:
+                recorder.send_signal(signal.SIGINT)  # py-spy writes what it sampled
+                recorder.wait(timeout=120)
+                sampled, ours = self.read(raw, self.entries[f"{kind} {where}"])
+                out[f"{where} sampled"] += sampled / SPY_RATE
+                out[f"{where} ours"] += ours / SPY_RATE
+
+    @staticmethod
+    def ours(frame: str) -> bool:
+        """Whether a py-spy frame (``name (file:line)``) is the package's: its file is in the
+        package, or it was sent by value and is neither one of this script's probes nor
+        prefect-dask's wrapper of a Prefect task (both kinds of run have that)."""
+        name, _, where = frame.partition(" (")
+        return PACKAGE in where or (DYNAMIC in where and name not in BENCH_FUNCTIONS
+                                    and not name.startswith("PrefectDaskClient."))
+
+    @staticmethod
+    def read(raw: Path, entries: collections.Counter) -> tuple[int, int]:
+        """(all samples, the package's samples) of one ``py-spy record -f raw`` file (one
+        line per stack, ``frame;frame;... count``); the package's counted into ``entries``
+        by the first package frame of each stack."""
+        sampled = ours = 0
+        if not raw.exists():
+            return 0, 0
+        for line in raw.read_text().splitlines():
+            if not line.strip():
+                continue
+            stack, count = line.rsplit(" ", 1)
+            n = int(count)
+            sampled += n
+            first = next((f for f in stack.split(";") if Spies.ours(f)), None)
+            if first is not None:
+                ours += n
+                name, _, where = first.partition(" (")
+                entries[f"{name} ({where.split(PACKAGE)[-1].split(':')[0]})"] += n
+        return sampled, ours
+
+    def print_entries(self, runs_of: dict[str, int], top: int = 12) -> None:
+        """The package's sampled CPU by entry, ms per run of each kind."""
+        for key, counter in sorted(self.entries.items()):
+            runs = runs_of.get(key.split(" ")[0], 1)
+            total = sum(counter.values()) * 1000 / SPY_RATE / max(runs, 1)
+            print(f"\nthe package's code on the {key.split(' ', 1)[1]}, {key.split(' ')[0]} "
+                  f"runs: {total:.0f} ms sampled a run, by the package function entered first:")
+            for entry, n in counter.most_common(top):
+                print(f"  {n * 1000 / SPY_RATE / max(runs, 1):9.1f} ms  {entry}")
+
+
+def timed_run(flow_fn, procs: Processes, spies: Spies | None = None,
+              kind: str = "") -> dict[str, float]:
     """CPU seconds of each process in one flow run (and its wall).
 
     On a shared cluster (``address=``) a profiled run leaves the workers' storage-request
@@ -262,15 +370,16 @@ def timed_run(flow_fn, procs: Processes) -> dict[str, float]:
         with contextlib.suppress(Exception):  # not registered (yet)
             procs.client.unregister_worker_plugin(io_client.PLUGIN_NAME)
     procs.quiet()
-    before = procs.cpu()
-    t0 = time.perf_counter()
-    state = flow_fn(return_state=True)
-    wall = time.perf_counter() - t0
-    if not state.is_completed() and "RegressionDetected" not in (state.message or ""):
-        raise RuntimeError(f"flow run ended {state.name}: {state.message}")
-    procs.quiet()
-    after = procs.cpu()
-    return {"wall": wall, **{k: after[k] - before[k] for k in before}}
+    with spies.around(kind) if spies is not None else contextlib.nullcontext({}) as sampled:
+        before = procs.cpu()
+        t0 = time.perf_counter()
+        state = flow_fn(return_state=True)
+        wall = time.perf_counter() - t0
+        if not state.is_completed() and "RegressionDetected" not in (state.message or ""):
+            raise RuntimeError(f"flow run ended {state.name}: {state.message}")
+        procs.quiet()
+        after = procs.cpu()
+    return {"wall": wall, **{k: after[k] - before[k] for k in before}, **sampled}
 
 
 # -- cProfile of the event loops ---------------------------------------------------------------
@@ -367,17 +476,22 @@ def run(args: argparse.Namespace) -> None:
             timed_run(make_flow(runner, f"cost-{name}", args.graph,
                                 min(args.tasks, args.warmup_tasks)), procs)
         results: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
+        if args.spy_raw is not None:
+            args.spy_raw.mkdir(parents=True, exist_ok=True)
+        spies = Spies(py_spy(), procs, args.spy_raw or Path(tmp)) if args.spy else None
+        parts = (*PROCESSES, *FLOW_THREADS, *CLUSTER_PARTS, *CLUSTER_COUNTS,
+                 *(SPY_PARTS if spies else ()))
         for i in range(args.pairs):
             order = variants[i % len(variants):] + variants[:i % len(variants)]
             for name in order:
-                row = timed_run(flows[name], procs)
+                row = timed_run(flows[name], procs, spies, name)
                 results[name].append(row)
                 print(f"  pair {i + 1}/{args.pairs} {name:<12} wall {row['wall']:7.1f} s  " +
-                      "  ".join(f"{p} {row[p]:7.2f}" for p in (*PROCESSES, *FLOW_THREADS,
-                                                              *CLUSTER_PARTS,
-                                                              *CLUSTER_COUNTS)) +
+                      "  ".join(f"{p} {row[p]:7.2f}" for p in parts) +
                       f"  (load {os.getloadavg()[0]:.2f})", flush=True)
         print_results(results, tasks)
+        if spies is not None:
+            spies.print_entries({name: len(rows) for name, rows in results.items()})
         if args.cprofile and "defaults" in flows:
             profiled_pair(client, flows, procs, tasks)
         print(f"load at the end: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} "
@@ -404,7 +518,9 @@ def print_results(results: dict[str, list[dict[str, float]]], tasks: int) -> Non
                   f"{statistics.median(mine):9.2f} "
                   f"{f'{ratio:.3f} ({low:.3f}-{high:.3f})':>24} "
                   f"{f'{added:+.2f} ({a_low:+.2f} to {a_high:+.2f})':>27} {per_task:>25}")
-        for part in (*FLOW_THREADS, *CLUSTER_PARTS, *CLUSTER_COUNTS):  # no ratio
+        for part in (*FLOW_THREADS, *CLUSTER_PARTS, *CLUSTER_COUNTS, *SPY_PARTS):  # no ratio
+            if part not in rows[0]:
+                continue
             added, a_low, a_high = paired_difference([r[part] for r in rows],
                                                      [r[part] for r in plain])
             print(f"  {part:<15} {statistics.median(r[part] for r in plain):11.2f} "
@@ -424,6 +540,10 @@ def main() -> None:
                         help="tasks of each variant's warm-up run (at most --tasks)")
     parser.add_argument("--cprofile", action="store_true",
                         help="then one pair under cProfile on the scheduler and workers")
+    parser.add_argument("--spy", action="store_true",
+                        help="sample the scheduler and workers with py-spy around each run")
+    parser.add_argument("--spy-raw", type=Path, default=None,
+                        help="with --spy: keep each run's raw stacks in this folder")
     args = parser.parse_args()
     if args.tasks < 1 or args.pairs < 1:
         parser.error("--tasks and --pairs must be >= 1")
@@ -433,6 +553,10 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     run(args)
 
+
+# this script's own functions, which it runs on the scheduler and workers by value too
+BENCH_FUNCTIONS = frozenset(name for name, value in list(globals().items())
+                            if callable(value) and getattr(value, "__module__", "") == __name__)
 
 if __name__ == "__main__":
     main()
