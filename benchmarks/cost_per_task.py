@@ -30,7 +30,8 @@ thread (the flow body and Prefect's engine) and the package's background service
 reports drawn, the live ETA, the posts to Prefect); a plain run has no background thread.
 The scheduler and the workers are split too: each process's main thread (its event loop,
 where the plugins' hooks run) and the CPU of its garbage collections (a ``gc.callbacks``
-timer, in whichever thread they ran). Two counts say whether the cluster did the same work:
+timer, in whichever thread they ran; the scheduler's full collections also apart, with
+their count). Two counts say whether the cluster did the same work:
 the tasks work stealing moved and the transfers the workers received.
 
 Prints, per process: plain and profiled CPU seconds (medians), the paired ratio (median of
@@ -38,6 +39,12 @@ each pair's profiled / plain, 90% bootstrap interval), and the added CPU (median
 pair's difference, 90% bootstrap interval) per run and per task (µs; the run's tasks are
 the graph's). The flow process's added CPU is a per-run figure (its per-task share is the
 slope between two ``--tasks``).
+
+A fourth column says how fast the machine was during each run: the median CPU
+milliseconds a fixed piece of pure-Python work took, timed once a second by a process of
+its own (``probe ms``). The same work taking more CPU milliseconds means the machine (the
+host's other tenants, the caches the cores share), not the code, made the run's CPU
+seconds grow.
 
 ``--spy`` samples the scheduler and each worker with ``py-spy record --gil --nonblocking``
 around every measured run (nothing is added to the processes' calls, and they are not
@@ -109,7 +116,8 @@ PROCESSES = ("scheduler", "workers", "flow process", "Prefect server")
 FLOW_THREADS = ("flow main", "flow background")
 # the cluster's processes split: each one's main thread (the event loop, where the plugins'
 # hooks run) and the CPU its garbage collector took, in whichever thread (``gc.callbacks``)
-CLUSTER_PARTS = ("scheduler loop", "scheduler gc", "workers loop", "workers gc")
+CLUSTER_PARTS = ("scheduler loop", "scheduler gc", "scheduler gc full", "scheduler full gcs",
+                 "workers loop", "workers gc")
 # what the cluster did, counted: tasks the scheduler's work stealing moved, and the
 # transfers the workers received (``WorkerState.transfer_incoming_count_total``)
 CLUSTER_COUNTS = ("steals", "transfers")
@@ -117,6 +125,22 @@ CLUSTER_COUNTS = ("steals", "transfers")
 # the workers, in seconds; "ours": the stacks holding a frame of the package
 SPY_PARTS = ("scheduler sampled", "scheduler ours", "workers sampled", "workers ours")
 SPY_RATE = 100  # samples a second
+# the machine's speed while a run ran: the CPU milliseconds a fixed piece of pure-Python work
+# took, timed once a second by a process of its own (the median over the run); the same
+# work taking more CPU means the machine, not the code, made the run's CPU seconds grow
+SPEED = ("probe ms",)
+SPEED_PROBE = """
+import sys, time
+def work():
+    d = {}
+    for i in range(60000):
+        d[i % 997] = d.get(i % 997, 0) + i
+with open(sys.argv[1], "a") as out:
+    while True:
+        t0 = time.thread_time(); work(); took = time.thread_time() - t0
+        out.write(f"{time.time()} {took * 1000}\\n"); out.flush()
+        time.sleep(1.0)
+"""
 PACKAGE = "prefect_dask_profiling/"  # in a frame's file (code the process imported)
 DYNAMIC = "<dynamic-code>"  # the file of code sent by value: the plugin, its reads, and ours
 
@@ -205,21 +229,28 @@ def _gc_timer_on(dask_scheduler=None, dask_worker=None) -> None:
     import time as _time
     if getattr(gc, "_bench_gc_cpu", None) is not None:
         return
-    gc._bench_gc_cpu = [0.0, 0.0]  # [CPU seconds, start of the current collection]
+    # [CPU seconds, start of the current collection, CPU seconds and count of the full ones]
+    gc._bench_gc_cpu = [0.0, 0.0, 0.0, 0]
 
     def timer(phase: str, info: dict) -> None:
+        acc = gc._bench_gc_cpu
         if phase == "start":
-            gc._bench_gc_cpu[1] = _time.thread_time()
-        else:
-            gc._bench_gc_cpu[0] += _time.thread_time() - gc._bench_gc_cpu[1]
+            acc[1] = _time.thread_time()
+            return
+        took = _time.thread_time() - acc[1]
+        acc[0] += took
+        if info.get("generation") == 2:
+            acc[2] += took
+            acc[3] += 1
 
     gc.callbacks.append(timer)
 
 
-def _gc_cpu(dask_scheduler=None, dask_worker=None) -> float:
-    """CPU seconds this process's collections took since :func:`_gc_timer_on`."""
+def _gc_cpu(dask_scheduler=None, dask_worker=None) -> tuple[float, float, int]:
+    """CPU seconds this process's collections took since :func:`_gc_timer_on`: all, the
+    full (generation 2) ones, and how many full ones ran."""
     import gc
-    return gc._bench_gc_cpu[0]
+    return gc._bench_gc_cpu[0], gc._bench_gc_cpu[2], gc._bench_gc_cpu[3]
 
 
 def _steals(dask_scheduler) -> int:
@@ -249,11 +280,14 @@ class Processes:
 
     def cpu(self) -> dict[str, float]:
         gc_cpu = self.client.run(_gc_cpu)
+        scheduler_gc, scheduler_full, full_gcs = self.client.run_on_scheduler(_gc_cpu)
         return {"scheduler": _cpu(self.scheduler_pid),
                 "scheduler loop": _main_thread_cpu(self.scheduler_pid),
-                "scheduler gc": self.client.run_on_scheduler(_gc_cpu),
+                "scheduler gc": scheduler_gc,
+                "scheduler gc full": scheduler_full,
+                "scheduler full gcs": full_gcs,
                 "workers loop": sum(_main_thread_cpu(pid) for pid in self.worker_pids),
-                "workers gc": sum(gc_cpu.values()),
+                "workers gc": sum(gc[0] for gc in gc_cpu.values()),
                 "steals": self.client.run_on_scheduler(_steals),
                 "transfers": sum(self.client.run(_transfers).values()),
                 "workers": sum(_cpu(pid) for pid in self.worker_pids),
@@ -324,7 +358,8 @@ class Spies:
         package, or it was sent by value and is neither one of this script's probes nor
         prefect-dask's wrapper of a Prefect task (both kinds of run have that)."""
         name, _, where = frame.partition(" (")
-        return PACKAGE in where or (DYNAMIC in where and name not in BENCH_FUNCTIONS
+        return PACKAGE in where or (DYNAMIC in where
+                                    and name.split(".")[0] not in BENCH_FUNCTIONS
                                     and not name.startswith("PrefectDaskClient."))
 
     @staticmethod
@@ -338,7 +373,9 @@ class Spies:
         for line in raw.read_text().splitlines():
             if not line.strip():
                 continue
-            stack, count = line.rsplit(" ", 1)
+            stack, _, count = line.rpartition(" ")
+            if not count.isdigit():  # a frame read while the process changed it (--nonblocking)
+                continue
             n = int(count)
             sampled += n
             first = next((f for f in stack.split(";") if Spies.ours(f)), None)
@@ -359,8 +396,29 @@ class Spies:
                 print(f"  {n * 1000 / SPY_RATE / max(runs, 1):9.1f} ms  {entry}")
 
 
+class SpeedProbe:
+    """The machine's speed (:data:`SPEED`): a process timing :data:`SPEED_PROBE`'s fixed
+    work once a second into a file, read back for a run's window."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.process = subprocess.Popen([sys.executable, "-c", SPEED_PROBE, str(path)])
+
+    def median_ms(self, start: float, stop: float) -> float:
+        """The median CPU milliseconds of the probe's work between ``start`` and ``stop``
+        (``time.time()``), ``nan`` when none ran."""
+        took = [float(ms) for at, ms in (line.split() for line in
+                                           self.path.read_text().splitlines() if line)
+                if start <= float(at) <= stop]
+        return statistics.median(took) if took else float("nan")
+
+    def close(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)
+
+
 def timed_run(flow_fn, procs: Processes, spies: Spies | None = None,
-              kind: str = "") -> dict[str, float]:
+              kind: str = "", speed: SpeedProbe | None = None) -> dict[str, float]:
     """CPU seconds of each process in one flow run (and its wall).
 
     On a shared cluster (``address=``) a profiled run leaves the workers' storage-request
@@ -371,6 +429,7 @@ def timed_run(flow_fn, procs: Processes, spies: Spies | None = None,
             procs.client.unregister_worker_plugin(io_client.PLUGIN_NAME)
     procs.quiet()
     with spies.around(kind) if spies is not None else contextlib.nullcontext({}) as sampled:
+        started = time.time()
         before = procs.cpu()
         t0 = time.perf_counter()
         state = flow_fn(return_state=True)
@@ -379,7 +438,8 @@ def timed_run(flow_fn, procs: Processes, spies: Spies | None = None,
             raise RuntimeError(f"flow run ended {state.name}: {state.message}")
         procs.quiet()
         after = procs.cpu()
-    return {"wall": wall, **{k: after[k] - before[k] for k in before}, **sampled}
+    probe = {} if speed is None else {"probe ms": speed.median_ms(started, time.time())}
+    return {"wall": wall, **{k: after[k] - before[k] for k in before}, **sampled, **probe}
 
 
 # -- cProfile of the event loops ---------------------------------------------------------------
@@ -479,16 +539,20 @@ def run(args: argparse.Namespace) -> None:
         if args.spy_raw is not None:
             args.spy_raw.mkdir(parents=True, exist_ok=True)
         spies = Spies(py_spy(), procs, args.spy_raw or Path(tmp)) if args.spy else None
-        parts = (*PROCESSES, *FLOW_THREADS, *CLUSTER_PARTS, *CLUSTER_COUNTS,
-                 *(SPY_PARTS if spies else ()))
-        for i in range(args.pairs):
-            order = variants[i % len(variants):] + variants[:i % len(variants)]
-            for name in order:
-                row = timed_run(flows[name], procs, spies, name)
-                results[name].append(row)
-                print(f"  pair {i + 1}/{args.pairs} {name:<12} wall {row['wall']:7.1f} s  " +
-                      "  ".join(f"{p} {row[p]:7.2f}" for p in parts) +
-                      f"  (load {os.getloadavg()[0]:.2f})", flush=True)
+        speed = SpeedProbe(Path(tmp) / "speed.log")
+        try:
+            parts = (*PROCESSES, *FLOW_THREADS, *CLUSTER_PARTS, *CLUSTER_COUNTS,
+                     *(SPY_PARTS if spies else ()), *SPEED)
+            for i in range(args.pairs):
+                order = variants[i % len(variants):] + variants[:i % len(variants)]
+                for name in order:
+                    row = timed_run(flows[name], procs, spies, name, speed)
+                    results[name].append(row)
+                    print(f"  pair {i + 1}/{args.pairs} {name:<12} wall {row['wall']:7.1f} s  " +
+                          "  ".join(f"{p} {row[p]:7.2f}" for p in parts) +
+                          f"  (load {os.getloadavg()[0]:.2f})", flush=True)
+        finally:
+            speed.close()
         print_results(results, tasks)
         if spies is not None:
             spies.print_entries({name: len(rows) for name, rows in results.items()})
@@ -518,7 +582,8 @@ def print_results(results: dict[str, list[dict[str, float]]], tasks: int) -> Non
                   f"{statistics.median(mine):9.2f} "
                   f"{f'{ratio:.3f} ({low:.3f}-{high:.3f})':>24} "
                   f"{f'{added:+.2f} ({a_low:+.2f} to {a_high:+.2f})':>27} {per_task:>25}")
-        for part in (*FLOW_THREADS, *CLUSTER_PARTS, *CLUSTER_COUNTS, *SPY_PARTS):  # no ratio
+        for part in (*FLOW_THREADS, *CLUSTER_PARTS, *CLUSTER_COUNTS, *SPY_PARTS,
+                     *SPEED):  # no ratio
             if part not in rows[0]:
                 continue
             added, a_low, a_high = paired_difference([r[part] for r in rows],
