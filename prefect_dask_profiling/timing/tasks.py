@@ -187,17 +187,22 @@ class TaskRecords:
         self.start, self.stride, self.floor = self.index, 1, _INF
         return self.index
 
-    def add(self, key: Hashable, kwargs: Mapping[str, Any]) -> None:
-        """Record one finished (or erred) task run from its transition's arguments."""
+    def add(self, key: Hashable, kwargs: Mapping[str, Any],
+            compute: float | None = None) -> None:
+        """Record one finished (or erred) task run from its transition's arguments
+        (``compute``: its compute seconds, when the caller summed them already)."""
         counter = self.index
         self.index += 1
         if not self.limit:
             return
-        record = (key, kwargs.get("worker"), kwargs.get("thread"),
-                  kwargs.get("startstops") or (), kwargs.get("status"))
-        if (counter - self.start) % self.stride and _compute_s(record) <= self.floor:
-            return
-        self.buffer.append((counter, record))
+        startstops = kwargs.get("startstops") or ()
+        if (counter - self.start) % self.stride:  # off the stride: kept if a straggler
+            if compute is None:
+                compute = _compute_s(startstops)
+            if compute <= self.floor:
+                return
+        self.buffer.append((counter, (key, kwargs.get("worker"), kwargs.get("thread"),
+                                      startstops, kwargs.get("status"))))
         if len(self.buffer) > self.limit:
             self._make_room()
 
@@ -208,10 +213,10 @@ class TaskRecords:
             return
         self.stride *= 2
         longest = heapq.nlargest(self.limit // self.STRAGGLERS, self.buffer,
-                                 key=lambda entry: _compute_s(entry[1]))
+                                 key=lambda entry: _compute_s(entry[1][3]))
         keep = {counter for counter, _ in longest}
         if longest:  # a later task off the stride is kept when longer than these
-            self.floor = _compute_s(longest[-1][1])
+            self.floor = _compute_s(longest[-1][1][3])
         self.buffer = deque(entry for entry in self.buffer
                             if (entry[0] - self.start) % self.stride == 0 or entry[0] in keep)
 
@@ -229,9 +234,9 @@ class TaskRecords:
         return last, found
 
 
-def _compute_s(record: TaskRecord) -> float:
-    """A record's compute seconds (its ``startstops`` of action ``compute``)."""
-    return sum(ss["stop"] - ss["start"] for ss in record[3] if ss.get("action") == "compute")
+def _compute_s(startstops: Iterable[Mapping[str, Any]]) -> float:
+    """A task run's compute seconds (its ``startstops`` of action ``compute``)."""
+    return sum(ss["stop"] - ss["start"] for ss in startstops if ss.get("action") == "compute")
 
 
 class TaskStream:
@@ -283,22 +288,24 @@ class TaskStream:
         """A task run finished (in memory, or erred): add it to its ``(stage, prefix)``."""
         ts = self.scope.task(key)
         stage = self.scope.owner_stage(ts)  # once a task: the records and the aggregates
-        records = self.records
-        if records is not None and stage is not None:
-            records.add(key, kwargs)
         seceded_run = self.seceded.pop(key, None)
         wrappers = self.wrappers
         wait = wrappers.pop(key, None) if wrappers else None
         if wrappers:
             self._inner_done(ts)
+        compute: float | None = None  # summed once: the aggregates and the records
         if wait is not None and wait.graphs:
-            self._finished_wrapper(key, ts, stage, kwargs, erred, wait)
-            return
-        seceded = seceded_run is not None and (ts is None or ts.run_id == seceded_run)
-        stats = self._stats_in(stage, key, ts, self.orchestration if seceded else self.stats)
-        if stats is not None:
-            compute, first, last = self._add_startstops(stats, kwargs)
-            stats.count(compute, first, last, erred, kwargs.get("nbytes"))
+            compute = self._finished_wrapper(key, ts, stage, kwargs, erred, wait)
+        else:
+            seceded = seceded_run is not None and (ts is None or ts.run_id == seceded_run)
+            table = self.orchestration if seceded else self.stats
+            stats = self._stats_in(stage, key, ts, table)
+            if stats is not None:
+                compute, first, last = self._add_startstops(stats, kwargs)
+                stats.count(compute, first, last, erred, kwargs.get("nbytes"))
+        records = self.records
+        if records is not None and stage is not None:
+            records.add(key, kwargs, compute)
 
     def released(self, key: Hashable, start: str) -> None:
         """Count a rerun when a running or finished task is released but still wanted.
@@ -411,17 +418,20 @@ class TaskStream:
         return stats
 
     def _finished_wrapper(self, key: Hashable, ts: Any, stage: str | None,
-                          kwargs: Mapping[str, Any], erred: bool, wait: WrapperWait) -> None:
-        """Split a wrapper's compute into its own work and the time it waited on inner work."""
+                          kwargs: Mapping[str, Any], erred: bool,
+                          wait: WrapperWait) -> float | None:
+        """Split a wrapper's compute into its own work and the time it waited on inner work;
+        its compute seconds, both together (``None``: another run's task)."""
         own = self._stats_in(stage, key, ts, self.stats)
         if own is None:
-            return
+            return None
         compute, first, last = self._add_startstops(own, kwargs)
         waited = min(max(wait.total(), 0.0), compute)
         own.count(compute - waited, first, last, erred, kwargs.get("nbytes"))
         orchestration = self._stats_in(stage, key, ts, self.orchestration)
         if orchestration is not None:
             orchestration.count(waited, first, last, erred, 0)
+        return compute
 
     def _add_startstops(self, stats: PrefixStats,
                         kwargs: Mapping[str, Any]) -> tuple[float, float, float]:

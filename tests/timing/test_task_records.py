@@ -51,6 +51,21 @@ def test_a_limit_of_zero_counts_but_keeps_nothing() -> None:
     assert TaskRecords(-3).limit == 0
 
 
+def test_compute_seconds_the_caller_summed_keep_the_same_records() -> None:
+    """The plugin passes the compute seconds it summed for the aggregates; the records kept
+    through the thinnings are those the buffer keeps when it sums them itself."""
+    summed, told = TaskRecords(40), TaskRecords(40)
+    for i in range(500):
+        seconds = ((i * 7919) % 101) / 10
+        kwargs = {"worker": "w", "thread": 1, "status": "OK",
+                  "startstops": ({"action": "transfer", "start": 0.0, "stop": 50.0},
+                                 {"action": "compute", "start": 0.0, "stop": seconds})}
+        summed.add(f"t-{i}", kwargs)
+        told.add(f"t-{i}", kwargs, seconds)
+    assert summed.stride > 1 and summed.floor > 0  # it thinned, and kept stragglers
+    assert list(told.buffer) == list(summed.buffer) and told.floor == summed.floor
+
+
 def _timed(records: TaskRecords, prefix: str, seconds: list[float]) -> None:
     for i, s in enumerate(seconds):
         records.add(f"{prefix}-{i}", {"worker": "w", "thread": 1, "status": "OK",
