@@ -490,6 +490,67 @@ def test_the_rule_check_sees_a_direct_call():
     assert names == [f"{PACKAGE}.regression.drift.detect_drift", "detect_regressions"]
 
 
+# ------------------------------------------------------------------ the judge names no family
+def family_words() -> set[str]:
+    """What names a built-in verdict family: its name, metrics, stored table and event, its
+    class and its module."""
+    from prefect_dask_profiling.regression.families import REGISTRY
+
+    words: set[str] = set()
+    for family in REGISTRY:
+        words |= {family.name, type(family).__name__, type(family).__module__.rsplit(".", 1)[1]}
+        words |= set(family.metrics)
+        words |= {w for w in (family.table, family.event) if w}
+    return words
+
+
+# ``rules.regression`` is the one-night rule every family reads (its settings), not the time
+# family, whose stored table happens to share the name.
+SHARED_RULE = "regression"
+
+
+def family_mentions(text: str, source: str, words: set[str]) -> list[str]:
+    """The places of ``text`` (module ``source``) that name a family in ``words``: a string
+    (docstrings aside), an attribute, or an import of a family's module or class."""
+    tree = ast.parse(text)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                       ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and id(node) not in docstrings and node.value in words:
+            found.append(f"{node.value!r} (line {node.lineno})")
+        elif isinstance(node, ast.Attribute) and node.attr in words \
+                and node.attr != SHARED_RULE:
+            found.append(f".{node.attr} (line {node.lineno})")
+        elif isinstance(node, ast.ImportFrom):
+            module = absolute(node, source)
+            family_module = module.startswith(f"{FAMILIES}.") and module != f"{FAMILIES}.base"
+            found.extend(f"import {module}.{a.name} (line {node.lineno})" for a in node.names
+                         if family_module or (module == FAMILIES and a.name in words))
+    return found
+
+
+def test_the_judge_names_no_family():
+    """The judge loops over the registry: adding a family changes no line of it."""
+    wrong = family_mentions(MODULES[JUDGE].read_text(), JUDGE, family_words())
+    assert not wrong, (f"{JUDGE} names verdict families (it should only loop over "
+                       "families.REGISTRY):\n" + "\n".join(wrong))
+
+
+def test_the_family_check_sees_a_family():
+    text = ('"""The drift family is named here, in a docstring: allowed."""\n'
+            "from prefect_dask_profiling.regression.families.drift import DriftFamily\n"
+            "from prefect_dask_profiling.regression.families import memory\n"
+            "rows = tables['request_verdicts']\n"
+            "threshold = rules.drift.min_ratio\n")
+    found = family_mentions(text, JUDGE, family_words())
+    assert len(found) == 4, found
+
+
 # ------------------------------------------------------------------ one home for the z test
 STATS = f"{PACKAGE}.regression.stats"
 Z_TEST_NAMES = {"MAD_TO_SIGMA"}

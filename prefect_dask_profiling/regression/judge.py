@@ -607,6 +607,6 @@ def _stored_rules(manifest: Mapping[str, Any], rules: Rules | None,
         unknown = sorted(set(overrides) - {f.name for f in fields(RegressionRule)}, key=str)
         if unknown:
             raise InvalidInput(f"unknown regression setting(s) {unknown}")
-        rules = Rules(replace(rules.regression, **dict(overrides)), rules.drift)
+        rules = replace(rules, regression=replace(rules.regression, **dict(overrides)))
     return rules
 
